@@ -1,0 +1,46 @@
+# rdrr peer. `make demo` and `make test` work on a fresh Debian machine with Go.
+GO       ?= go
+BIN      ?= bin/peer
+# wgpu-native warns without a writable runtime dir.
+export XDG_RUNTIME_DIR ?= /tmp/rdrr-xdg-$(shell id -u)
+# Fuzz time per target for `make fuzz` (bounded).
+FUZZTIME ?= 10s
+# Packages whose code is concurrent: run under the race detector.
+RACEPKGS ?= ./cas/... ./signaling/... ./swarm/... ./gpu/...
+
+.PHONY: all deps build test test-short vet race fuzz bench demo clean
+
+all: build
+
+$(XDG_RUNTIME_DIR):
+	@mkdir -p -m 0700 $@
+
+deps: $(XDG_RUNTIME_DIR)
+	@./scripts/deps.sh
+
+build: deps
+	$(GO) build -o $(BIN) ./cmd/peer
+
+vet:
+	$(GO) vet ./...
+
+test: deps vet
+	$(GO) test -count=1 -timeout 15m ./...
+	$(GO) test -count=1 -race -short -timeout 15m $(RACEPKGS)
+	@$(MAKE) --no-print-directory fuzz FUZZTIME=3s
+
+race: deps
+	$(GO) test -count=1 -race -timeout 20m $(RACEPKGS)
+
+# Every fuzz target, each for FUZZTIME (go test -fuzz takes one target at a time).
+fuzz: deps
+	@./scripts/fuzz.sh $(FUZZTIME)
+
+bench: build
+	@./scripts/bench.sh
+
+demo: build
+	@./scripts/demo.sh
+
+clean:
+	rm -rf bin

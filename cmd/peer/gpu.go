@@ -1,0 +1,6 @@
+package main
+
+import "github.com/spf13/cobra"
+
+// gpuCommands returns the `peer gpu ...` commands (owned by the gpu work).
+func gpuCommands(a *app) []*cobra.Command { return nil }
