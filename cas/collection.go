@@ -1,0 +1,272 @@
+package cas
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+)
+
+// ShardSize is the largest blob AddFile makes: a larger file becomes 64 MiB
+// shards plus a collection blob that lists them.
+const ShardSize = 64 << 20
+
+// collectionMagic opens every collection blob.
+const collectionMagic = `{"rdrr":"collection/v1"`
+
+// MaxCollectionShards bounds what ParseCollection accepts (64 TiB files).
+const MaxCollectionShards = 1 << 20
+
+// Collection is a file stored as shards, in order. Its blob is canonical
+// JSON: {"rdrr":"collection/v1","size":N,"shards":[{"cid":..,"size":..},..]}.
+type Collection struct {
+	Size   int64   `json:"size"`
+	Shards []Shard `json:"shards"`
+}
+
+// Shard is one piece of a collection.
+type Shard struct {
+	CID  CID   `json:"cid"`
+	Size int64 `json:"size"`
+}
+
+type collectionJSON struct {
+	Magic  string  `json:"rdrr"`
+	Size   int64   `json:"size"`
+	Shards []Shard `json:"shards"`
+}
+
+// Marshal returns the collection's canonical blob bytes.
+func (col *Collection) Marshal() []byte {
+	b, _ := json.Marshal(collectionJSON{Magic: "collection/v1", Size: col.Size, Shards: col.Shards})
+	return b
+}
+
+// IsCollection reports whether b looks like a collection blob.
+func IsCollection(b []byte) bool { return bytes.HasPrefix(b, []byte(collectionMagic)) }
+
+// ParseCollection parses and checks a collection blob: shard sizes must add
+// up to the total and each be at most ShardSize.
+func ParseCollection(b []byte) (*Collection, error) {
+	if !IsCollection(b) {
+		return nil, fmt.Errorf("%w: missing %s header", ErrNotCollection, collectionMagic)
+	}
+	var cj collectionJSON
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&cj); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrNotCollection, err)
+	}
+	if dec.More() {
+		return nil, fmt.Errorf("%w: trailing data", ErrNotCollection)
+	}
+	if len(cj.Shards) > MaxCollectionShards {
+		return nil, fmt.Errorf("%w: %d shards (limit %d)", ErrNotCollection, len(cj.Shards), MaxCollectionShards)
+	}
+	var sum int64
+	for i, s := range cj.Shards {
+		if s.Size <= 0 || s.Size > ShardSize || s.CID.IsZero() {
+			return nil, fmt.Errorf("%w: shard %d has size %d", ErrNotCollection, i, s.Size)
+		}
+		sum += s.Size
+	}
+	if sum != cj.Size {
+		return nil, fmt.Errorf("%w: shards add up to %d bytes; header says %d", ErrNotCollection, sum, cj.Size)
+	}
+	return &Collection{Size: cj.Size, Shards: cj.Shards}, nil
+}
+
+// Collection reads and parses the collection blob c.
+func (s *Store) Collection(c CID) (*Collection, error) {
+	inf, err := s.Stat(c)
+	if err != nil {
+		return nil, err
+	}
+	if !inf.Collection && inf.Size > 64<<20 {
+		return nil, fmt.Errorf("%s: %w", c, ErrNotCollection)
+	}
+	b := make([]byte, inf.Size)
+	if _, err := s.ReadAt(c, b, 0); err != nil && err != io.EOF {
+		return nil, err
+	}
+	col, err := ParseCollection(b)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", c, err)
+	}
+	return col, nil
+}
+
+// PutCollection stores col's blob, marked as a collection and linked to its
+// shards in the same index transaction, so GC keeps the shards while it is
+// stored.
+func (s *Store) PutCollection(ctx context.Context, col *Collection) (Info, error) {
+	return s.put(ctx, bytes.NewReader(col.Marshal()), flagCollection, col.children())
+}
+
+func (col *Collection) children() []CID {
+	out := make([]CID, len(col.Shards))
+	for i, sh := range col.Shards {
+		out[i] = sh.CID
+	}
+	return out
+}
+
+// AddProgress reports bytes stored so far out of total.
+type AddProgress func(done, total int64)
+
+// AddFile stores the file at path: as one blob if it is at most ShardSize,
+// else as ShardSize shards plus a collection blob that names the file.
+func (s *Store) AddFile(ctx context.Context, path string, progress AddProgress) (Info, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return Info{}, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return Info{}, err
+	}
+	if !fi.Mode().IsRegular() {
+		return Info{}, fmt.Errorf("add %s: not a regular file", path)
+	}
+	size := fi.Size()
+	if size <= ShardSize {
+		inf, err := s.Put(ctx, f)
+		if err == nil && progress != nil {
+			progress(size, size)
+		}
+		return inf, err
+	}
+	col := &Collection{Size: size}
+	for off := int64(0); off < size; off += ShardSize {
+		n := min(ShardSize, size-off)
+		inf, err := s.Put(ctx, io.NewSectionReader(f, off, n))
+		if err != nil {
+			return Info{}, fmt.Errorf("add %s: shard at %d: %w", path, off, err)
+		}
+		if inf.Size != n {
+			return Info{}, fmt.Errorf("add %s: file changed while being added", path)
+		}
+		col.Shards = append(col.Shards, Shard{CID: inf.CID, Size: n})
+		if progress != nil {
+			progress(off+n, size)
+		}
+	}
+	return s.PutCollection(ctx, col)
+}
+
+// FileReader reads a blob or, for a collection, the file its shards make,
+// verifying every byte. ReadAt is safe for concurrent use.
+type FileReader struct {
+	s      *Store
+	size   int64
+	shards []Shard
+	starts []int64
+	pos    int64
+}
+
+// OpenFile opens c as a file: a collection reads as the concatenation of
+// its shards.
+func (s *Store) OpenFile(c CID) (*FileReader, error) {
+	inf, err := s.Stat(c)
+	if err != nil {
+		return nil, err
+	}
+	fr := &FileReader{s: s, size: inf.Size, shards: []Shard{{CID: c, Size: inf.Size}}}
+	if inf.Collection {
+		col, err := s.Collection(c)
+		if err != nil {
+			return nil, err
+		}
+		fr.size, fr.shards = col.Size, col.Shards
+	}
+	var off int64
+	for _, sh := range fr.shards {
+		fr.starts = append(fr.starts, off)
+		off += sh.Size
+	}
+	return fr, nil
+}
+
+// Size returns the file's size.
+func (fr *FileReader) Size() int64 { return fr.size }
+
+// Shards returns the blobs the file is made of.
+func (fr *FileReader) Shards() []Shard { return fr.shards }
+
+// ReadAt implements io.ReaderAt across shards.
+func (fr *FileReader) ReadAt(p []byte, off int64) (int, error) {
+	total := 0
+	for len(p) > 0 && off < fr.size {
+		i := sort.Search(len(fr.starts), func(i int) bool { return fr.starts[i] > off }) - 1
+		sh := fr.shards[i]
+		rel := off - fr.starts[i]
+		n := min(int64(len(p)), sh.Size-rel)
+		m, err := fr.s.ReadAt(sh.CID, p[:n], rel)
+		total += m
+		if err != nil && !(err == io.EOF && int64(m) == n) {
+			return total, err
+		}
+		p, off = p[n:], off+n
+	}
+	if len(p) > 0 {
+		return total, io.EOF
+	}
+	return total, nil
+}
+
+// Read implements io.Reader.
+func (fr *FileReader) Read(p []byte) (int, error) {
+	if fr.pos >= fr.size {
+		return 0, io.EOF
+	}
+	p = p[:min(int64(len(p)), fr.size-fr.pos)]
+	n, err := fr.ReadAt(p, fr.pos)
+	fr.pos += int64(n)
+	if err == io.EOF && n > 0 {
+		err = nil
+	}
+	return n, err
+}
+
+// Seek implements io.Seeker.
+func (fr *FileReader) Seek(offset int64, whence int) (int64, error) {
+	switch whence {
+	case io.SeekCurrent:
+		offset += fr.pos
+	case io.SeekEnd:
+		offset += fr.size
+	}
+	if offset < 0 {
+		return 0, fmt.Errorf("seek: negative position")
+	}
+	fr.pos = offset
+	return offset, nil
+}
+
+// WriteTo streams the rest of the file to w, one verified shard at a time.
+func (fr *FileReader) WriteTo(w io.Writer) (int64, error) {
+	var total int64
+	for i, sh := range fr.shards {
+		end := fr.starts[i] + sh.Size
+		if fr.pos >= end {
+			continue
+		}
+		rd, err := fr.s.Open(sh.CID)
+		if err != nil {
+			return total, err
+		}
+		rd.Seek(fr.pos-fr.starts[i], io.SeekStart)
+		n, err := rd.WriteTo(w)
+		rd.Close()
+		total += n
+		fr.pos += n
+		if err != nil {
+			return total, err
+		}
+	}
+	return total, nil
+}

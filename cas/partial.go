@@ -1,0 +1,385 @@
+package cas
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math/bits"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/rdrr/peer/cas/bao"
+	bolt "go.etcd.io/bbolt"
+)
+
+// Range is a byte range of a blob.
+type Range struct {
+	Off int64 `json:"off"`
+	Len int64 `json:"len"`
+}
+
+// Progress of a partial blob is made durable (data and outboard synced,
+// then the bitmap committed) after this many new bytes or this much time.
+const (
+	flushBytes = 64 << 20
+	flushEvery = 2 * time.Second
+)
+
+// Partial is a blob being downloaded. Each slice written to it is verified
+// against the CID before any of it reaches the disk, and the set of
+// verified groups survives a restart, so a download resumes where it
+// stopped. The tree nodes that come with the slices are kept as the blob's
+// outboard, so finishing needs no second hashing pass. A Partial is safe for
+// concurrent use.
+type Partial struct {
+	s    *Store
+	cid  CID
+	size int64
+	f    *os.File
+
+	mu       sync.Mutex
+	have     []uint64 // bitmap of verified groups
+	missing  int64    // groups not yet verified
+	ob       []byte   // outboard assembled from the proofs
+	unsynced int64    // bytes written since the last flush
+	lastSync time.Time
+	closed   bool
+	done     *Info // set when the blob was already stored at open
+	refs     int   // OpenPartial calls not yet matched by Close
+}
+
+// OpenPartial opens the download of blob c of the given size, resuming an
+// earlier one if there is one. If c is already stored the Partial is
+// complete from the start. Several OpenPartial calls for one CID share one
+// Partial; each must be matched by Close (or one Finish).
+func (s *Store) OpenPartial(c CID, size int64) (*Partial, error) {
+	if size < 0 {
+		return nil, fmt.Errorf("partial %s: negative size", c)
+	}
+	if err := s.checkOpen(); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if p := s.partials[c]; p != nil {
+		if p.size != size {
+			return nil, fmt.Errorf("partial %s: size %d; a download of it with size %d is open", c, size, p.size)
+		}
+		p.refs++
+		return p, nil
+	}
+	p := &Partial{s: s, cid: c, size: size, lastSync: s.opt.Now(), refs: 1}
+	if inf, err := s.Stat(c); err == nil && !inf.Corrupt {
+		if inf.Size != size {
+			return nil, fmt.Errorf("partial %s: size %d; the stored blob has %d", c, size, inf.Size)
+		}
+		p.done = &inf
+		s.partials[c] = p
+		return p, nil
+	}
+	groups := bao.Groups(size)
+	p.have = make([]uint64, (groups+63)/64)
+	p.missing = groups
+	p.ob = make([]byte, bao.OutboardSize(size))
+	var saved []byte
+	err := s.db.View(func(tx *bolt.Tx) error {
+		saved = append(saved, tx.Bucket(bucketPartial).Get(c[:])...)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if len(saved) >= 8 {
+		if prev := int64(binary.LittleEndian.Uint64(saved)); prev != size {
+			if countBits(saved[8:]) > 0 {
+				return nil, fmt.Errorf("partial %s: size %d, but verified groups were stored for size %d", c, size, prev)
+			}
+		} else if ob, err := os.ReadFile(s.partialPath(c, ".obao")); err == nil && len(ob) == len(p.ob) {
+			copy(p.ob, ob)
+			for i := range p.have {
+				if 8+8*i+8 <= len(saved) {
+					p.have[i] = binary.LittleEndian.Uint64(saved[8+8*i:])
+				}
+			}
+			p.missing = groups - int64(countWords(p.have))
+		}
+	}
+	f, err := os.OpenFile(s.partialPath(c, ".data"), os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("partial %s: %w", c, err)
+	}
+	p.f = f
+	if err := s.db.Update(func(tx *bolt.Tx) error { return p.saveBitmap(tx) }); err != nil {
+		f.Close()
+		return nil, err
+	}
+	s.partials[c] = p
+	return p, nil
+}
+
+func countBits(b []byte) int {
+	n := 0
+	for _, x := range b {
+		n += bits.OnesCount8(x)
+	}
+	return n
+}
+
+func countWords(w []uint64) int {
+	n := 0
+	for _, x := range w {
+		n += bits.OnesCount64(x)
+	}
+	return n
+}
+
+func (p *Partial) saveBitmap(tx *bolt.Tx) error {
+	v := binary.LittleEndian.AppendUint64(make([]byte, 0, 8+8*len(p.have)), uint64(p.size))
+	for _, w := range p.have {
+		v = binary.LittleEndian.AppendUint64(v, w)
+	}
+	return tx.Bucket(bucketPartial).Put(p.cid[:], v)
+}
+
+// CID returns the blob being downloaded.
+func (p *Partial) CID() CID { return p.cid }
+
+// Size returns the blob's size.
+func (p *Partial) Size() int64 { return p.size }
+
+func (p *Partial) hasGroup(g int64) bool { return p.have[g/64]&(1<<(g%64)) != 0 }
+
+// Have reports whether every group covering [off, off+n) is verified.
+func (p *Partial) Have(off, n int64) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.done != nil {
+		return true
+	}
+	start, end := bao.Cover(p.size, off, n)
+	for g := start / GroupSize; g*GroupSize < end; g++ {
+		if !p.hasGroup(g) {
+			return false
+		}
+	}
+	return true
+}
+
+// Missing returns the group-aligned ranges not yet verified, in order.
+func (p *Partial) Missing() []Range {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.done != nil {
+		return nil
+	}
+	var out []Range
+	groups := bao.Groups(p.size)
+	for g := int64(0); g < groups; g++ {
+		if p.hasGroup(g) {
+			continue
+		}
+		off := g * GroupSize
+		end := min(off+GroupSize, p.size)
+		if k := len(out) - 1; k >= 0 && out[k].Off+out[k].Len == off {
+			out[k].Len += end - off
+		} else {
+			out = append(out, Range{Off: off, Len: end - off})
+		}
+	}
+	if p.size == 0 && !p.hasGroup(0) {
+		out = []Range{{0, 0}}
+	}
+	return out
+}
+
+// Complete reports whether every group is verified.
+func (p *Partial) Complete() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.done != nil || p.missing == 0
+}
+
+var coverBufs = sync.Pool{New: func() any { return new(readBuf) }}
+
+// WriteSlice verifies slice, the bao slice encoding of [off, off+n), against
+// the CID, then writes the data of its covering groups. On a bad group it
+// returns a *RangeError naming that group, and nothing of the slice is
+// written. Groups already present are written again (harmlessly).
+func (p *Partial) WriteSlice(off, n int64, slice []byte) error {
+	p.mu.Lock()
+	done, closed := p.done != nil, p.closed
+	if !done && !closed && p.size == 0 {
+		defer p.mu.Unlock()
+		if p.cid != Sum(nil) {
+			return &RangeError{CID: p.cid, Reason: "empty blob does not hash to its CID"}
+		}
+		p.have[0] |= 1
+		p.missing = 0
+		return nil
+	}
+	p.mu.Unlock()
+	switch {
+	case done:
+		return nil
+	case closed:
+		return ErrClosed
+	}
+	start, end := bao.Cover(p.size, off, n)
+	rb := coverBufs.Get().(*readBuf)
+	defer coverBufs.Put(rb)
+	if int64(cap(rb.cover)) < end-start {
+		rb.cover = make([]byte, end-start)
+	}
+	rb.cover = rb.cover[:end-start]
+	if err := bao.DecodeSlice(rb.cover, slice, [32]byte(p.cid), p.size, off, n, &rb.scratch); err != nil {
+		return p.s.rangeError(p.cid, err)
+	}
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return ErrClosed
+	}
+	p.mu.Unlock()
+	if _, err := p.f.WriteAt(rb.cover, start); err != nil {
+		return fmt.Errorf("partial %s: write: %w", p.cid, err)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return ErrClosed
+	}
+	bao.CopySliceNodes(p.ob, slice, p.size, off, n)
+	for g := start / GroupSize; g*GroupSize < end; g++ {
+		if !p.hasGroup(g) {
+			p.have[g/64] |= 1 << (g % 64)
+			p.missing--
+		}
+	}
+	p.unsynced += end - start
+	if p.unsynced >= flushBytes || p.s.opt.Now().Sub(p.lastSync) >= flushEvery {
+		return p.flushLocked()
+	}
+	return nil
+}
+
+// flushLocked makes progress durable: data and outboard first, then the
+// bitmap that claims them. p.mu must be held.
+func (p *Partial) flushLocked() error {
+	if p.done != nil || p.f == nil {
+		return nil
+	}
+	if err := p.s.syncFile(p.f); err != nil {
+		return fmt.Errorf("partial %s: sync: %w", p.cid, err)
+	}
+	if err := writeFileSync(p.s, p.s.partialPath(p.cid, ".obao"), p.ob); err != nil {
+		return fmt.Errorf("partial %s: %w", p.cid, err)
+	}
+	if err := p.s.db.Update(p.saveBitmap); err != nil {
+		return fmt.Errorf("partial %s: %w", p.cid, err)
+	}
+	p.unsynced = 0
+	p.lastSync = p.s.opt.Now()
+	return nil
+}
+
+// writeFileSync replaces path with b atomically and durably.
+func writeFileSync(s *Store, path string, b []byte) error {
+	tmp, err := s.writeTemp(b)
+	if err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	return nil
+}
+
+// Close makes progress durable and releases this handle. The download can
+// be resumed by a later OpenPartial.
+func (p *Partial) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.releaseLocked()
+}
+
+func (p *Partial) releaseLocked() error {
+	if p.closed {
+		return nil
+	}
+	p.s.mu.Lock()
+	p.refs--
+	last := p.refs <= 0
+	if last {
+		delete(p.s.partials, p.cid)
+	}
+	p.s.mu.Unlock()
+	if !last {
+		return nil
+	}
+	p.closed = true
+	if p.f == nil {
+		return nil
+	}
+	err := p.flushLocked()
+	return errors.Join(err, p.f.Close())
+}
+
+// Finish checks that every group is verified and the assembled outboard is
+// consistent with the CID, then moves the blob into the store and indexes
+// it. The Partial is closed afterwards, for every holder.
+func (p *Partial) Finish(ctx context.Context) (Info, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.done != nil {
+		p.refs = 1
+		p.releaseLocked()
+		return *p.done, nil
+	}
+	if p.closed {
+		return Info{}, ErrClosed
+	}
+	if p.missing > 0 {
+		return Info{}, fmt.Errorf("partial %s: %d of %d groups still missing", p.cid, p.missing, bao.Groups(p.size))
+	}
+	if err := ctx.Err(); err != nil {
+		return Info{}, err
+	}
+	if err := bao.VerifyTree([32]byte(p.cid), p.ob, p.size); err != nil {
+		return Info{}, p.s.rangeError(p.cid, err)
+	}
+	if err := p.s.syncFile(p.f); err != nil {
+		return Info{}, fmt.Errorf("partial %s: sync: %w", p.cid, err)
+	}
+	if err := p.f.Close(); err != nil {
+		return Info{}, err
+	}
+	p.f = nil
+	inf, err := p.s.commitBlob(p.cid, p.size, p.s.partialPath(p.cid, ".data"), p.ob, 0, nil)
+	if err != nil {
+		return Info{}, err
+	}
+	err = p.s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketPartial).Delete(p.cid[:]) })
+	os.Remove(p.s.partialPath(p.cid, ".data"))
+	os.Remove(p.s.partialPath(p.cid, ".obao"))
+	p.done = &inf
+	p.refs = 1
+	p.releaseLocked()
+	return inf, err
+}
+
+// Partials lists the downloads in progress with their sizes.
+func (s *Store) Partials() (map[CID]int64, error) {
+	out := map[CID]int64{}
+	err := s.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketPartial).ForEach(func(k, v []byte) error {
+			if len(k) == 32 && len(v) >= 8 {
+				out[CID(k)] = int64(binary.LittleEndian.Uint64(v))
+			}
+			return nil
+		})
+	})
+	return out, err
+}
