@@ -61,8 +61,8 @@ func (s *Store) OpenPartial(c CID, size int64) (*Partial, error) {
 	if err := s.checkOpen(); err != nil {
 		return nil, err
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.pmu.Lock()
+	defer s.pmu.Unlock()
 	if p := s.partials[c]; p != nil {
 		if p.size != size {
 			return nil, fmt.Errorf("partial %s: size %d; a download of it with size %d is open", c, size, p.size)
@@ -302,20 +302,25 @@ func writeFileSync(s *Store, path string, b []byte) error {
 func (p *Partial) Close() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.releaseLocked()
+	return p.releaseLocked(false)
 }
 
-func (p *Partial) releaseLocked() error {
+// releaseLocked drops one holder, or every holder if all is set, and
+// closes the Partial when none is left. p.mu must be held.
+func (p *Partial) releaseLocked(all bool) error {
 	if p.closed {
 		return nil
 	}
-	p.s.mu.Lock()
+	p.s.pmu.Lock()
 	p.refs--
+	if all {
+		p.refs = 0
+	}
 	last := p.refs <= 0
 	if last {
 		delete(p.s.partials, p.cid)
 	}
-	p.s.mu.Unlock()
+	p.s.pmu.Unlock()
 	if !last {
 		return nil
 	}
@@ -334,8 +339,7 @@ func (p *Partial) Finish(ctx context.Context) (Info, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.done != nil {
-		p.refs = 1
-		p.releaseLocked()
+		p.releaseLocked(true)
 		return *p.done, nil
 	}
 	if p.closed {
@@ -365,8 +369,7 @@ func (p *Partial) Finish(ctx context.Context) (Info, error) {
 	os.Remove(p.s.partialPath(p.cid, ".data"))
 	os.Remove(p.s.partialPath(p.cid, ".obao"))
 	p.done = &inf
-	p.refs = 1
-	p.releaseLocked()
+	p.releaseLocked(true)
 	return inf, err
 }
 

@@ -55,6 +55,8 @@ type Store struct {
 	mu       sync.Mutex
 	closed   bool
 	accessed map[CID]int64 // last-access times not yet written to the index
+
+	pmu      sync.Mutex // guards partials and each Partial's refs
 	partials map[CID]*Partial
 }
 
@@ -124,19 +126,20 @@ func (s *Store) Dir() string { return s.dir }
 // Close flushes pending access times and open partial downloads and
 // closes the index.
 func (s *Store) Close() error {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
+	if err := s.checkOpen(); err != nil {
 		return nil
 	}
+	s.pmu.Lock()
 	partials := make([]*Partial, 0, len(s.partials))
 	for _, p := range s.partials {
 		partials = append(partials, p)
 	}
-	s.mu.Unlock()
+	s.pmu.Unlock()
 	var errs []error
 	for _, p := range partials {
-		errs = append(errs, p.Close())
+		p.mu.Lock()
+		errs = append(errs, p.releaseLocked(true)) // the store is closing
+		p.mu.Unlock()
 	}
 	errs = append(errs, s.flushAccess())
 	s.mu.Lock()
@@ -185,6 +188,26 @@ func (s *Store) clean() error {
 		if err := os.RemoveAll(filepath.Join(tmp, e.Name())); err != nil {
 			return err
 		}
+	}
+	// Downloads that finished just before a crash left their record.
+	err = s.db.Update(func(tx *bolt.Tx) error {
+		blobs, partial := tx.Bucket(bucketBlobs), tx.Bucket(bucketPartial)
+		var done [][]byte
+		partial.ForEach(func(k, _ []byte) error {
+			if blobs.Get(k) != nil {
+				done = append(done, k)
+			}
+			return nil
+		})
+		for _, k := range done {
+			if err := partial.Delete(k); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	var orphans []string
 	err = s.db.View(func(tx *bolt.Tx) error {

@@ -1,0 +1,212 @@
+package cas
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"math/rand/v2"
+	"os"
+	"sync"
+	"testing"
+)
+
+// Random verified ranges from one store rebuild the blob in another, in
+// random order and from several goroutines.
+func TestVerifiedRangeRoundTrip(t *testing.T) {
+	ctx := context.Background()
+	src, dst := newStore(t), newStore(t)
+	for i, size := range []int64{1, GroupSize, 3*GroupSize + 1, 100*GroupSize + 5, 4<<20 + 3} {
+		data := randData(uint64(30+i), size)
+		c := put(t, src, data).CID
+		p, err := dst.OpenPartial(c, size)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := rand.New(rand.NewPCG(uint64(i), 1))
+		// Random ranges first (overlapping, unaligned), then whatever is
+		// missing, written concurrently.
+		for range 20 {
+			off := r.Int64N(size)
+			n := 1 + r.Int64N(min(size-off, 1<<20))
+			slice, err := src.AppendSlice(nil, c, off, n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if int64(len(slice)) != SliceLen(size, off, n) {
+				t.Fatalf("slice length %d; SliceLen %d", len(slice), SliceLen(size, off, n))
+			}
+			if err := p.WriteSlice(off, n, slice); err != nil {
+				t.Fatalf("size %d [%d,+%d): %v", size, off, n, err)
+			}
+			if !p.Have(off, n) {
+				t.Fatalf("Have false after WriteSlice")
+			}
+		}
+		var wg sync.WaitGroup
+		errs := make(chan error, 64)
+		for _, m := range p.Missing() {
+			for off := m.Off; off < m.Off+m.Len; off += 256 << 10 {
+				n := min(256<<10, m.Off+m.Len-off)
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					slice, err := src.AppendSlice(nil, c, off, n)
+					if err == nil {
+						err = p.WriteSlice(off, n, slice)
+					}
+					if err != nil {
+						errs <- err
+					}
+				}()
+			}
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatal(err)
+		}
+		if !p.Complete() {
+			t.Fatalf("size %d: not complete; missing %v", size, p.Missing())
+		}
+		inf, err := p.Finish(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if inf.CID != c || inf.Size != size {
+			t.Fatalf("finished %+v", inf)
+		}
+		got := make([]byte, size)
+		if _, err := dst.ReadAt(c, got, 0); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, data) {
+			t.Fatalf("size %d: fetched blob differs", size)
+		}
+	}
+}
+
+// A slice with one flipped byte is rejected, naming the group, and nothing
+// of it is written; the right slice is then accepted.
+func TestBadSliceWritesNothing(t *testing.T) {
+	src, dst := newStore(t), newStore(t)
+	size := int64(8 * GroupSize)
+	data := randData(40, size)
+	c := put(t, src, data).CID
+	p, err := dst.OpenPartial(c, size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	off, n := int64(2*GroupSize), int64(4*GroupSize)
+	slice, _ := src.AppendSlice(nil, c, off, n)
+	// Find the data of group 4 in the slice and flip a byte there.
+	g4 := bytes.Index(slice, data[4*GroupSize:4*GroupSize+64])
+	bad := bytes.Clone(slice)
+	bad[g4+1000] ^= 0xff
+	err = p.WriteSlice(off, n, bad)
+	var re *RangeError
+	if !errors.As(err, &re) || re.CID != c || re.Off != 4*GroupSize || re.Len != GroupSize {
+		t.Fatalf("bad slice: %v; want RangeError at group 4", err)
+	}
+	if p.Have(off, GroupSize) || len(p.Missing()) != 1 || p.Missing()[0].Len != size {
+		t.Fatalf("bad slice marked groups present: missing %v", p.Missing())
+	}
+	st, _ := os.Stat(dst.partialPath(c, ".data"))
+	if st.Size() != 0 {
+		t.Fatalf("bad slice wrote %d bytes", st.Size())
+	}
+	if err := p.WriteSlice(off, n, slice); err != nil {
+		t.Fatal(err)
+	}
+	// A slice for the wrong range or blob is rejected too.
+	if err := p.WriteSlice(0, GroupSize, slice); err == nil {
+		t.Fatal("slice accepted for the wrong range")
+	}
+}
+
+// Progress survives closing and reopening the store.
+func TestPartialResumesAfterReopen(t *testing.T) {
+	ctx := context.Background()
+	src := newStore(t)
+	dir := t.TempDir()
+	size := int64(37*GroupSize + 11)
+	data := randData(41, size)
+	c := put(t, src, data).CID
+
+	dst, err := Open(dir, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, _ := dst.OpenPartial(c, size)
+	for _, g := range []int64{0, 5, 6, 7, 36} {
+		n := min(GroupSize, size-g*GroupSize)
+		slice, err := src.AppendSlice(nil, c, g*GroupSize, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := p.WriteSlice(g*GroupSize, n, slice); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := dst.Close(); err != nil { // closes the partial too
+		t.Fatal(err)
+	}
+
+	dst, err = Open(dir, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dst.Close()
+	parts, _ := dst.Partials()
+	if parts[c] != size {
+		t.Fatalf("Partials() = %v; want %s of %d bytes", parts, c, size)
+	}
+	p, err = dst.OpenPartial(c, size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Range{{GroupSize, 4 * GroupSize}, {8 * GroupSize, 28 * GroupSize}, {37 * GroupSize, 11}}
+	got := p.Missing()
+	if len(got) != len(want) || got[0] != want[0] || got[1] != want[1] || got[2] != want[2] {
+		t.Fatalf("missing after reopen %v; want %v", got, want)
+	}
+	for _, m := range got {
+		slice, _ := src.AppendSlice(nil, c, m.Off, m.Len)
+		if err := p.WriteSlice(m.Off, m.Len, slice); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := p.Finish(ctx); err != nil {
+		t.Fatal(err)
+	}
+	back := make([]byte, size)
+	if _, err := dst.ReadAt(c, back, 0); err != nil || !bytes.Equal(back, data) {
+		t.Fatalf("resumed blob differs: %v", err)
+	}
+	if parts, _ := dst.Partials(); len(parts) != 0 {
+		t.Fatalf("partial record left after Finish: %v", parts)
+	}
+}
+
+// A fetched collection is recognized and links its shards.
+func TestFetchedCollectionIsLinked(t *testing.T) {
+	ctx := context.Background()
+	src, dst := newStore(t), newStore(t)
+	sh := put(t, src, randData(42, 1000))
+	col, _ := src.PutCollection(ctx, &Collection{Size: 1000, Shards: []Shard{{sh.CID, 1000}}})
+	p, _ := dst.OpenPartial(col.CID, col.Size)
+	slice, _ := src.AppendSlice(nil, col.CID, 0, col.Size)
+	if err := p.WriteSlice(0, col.Size, slice); err != nil {
+		t.Fatal(err)
+	}
+	inf, err := p.Finish(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !inf.Collection {
+		t.Fatal("fetched collection not flagged")
+	}
+	if links, _ := dst.Links(col.CID); len(links) != 1 || links[0] != sh.CID {
+		t.Fatalf("links %v", links)
+	}
+}
