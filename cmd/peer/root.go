@@ -54,6 +54,7 @@ variable RDRR_FOO_BAR.`,
 // setup resolves the home directory, applies config.toml and RDRR_* values
 // to every flag the user did not set, and builds the logger.
 func (a *app) setup(cmd *cobra.Command) error {
+	a.out = cmd.OutOrStdout()
 	if a.home == "" {
 		a.home = defaultHome()
 	}
@@ -87,7 +88,7 @@ func (a *app) setup(cmd *cobra.Command) error {
 	if err := level.UnmarshalText([]byte(a.logLevel)); err != nil {
 		return fmt.Errorf("--log-level: %w", err)
 	}
-	a.log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	a.log = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: level}))
 	return nil
 }
 
