@@ -27,6 +27,13 @@ func TestMain(m *testing.M) {
 		crashChild(dir)
 		return
 	}
+	if dir := os.Getenv(diskFullChildEnv); dir != "" {
+		if err := diskFullChild(dir); err != nil {
+			fmt.Println("FAIL:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	os.Exit(m.Run())
 }
 

@@ -126,7 +126,7 @@ func (s *Store) put(ctx context.Context, r io.Reader, flags uint32, links []CID)
 		return Info{}, rerr
 	}
 	if werr != nil {
-		return Info{}, fmt.Errorf("put: write %s: %w", tmp, werr)
+		return Info{}, fmt.Errorf("put: %w", werr)
 	}
 	root, ob := enc.Sum(nil)
 	c := CID(root)
