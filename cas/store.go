@@ -189,26 +189,6 @@ func (s *Store) clean() error {
 			return err
 		}
 	}
-	// Downloads that finished just before a crash left their record.
-	err = s.db.Update(func(tx *bolt.Tx) error {
-		blobs, partial := tx.Bucket(bucketBlobs), tx.Bucket(bucketPartial)
-		var done [][]byte
-		partial.ForEach(func(k, _ []byte) error {
-			if blobs.Get(k) != nil {
-				done = append(done, k)
-			}
-			return nil
-		})
-		for _, k := range done {
-			if err := partial.Delete(k); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return err
-	}
 	var orphans []string
 	err = s.db.View(func(tx *bolt.Tx) error {
 		blobs, partial := tx.Bucket(bucketBlobs), tx.Bucket(bucketPartial)
@@ -246,6 +226,29 @@ func (s *Store) clean() error {
 		if err := s.adopt(path); err != nil {
 			return err
 		}
+	}
+	// Downloads that finished just before a crash left their record (after
+	// adoption, which may have indexed the finished blob).
+	err = s.db.Update(func(tx *bolt.Tx) error {
+		blobs, partial := tx.Bucket(bucketBlobs), tx.Bucket(bucketPartial)
+		var done [][]byte
+		partial.ForEach(func(k, _ []byte) error {
+			if blobs.Get(k) != nil {
+				done = append(done, k)
+			}
+			return nil
+		})
+		for _, k := range done {
+			if err := partial.Delete(k); err != nil {
+				return err
+			}
+			os.Remove(s.partialPath(CID(k), ".data"))
+			os.Remove(s.partialPath(CID(k), ".obao"))
+		}
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	// Outboards of blobs that are gone.
 	return s.db.View(func(tx *bolt.Tx) error {
