@@ -6,7 +6,7 @@ export XDG_RUNTIME_DIR ?= /tmp/rdrr-xdg-$(shell id -u)
 # Fuzz time per target for `make fuzz` (bounded).
 FUZZTIME ?= 10s
 # Packages whose code is concurrent: run under the race detector.
-RACEPKGS ?= ./cas/... ./signaling/... ./swarm/... ./gpu/...
+RACEPKGS ?= $(patsubst %,./%/...,$(wildcard cas signaling swarm gpu))
 
 .PHONY: all deps build test test-short vet race fuzz bench demo clean
 
