@@ -203,7 +203,7 @@ func getCmd(a *app) *cobra.Command {
 	}
 	cmd.Flags().StringVarP(&out, "output", "o", "", "output path, or - for standard output")
 	cmd.Flags().StringVar(&signalURL, "signal", "", "signaling server to find peers through when the blob is not here (ws://host:port)")
-	cmd.Flags().StringVar(&topic, "topic", "", "swarm topic to join (default: the CID)")
+	cmd.Flags().StringVar(&topic, "topic", "", "swarm topic to look for providers in (default: the rdrr swarm and the CID's own topic)")
 	return cmd
 }
 
