@@ -5,6 +5,10 @@ BIN      ?= bin/peer
 export XDG_RUNTIME_DIR ?= /tmp/rdrr-xdg-$(shell id -u)
 # Fuzz time per target for `make fuzz` (bounded).
 FUZZTIME ?= 10s
+# Every go command builds with the patched dependencies of .build/go.mod
+# (made by `make deps`; see scripts/patched-deps.sh). A plain `go build`
+# without make uses upstream modules and works too, minus those patches.
+export GOFLAGS := $(strip $(GOFLAGS) -modfile=$(CURDIR)/.build/go.mod)
 # Packages whose code is concurrent: run under the race detector.
 RACEPKGS ?= $(patsubst %,./%/...,$(wildcard cas signaling swarm gpu))
 

@@ -15,4 +15,8 @@ if [ ${#missing[@]} -gt 0 ]; then
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
+# The patched-dependency module file must exist before any go command
+# that the Makefile runs with -modfile.
+unset GOFLAGS
+"$(dirname "$0")/patched-deps.sh"
 go mod download

@@ -3,18 +3,281 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
 
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/pion/webrtc/v4"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/rdrr/peer/cas"
+	"github.com/rdrr/peer/signaling"
+	"github.com/rdrr/peer/swarm"
 	"github.com/spf13/cobra"
 )
 
-// netCommands returns the network commands: signal, serve (owned by the
-// signaling/swarm work).
-func netCommands(a *app) []*cobra.Command { return nil }
+// defaultTopic is the swarm every peer joins unless told otherwise.
+const defaultTopic = "rdrr"
 
-// fetchFromSwarm makes blob c (and, for a collection, its shards) present
-// in st by fetching it from the peers of topic found through the signaling
-// server at signalURL.
+// netCommands returns the network commands: signal, serve.
+func netCommands(a *app) []*cobra.Command {
+	return []*cobra.Command{signalCmd(a), serveCmd(a)}
+}
+
+func signalCmd(a *app) *cobra.Command {
+	var listen string
+	var cfg signaling.Config
+	cmd := &cobra.Command{
+		Use:   "signal --listen 127.0.0.1:7777",
+		Short: "Run a signaling server: peers authenticate, join topics and exchange WebRTC offers through it",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg.Logger = a.log
+			srv := signaling.NewServer(cfg)
+			reg := prometheus.NewRegistry()
+			reg.MustRegister(srv)
+			mux := http.NewServeMux()
+			mux.Handle(signaling.Path, srv)
+			mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+			ln, err := net.Listen("tcp", listen)
+			if err != nil {
+				return err
+			}
+			hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+			u := "ws://" + ln.Addr().String() + signaling.Path
+			a.log.Info("signaling server listening", "url", u, "metrics", "http://"+ln.Addr().String()+"/metrics")
+			if err := a.print(map[string]string{"url": u}, func(w io.Writer) { fmt.Fprintln(w, u) }); err != nil {
+				return err
+			}
+			errc := make(chan error, 1)
+			go func() { errc <- hs.Serve(ln) }()
+			select {
+			case err = <-errc:
+			case <-cmd.Context().Done():
+			}
+			// Sessions first (they hold hijacked connections), then the listener.
+			srv.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if serr := hs.Shutdown(ctx); err == nil || errors.Is(err, http.ErrServerClosed) {
+				err = serr
+			}
+			return err
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&listen, "listen", "127.0.0.1:7777", "address to listen on")
+	f.IntVar(&cfg.MaxConns, "max-conns", 0, "open sessions allowed (default 4096)")
+	f.IntVar(&cfg.MaxPeersPerTopic, "max-peers-per-topic", 0, "members per topic (default 1024)")
+	f.IntVar(&cfg.MaxMessageBytes, "max-message-bytes", 0, "largest message from a client (default 65536)")
+	f.Float64Var(&cfg.MessagesPerSecond, "messages-per-second", 0, "sustained messages per second per client (default 50)")
+	f.DurationVar(&cfg.IdleTimeout, "idle-timeout", 0, "close clients silent this long (default 1m)")
+	return cmd
+}
+
+// netFlags are the options shared by the commands that join a swarm.
+type netFlags struct {
+	signal     string
+	topics     []string
+	loopback   bool
+	iceServers []string
+}
+
+func (nf *netFlags) add(cmd *cobra.Command) {
+	f := cmd.Flags()
+	f.StringVar(&nf.signal, "signal", "", "signaling server (ws://host:port)")
+	f.StringSliceVar(&nf.topics, "topic", []string{defaultTopic}, "swarm topics to join (repeatable)")
+	f.BoolVar(&nf.loopback, "loopback", false, "connect over 127.0.0.1 only (default: true when the signaling server is on loopback)")
+	f.StringSliceVar(&nf.iceServers, "ice-server", nil, "STUN/TURN server URL (repeatable)")
+}
+
+// join makes a node for id and signs it in to the signaling server. The
+// caller closes both (node first).
+func (a *app) join(ctx context.Context, cmd *cobra.Command, nf *netFlags, id *swarm.Identity, src swarm.Source) (*swarm.Node, *signaling.Client, error) {
+	sigURL, err := signalURL(nf.signal)
+	if err != nil {
+		return nil, nil, err
+	}
+	loopback := nf.loopback
+	if cmd == nil || !cmd.Flags().Changed("loopback") {
+		loopback = isLoopbackURL(sigURL)
+	}
+	cfg := swarm.Config{Identity: id, Source: src, Loopback: loopback, Logger: a.log}
+	for _, s := range nf.iceServers {
+		cfg.ICEServers = append(cfg.ICEServers, webrtc.ICEServer{URLs: []string{s}})
+	}
+	node, err := swarm.NewNode(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	sc, err := signaling.Dial(ctx, sigURL, signaling.ClientConfig{Key: id.Key, Logger: a.log})
+	if err != nil {
+		node.Close()
+		return nil, nil, err
+	}
+	if err := node.Start(sc); err != nil {
+		node.Close()
+		sc.Close()
+		return nil, nil, err
+	}
+	for _, t := range nf.topics {
+		if _, err := sc.Join(ctx, t); err != nil {
+			node.Close()
+			sc.Close()
+			return nil, nil, fmt.Errorf("join %s: %w", t, err)
+		}
+	}
+	a.log.Info("joined the swarm", "peer", id.ID, "signal", sigURL, "topics", nf.topics, "loopback", loopback, "big_mtu", node.BigMTU())
+	return node, sc, nil
+}
+
+func serveCmd(a *app) *cobra.Command {
+	var nf netFlags
+	cmd := &cobra.Command{
+		Use:   "serve --signal ws://127.0.0.1:7777 [--topic T]",
+		Short: "Answer requests for stored blobs from peers of the swarm until interrupted",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if nf.signal == "" {
+				return errors.New("serve: --signal is required")
+			}
+			id, err := swarm.LoadIdentity(a.home)
+			if err != nil {
+				return err
+			}
+			return a.withStore(func(st *cas.Store) error {
+				ctx := cmd.Context()
+				if err := a.print(map[string]string{"peer": id.ID.String()}, func(w io.Writer) { fmt.Fprintln(w, "serving as", id.ID) }); err != nil {
+					return err
+				}
+				// Stay in the swarm: sign in again if the signaling
+				// session drops, backing off up to 30 s.
+				backoff := time.Second
+				for ctx.Err() == nil {
+					node, sc, err := a.join(ctx, cmd, &nf, id, st)
+					if err == nil {
+						backoff = time.Second
+						select {
+						case <-ctx.Done():
+						case <-sc.Done():
+							a.log.Warn("signaling session ended; reconnecting", "err", sc.Err())
+						}
+						node.Close()
+						sc.Close()
+						continue
+					}
+					if ctx.Err() != nil {
+						break
+					}
+					a.log.Warn("cannot join the swarm; retrying", "err", err, "in", backoff)
+					select {
+					case <-ctx.Done():
+					case <-time.After(backoff):
+					}
+					backoff = min(2*backoff, 30*time.Second)
+				}
+				return nil
+			})
+		},
+	}
+	nf.add(cmd)
+	return cmd
+}
+
+// fetchFromSwarm makes blob c (and its shards, if it is a collection)
+// present in st, fetching from the peers found through the signaling
+// server at signalURL in topic (default: the default swarm and the topic
+// named by the CID).
 func fetchFromSwarm(ctx context.Context, a *app, st *cas.Store, c cas.CID, signalURL, topic string) error {
-	return errors.New("fetching from the swarm is not built yet")
+	id, _, err := swarm.InitIdentity(a.home)
+	if err != nil {
+		return err
+	}
+	nf := netFlags{signal: signalURL, topics: []string{topic}}
+	if topic == "" {
+		nf.topics = []string{defaultTopic, c.String()}
+	}
+	// While fetching we serve what we have, as a good swarm citizen.
+	node, sc, err := a.join(ctx, nil, &nf, id, st)
+	if err != nil {
+		return err
+	}
+	defer sc.Close()
+	defer node.Close()
+	discover := func(ctx context.Context) ([]peer.ID, error) {
+		var all []peer.ID
+		for _, t := range nf.topics {
+			ps, err := sc.Peers(ctx, t)
+			if err != nil {
+				return all, err
+			}
+			all = append(all, ps...)
+		}
+		return all, nil
+	}
+	start := time.Now()
+	last := start
+	_, err = node.Fetch(ctx, st, c, swarm.FetchOptions{
+		Discover: discover,
+		Progress: func(done, total int64) {
+			if now := time.Now(); now.Sub(last) >= time.Second || done == total {
+				last = now
+				a.log.Info("fetching", "cid", c, "done", done, "total", total,
+					"MB/s", fmt.Sprintf("%.1f", float64(done)/now.Sub(start).Seconds()/1e6))
+			}
+		},
+	})
+	if err != nil {
+		return err
+	}
+	a.log.Info("fetched", "cid", c, "bytes", node.Stats().FetchedBytes, "in", time.Since(start).Round(time.Millisecond), "stats", fmt.Sprintf("%+v", node.Stats()))
+	return nil
+}
+
+// signalURL accepts ws://host:port (adding the protocol path) or a full
+// URL.
+func signalURL(s string) (string, error) {
+	if s == "" {
+		return "", errors.New("no signaling server (--signal ws://host:port)")
+	}
+	if !strings.Contains(s, "://") {
+		s = "ws://" + s
+	}
+	u, err := url.Parse(s)
+	if err != nil {
+		return "", fmt.Errorf("signaling server %q: %w", s, err)
+	}
+	switch u.Scheme {
+	case "ws", "wss":
+	case "http":
+		u.Scheme = "ws"
+	case "https":
+		u.Scheme = "wss"
+	default:
+		return "", fmt.Errorf("signaling server %q: scheme must be ws or wss", s)
+	}
+	if u.Path == "" || u.Path == "/" {
+		u.Path = signaling.Path
+	}
+	return u.String(), nil
+}
+
+// isLoopbackURL reports whether u's host is a loopback address: a local
+// signaling server means a local swarm, so ICE is kept to 127.0.0.1.
+func isLoopbackURL(s string) bool {
+	u, err := url.Parse(s)
+	if err != nil {
+		return false
+	}
+	h := u.Hostname()
+	if h == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(h)
+	return ip != nil && ip.IsLoopback()
 }

@@ -1,0 +1,153 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/rdrr/peer/signaling"
+	"github.com/rdrr/peer/swarm"
+)
+
+// peerBinary returns the `peer` command: $RDRR_PEER_BIN, or one built from
+// ./cmd/peer for this test.
+func peerBinary(t *testing.T) string {
+	if p := os.Getenv("RDRR_PEER_BIN"); p != "" {
+		return p
+	}
+	bin := filepath.Join(t.TempDir(), "peer")
+	out, err := exec.Command("go", "build", "-o", bin, "../cmd/peer").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go build ../cmd/peer: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// TestCLI runs `peer signal`, `peer serve` and `peer get` as separate
+// processes, as a user would.
+func TestCLI(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the peer binary")
+	}
+	peer := peerBinary(t)
+	run := func(args ...string) []byte {
+		t.Helper()
+		cmd := exec.Command(peer, args...)
+		cmd.Stderr = tWriter{t, args[2]}
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("peer %s: %v", strings.Join(args, " "), err)
+		}
+		return out
+	}
+	background := func(args ...string) *bufio.Scanner {
+		t.Helper()
+		cmd := exec.Command(peer, args...)
+		cmd.Stderr = tWriter{t, args[0]}
+		stdout, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			cmd.Process.Signal(os.Interrupt)
+			done := make(chan struct{})
+			go func() { cmd.Wait(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(10 * time.Second):
+				cmd.Process.Kill()
+				<-done
+			}
+		})
+		return bufio.NewScanner(stdout)
+	}
+
+	sig := background("signal", "--listen", "127.0.0.1:0")
+	if !sig.Scan() {
+		t.Fatal("peer signal printed no URL")
+	}
+	url := strings.TrimSpace(sig.Text())
+	checkAuthRefused(t, url)
+
+	dir := t.TempDir()
+	path := writeRandomFile(t, dir, 9, 100<<20)
+	homeA, homeB := filepath.Join(dir, "a"), filepath.Join(dir, "b")
+	run("--home", homeA, "init")
+	run("--home", homeB, "init")
+	var added []struct {
+		CID string `json:"cid"`
+	}
+	out := run("--home", homeA, "add", "--json", path)
+	if err := json.Unmarshal(out, &added); err != nil || len(added) != 1 {
+		// a single object is fine too
+		var one struct {
+			CID string `json:"cid"`
+		}
+		if err := json.Unmarshal(out, &one); err != nil || one.CID == "" {
+			t.Fatalf("peer add printed %s", out)
+		}
+		added = append(added[:0], one)
+	}
+	cid := added[0].CID
+
+	srv := background("--home", homeA, "serve", "--signal", url)
+	if !srv.Scan() || !strings.Contains(srv.Text(), "serving as") {
+		t.Fatalf("peer serve printed %q", srv.Text())
+	}
+	got := filepath.Join(dir, "got")
+	start := time.Now()
+	run("--home", homeB, "get", cid, "-o", got, "--signal", url)
+	t.Logf("peer get of 100 MiB took %v", time.Since(start))
+	a, _ := os.ReadFile(path)
+	b, _ := os.ReadFile(got)
+	if !bytes.Equal(a, b) {
+		t.Fatal("peer get wrote different bytes")
+	}
+}
+
+// checkAuthRefused proves, against the `peer signal` process, that a client
+// claiming an ID it cannot sign for is refused.
+func checkAuthRefused(t *testing.T, url string) {
+	t.Helper()
+	ctx := ctxFor(t, 10*time.Second)
+	ws, _, err := websocket.Dial(ctx, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ws.CloseNow()
+	_, b, err := ws.Read(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch, err := signaling.DecodeMessage(b)
+	if err != nil || ch.Type != signaling.TypeChallenge {
+		t.Fatalf("challenge: %+v, %v", ch, err)
+	}
+	victim, _ := swarm.NewIdentity()
+	mallory, _ := swarm.NewIdentity()
+	sig, _ := mallory.Key.Sign(signaling.AuthPayload(ch.Nonce))
+	auth, _ := (&signaling.Message{Type: signaling.TypeAuth, V: signaling.Version, ID: victim.ID.String(), Sig: sig}).Encode()
+	if err := ws.Write(ctx, websocket.MessageText, auth); err != nil {
+		t.Fatal(err)
+	}
+	_, b, err = ws.Read(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m, err := signaling.DecodeMessage(b); err != nil || m.Type != signaling.TypeError || m.Code != signaling.CodeAuthFailed {
+		t.Fatalf("answer to a forged auth: %s", b)
+	}
+	if _, _, err := ws.Read(ctx); websocket.CloseStatus(err) != websocket.StatusPolicyViolation {
+		t.Fatalf("connection after a forged auth: %v; want close 1008", err)
+	}
+}

@@ -1,0 +1,191 @@
+package e2e
+
+import (
+	"context"
+	"encoding/hex"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/rdrr/peer/cas"
+	"github.com/rdrr/peer/swarm"
+)
+
+// fileSize is 200 MiB (a collection of four shards), smaller under -short.
+func fileSize() int64 {
+	if testing.Short() {
+		return 70 << 20
+	}
+	return 200 << 20
+}
+
+func serveChild(t *testing.T, url, home string, env ...string) (*child, peer.ID) {
+	t.Helper()
+	c := startChild(t, "serve", append([]string{envHome + "=" + home, envSignal + "=" + url, envTopic + "=t"}, env...)...)
+	id, err := peer.Decode(strings.Fields(c.expect("ready", 30*time.Second))[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, id
+}
+
+// A collection moves byte-exact from a peer in another process.
+func TestTwoProcessCollection(t *testing.T) {
+	url := startSignal(t)
+	path := writeRandomFile(t, t.TempDir(), 1, fileSize())
+	homeA, c := newHome(t, path)
+	srv, srvID := serveChild(t, url, homeA)
+	b := newLocalNode(t, url, t.TempDir(), "t")
+	start := time.Now()
+	info, err := b.Fetch(ctxFor(t, 5*time.Minute), b.st, c, swarm.FetchOptions{Peers: []peer.ID{srvID}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d bytes in %v (%.0f MB/s)", fileSize(), time.Since(start), float64(fileSize())/time.Since(start).Seconds()/1e6)
+	if info.CID != c || !sameFile(t, b.st, c, path) {
+		t.Fatal("fetched collection differs from the file")
+	}
+	srv.stop(10 * time.Second)
+}
+
+// A peer that flips bytes is caught and banned; the fetch completes,
+// byte-exact, from the honest one. Both serve at once.
+func TestTwoProcessBadPeer(t *testing.T) {
+	url := startSignal(t)
+	path := writeRandomFile(t, t.TempDir(), 2, 70<<20)
+	homeH, c := newHome(t, path)
+	homeL, _ := newHome(t, path)
+	_, honest := serveChild(t, url, homeH)
+	_, liar := serveChild(t, url, homeL, envFlip+"=every")
+	b := newLocalNode(t, url, t.TempDir(), "t")
+	if _, err := b.Fetch(ctxFor(t, 5*time.Minute), b.st, c, swarm.FetchOptions{Peers: []peer.ID{liar, honest}}); err != nil {
+		t.Fatal(err)
+	}
+	if !sameFile(t, b.st, c, path) {
+		t.Fatal("fetched file differs")
+	}
+	if !b.Banned(liar) || b.Banned(honest) {
+		t.Fatalf("banned: liar %v, honest %v", b.Banned(liar), b.Banned(honest))
+	}
+	var bad []swarm.Event
+	for _, e := range b.Events() {
+		if e.Kind == swarm.EventBadData {
+			bad = append(bad, e)
+		}
+	}
+	// One event: the first bad group (a whole group, or the tail of a
+	// small blob); slices in flight when the ban fell are refused quietly.
+	if len(bad) != 1 || bad[0].Peer != liar || bad[0].Off%cas.GroupSize != 0 || bad[0].Len <= 0 || bad[0].Len > cas.GroupSize {
+		t.Fatalf("bad-data events %+v; want one naming %s and one group", bad, liar)
+	}
+}
+
+// The flipped group of a single-byte liar is exactly the one reported,
+// and nothing of it reaches the disk.
+func TestTwoProcessFirstBadGroup(t *testing.T) {
+	url := startSignal(t)
+	data := writeRandomFile(t, t.TempDir(), 3, 24<<20)
+	homeL, c := newHome(t, data)
+	raw, err := os.ReadFile(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const badOff = 9<<20 + 4321
+	_, liar := serveChild(t, url, homeL, envFlip+"="+c.String()+":"+hex.EncodeToString(raw[badOff:badOff+32]))
+	b := newLocalNode(t, url, t.TempDir(), "t")
+	if _, err := b.Fetch(ctxFor(t, time.Minute), b.st, c, swarm.FetchOptions{Peers: []peer.ID{liar}, FindTimeout: time.Second}); err == nil {
+		t.Fatal("fetch from a liar succeeded")
+	}
+	ev := b.Events()
+	want := int64(badOff) / cas.GroupSize * cas.GroupSize
+	found := false
+	for _, e := range ev {
+		found = found || e.Kind == swarm.EventBadData && e.Peer == liar && e.CID == c && e.Off == want && e.Len == cas.GroupSize
+	}
+	if !found {
+		t.Fatalf("events %+v; want bad_data for group [%d, +16 KiB) of %s from %s", ev, want, c, liar)
+	}
+	p, err := b.st.OpenPartial(c, int64(len(raw)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if p.Have(want, cas.GroupSize) {
+		t.Fatal("the flipped group was written")
+	}
+	var missing int64
+	for _, r := range p.Missing() {
+		missing += r.Len
+	}
+	if missing == int64(len(raw)) {
+		t.Fatal("none of the liar's good pieces was kept")
+	}
+}
+
+// A fetcher killed mid-way (SIGKILL) resumes from what it had verified.
+func TestTwoProcessResumeAfterKill(t *testing.T) {
+	url := startSignal(t)
+	size := int64(160 << 20)
+	path := writeRandomFile(t, t.TempDir(), 4, size)
+	homeA, c := newHome(t, path)
+	a := newLocalNode(t, url, homeA, "t")
+	homeB, _ := newHome(t, "")
+	env := []string{envHome + "=" + homeB, envSignal + "=" + url, envTopic + "=t", envCID + "=" + c.String()}
+
+	f1 := startChild(t, "fetch", env...)
+	for {
+		fs := strings.Fields(f1.expect("progress", 2*time.Minute))
+		done, _ := strconv.ParseInt(fs[0], 10, 64)
+		if done >= size*85/100 { // the first shard is long finished by then
+			break
+		}
+	}
+	f1.kill()
+	served1 := a.Stats().ServedBytes
+
+	// What survived the crash: verified shards and flushed groups.
+	st, err := cas.Open(homeB, cas.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	col, err := a.st.Collection(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kept int64
+	for _, sh := range col.Shards {
+		if st.Has(sh.CID) {
+			kept += sh.Size
+		}
+	}
+	st.Close()
+	t.Logf("killed after %d bytes served; %d bytes of whole shards kept", served1, kept)
+	if kept == 0 {
+		t.Fatal("nothing verified survived the kill")
+	}
+
+	f2 := startChild(t, "fetch", env...)
+	f2.expect("done", 2*time.Minute)
+	f2.stop(10 * time.Second)
+	again := a.Stats().ServedBytes - served1
+	if again > size-kept+16<<20 {
+		t.Fatalf("resumed fetch moved %d bytes; %d of %d were kept", again, kept, size)
+	}
+	st, err = cas.Open(homeB, cas.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if !sameFile(t, st, c, path) {
+		t.Fatal("resumed file differs")
+	}
+}
+
+func ctxFor(t testing.TB, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}

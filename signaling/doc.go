@@ -1,0 +1,18 @@
+// Package signaling owns the rendezvous of peers: a WebSocket server that
+// authenticates peer IDs, keeps topic memberships and relays WebRTC
+// offers, answers and ICE candidates between peers, and the matching
+// client. It does not own WebRTC itself, peer identities on disk, or what
+// peers say to each other once connected (package swarm).
+//
+// The protocol is JSON over WebSocket, specified in PROTOCOL.md next to this
+// file so that a browser can speak it. A client proves its peer ID by signing
+// the server's nonce with its identity key; the server relays nothing for an
+// unproven ID and refuses a second registration of a live ID. Every limit
+// (message size, rate, peers per topic, idle time, connections) answers with
+// an error code before it closes, and is counted (Server.Stats, and
+// Server as a prometheus.Collector).
+//
+// The server never blocks on a client: each client has its own reader, its
+// own writer and a bounded outbound queue; a client whose queue overflows is
+// disconnected as a slow consumer instead of stalling the others.
+package signaling

@@ -1,0 +1,127 @@
+package swarm
+
+import (
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/pion/webrtc/v4"
+	"github.com/rdrr/peer/cas"
+	"github.com/rdrr/peer/swarm/wire"
+)
+
+// Source is what a node serves blobs from. *cas.Store implements it.
+type Source interface {
+	// Stat returns what is known of c, or an error wrapping
+	// cas.ErrNotFound. Safe for concurrent use.
+	Stat(c cas.CID) (cas.Info, error)
+	// AppendSlice appends to dst the bao slice encoding of [off, off+n) of
+	// c, verified while read; corrupt data is an error wrapping
+	// cas.ErrCorrupt and is never returned. Safe for concurrent use; dst is
+	// not kept.
+	AppendSlice(dst []byte, c cas.CID, off, n int64) ([]byte, error)
+}
+
+// Config configures a Node. Identity is required; zero values of the rest
+// take the documented defaults.
+type Config struct {
+	Identity *Identity
+	// Source is what the node serves to peers; nil serves nothing.
+	Source Source
+	// Logger (default: discard). Now is the clock (default time.Now).
+	Logger *slog.Logger
+	Now    func() time.Time
+
+	// ICEServers are the STUN/TURN servers for real networks (none by
+	// default: host candidates only).
+	ICEServers []webrtc.ICEServer
+	// Loopback restricts ICE to 127.0.0.1: no other address is gathered,
+	// bound, or accepted from a peer, and mDNS is off. Tests, demos and
+	// benchmarks set it.
+	Loopback bool
+	// BigMTU is the SCTP packet size used to send to a peer that announced
+	// it accepts big packets, on a path known to carry them. 0 means 8000
+	// when Loopback is set (if this build's pion can set it) and off
+	// otherwise; set it for a LAN with jumbo frames; -1 turns it off.
+	// Browsers and the internet get pion's 1191 always.
+	BigMTU int
+	// Links is how many peer connections (SCTP associations) a fetch opens
+	// to each peer: one association is CPU-bound well below what several
+	// carry (default 4).
+	Links int
+	// BulkChannels is the number of bulk data channels per connection
+	// (default 2).
+	BulkChannels int
+	// PieceSize is the byte length of one REQUEST (default 1 MiB; at most
+	// wire.MaxRequest).
+	PieceSize int
+	// Window is how many requests a fetch keeps in flight per connection
+	// (default 4).
+	Window int
+	// MaxOutstanding is how many requests a peer may queue with us per
+	// connection before we answer busy (default 32).
+	MaxOutstanding int
+	// MaxLinks bounds connections in all (default 256), MaxLinksPerPeer
+	// those to one peer (default 8), MaxSetups the connection setups in
+	// progress (default 32).
+	MaxLinks, MaxLinksPerPeer, MaxSetups int
+	// SocketBuffer is the UDP socket buffer size asked for (default 4 MiB;
+	// the kernel caps it at net.core.rmem_max). Small buffers drop
+	// datagrams at high rates and SCTP then backs off.
+	SocketBuffer int
+	// ConnectTimeout bounds setting up one connection (default 20s),
+	// RequestTimeout one request (default 30s).
+	ConnectTimeout, RequestTimeout time.Duration
+	// BanFor is how long a peer that sent bad data is refused (default 1h).
+	BanFor time.Duration
+	// Agent is sent in HELLO (default "rdrr-peer").
+	Agent string
+
+	testHooks testHooks // zero outside tests
+}
+
+func (c Config) withDefaults() (Config, error) {
+	if c.Identity == nil {
+		return c, errors.New("swarm: config: no identity")
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	def := func(v *int, d int) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	def(&c.Links, 4)
+	def(&c.BulkChannels, 2)
+	def(&c.PieceSize, 1<<20)
+	def(&c.Window, 4)
+	def(&c.MaxOutstanding, 32)
+	def(&c.MaxLinks, 256)
+	def(&c.MaxLinksPerPeer, 8)
+	def(&c.MaxSetups, 32)
+	def(&c.SocketBuffer, 4<<20)
+	c.BulkChannels = min(c.BulkChannels, maxBulk)
+	c.MaxOutstanding = min(c.MaxOutstanding, 1<<15)
+	if c.PieceSize > wire.MaxRequest || c.PieceSize%cas.GroupSize != 0 {
+		return c, errors.New("swarm: config: PieceSize must be a multiple of 16 KiB up to 4 MiB")
+	}
+	defDur := func(v *time.Duration, d time.Duration) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	defDur(&c.ConnectTimeout, 20*time.Second)
+	defDur(&c.RequestTimeout, 30*time.Second)
+	defDur(&c.BanFor, time.Hour)
+	if c.Agent == "" {
+		c.Agent = "rdrr-peer"
+	}
+	return c, nil
+}
+
+// maxBulk bounds the bulk channels a peer may ask us to accept.
+const maxBulk = 16

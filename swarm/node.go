@@ -1,0 +1,411 @@
+package swarm
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/rdrr/peer/cas"
+	"github.com/rdrr/peer/signaling"
+	"github.com/rdrr/peer/swarm/wire"
+)
+
+// Signaler relays offers, answers and candidates to peers by ID.
+// *signaling.Client implements it.
+type Signaler interface {
+	// Send relays m (its To set) without waiting for delivery. Safe for
+	// concurrent use.
+	Send(ctx context.Context, m *signaling.Message) error
+	// Incoming delivers relayed messages (From set); it is closed when the
+	// signaling session ends. The node is its only reader.
+	Incoming() <-chan *signaling.Message
+}
+
+// Event kinds.
+const (
+	EventBadData  = "bad_data" // a slice from the peer failed verification
+	EventProtocol = "protocol" // the peer broke the wire protocol
+	EventIdentity = "identity" // the peer's certificate or signature did not match its ID
+	EventBanned   = "banned"   // the peer was banned
+	EventRefused  = "refused"  // a connection from the peer was refused (limit, ban)
+)
+
+// Event is something a peer did that the node acted on.
+type Event struct {
+	Time     time.Time
+	Peer     peer.ID
+	Kind     string
+	CID      cas.CID // bad_data: the blob
+	Off, Len int64   // bad_data: the first bad group
+	Detail   string
+}
+
+// Stats counts what a node moved.
+type Stats struct {
+	Links         int   // open connections
+	FetchedBytes  int64 // verified bytes written to the store
+	ServedBytes   int64 // bytes of data served
+	BadSlices     int64 // slices that failed verification
+	Bans          int64
+	LinksAccepted int64
+	LinksDialed   int64
+}
+
+type nodeStats struct {
+	fetchedBytes, servedBytes, badSlices, bans, accepted, dialed atomic.Int64
+}
+
+const (
+	maxEvents  = 256
+	maxBanned  = 4096
+	setupInbox = 64
+)
+
+// Node is a peer's presence in the swarm: it answers and makes WebRTC
+// connections through a signaling server, serves blobs from its Source and
+// fetches blobs into a cas store. Its methods are safe for concurrent use.
+type Node struct {
+	cfg Config
+	id  *Identity
+	log *slog.Logger
+	tr  *transport
+
+	ctx    context.Context // cancelled by Close
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // dispatcher, setups, peer connection closers
+	stats  nodeStats
+
+	mu      sync.Mutex
+	closed  bool
+	sig     Signaler
+	links   map[peer.ID][]*link
+	nlinks  int
+	setups  map[setupKey]*setup
+	banned  map[peer.ID]time.Time
+	events  []Event
+	allLink map[*link]struct{} // every link not yet fully stopped
+}
+
+// testHooks let tests play a dishonest peer; always zero outside tests.
+type testHooks struct {
+	mangleSDP  func(kind, sdp string) string                        // applied to our SDP before signing
+	signingKey crypto.PrivKey                                       // signs our descriptions instead of the identity key
+	tamper     func(kind string, d json.RawMessage) json.RawMessage // applied after signing (a relay in the middle)
+	// noPionFingerprintCheck leaves the certificate check to verifyRemote
+	// alone, to show that it holds by itself.
+	noPionFingerprintCheck bool
+}
+
+type setupKey struct {
+	peer peer.ID
+	sid  string
+}
+
+// NewNode makes a node. Call Start to connect it to a signaling session.
+func NewNode(cfg Config) (*Node, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	tr, err := newTransport(cfg)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Node{
+		cfg:     cfg,
+		id:      cfg.Identity,
+		log:     cfg.Logger,
+		tr:      tr,
+		ctx:     ctx,
+		cancel:  cancel,
+		links:   make(map[peer.ID][]*link),
+		setups:  make(map[setupKey]*setup),
+		banned:  make(map[peer.ID]time.Time),
+		allLink: make(map[*link]struct{}),
+	}, nil
+}
+
+// ID returns the node's peer ID.
+func (n *Node) ID() peer.ID { return n.id.ID }
+
+// BigMTU returns the SCTP packet size the node uses towards peers that
+// accept big packets, or 0 if it never does.
+func (n *Node) BigMTU() int { return n.tr.bigMTU }
+
+// Start makes the node answer offers arriving through sig, and use sig to
+// reach peers. The node becomes sig.Incoming's only reader.
+func (n *Node) Start(sig Signaler) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closed {
+		return ErrClosed
+	}
+	if n.sig != nil {
+		return errors.New("swarm: node already started")
+	}
+	n.sig = sig
+	n.wg.Add(1)
+	go n.dispatch(sig)
+	return nil
+}
+
+func (n *Node) dispatch(sig Signaler) {
+	defer n.wg.Done()
+	for {
+		select {
+		case m, ok := <-sig.Incoming():
+			if !ok {
+				return
+			}
+			n.route(m)
+		case <-n.ctx.Done():
+			return
+		}
+	}
+}
+
+func (n *Node) route(m *signaling.Message) {
+	from, err := peer.Decode(m.From)
+	if err != nil {
+		return
+	}
+	switch m.Type {
+	case signaling.TypeOffer:
+		n.acceptOffer(from, m)
+	case signaling.TypeAnswer, signaling.TypeCandidate, signaling.TypeBye:
+		n.mu.Lock()
+		s := n.setups[setupKey{from, m.SID}]
+		n.mu.Unlock()
+		if s == nil {
+			return // a setup that ended: late candidates are normal
+		}
+		select {
+		case s.inbox <- m:
+		default:
+			n.log.Debug("swarm: setup inbox full; dropped", "peer", from, "type", m.Type)
+		}
+	}
+}
+
+// record keeps ev (bounded) and logs it.
+func (n *Node) record(ev Event) {
+	if ev.Time.IsZero() {
+		ev.Time = n.cfg.Now()
+	}
+	n.mu.Lock()
+	if len(n.events) >= maxEvents {
+		n.events = append(n.events[:0], n.events[1:]...)
+	}
+	n.events = append(n.events, ev)
+	n.mu.Unlock()
+	attrs := []any{"peer", ev.Peer, "kind", ev.Kind}
+	if !ev.CID.IsZero() {
+		attrs = append(attrs, "cid", ev.CID, "off", ev.Off, "len", ev.Len)
+	}
+	n.log.Warn("swarm: peer event", append(attrs, "detail", ev.Detail)...)
+}
+
+// Events returns the recorded peer events, oldest first.
+func (n *Node) Events() []Event {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return append([]Event(nil), n.events...)
+}
+
+// Stats returns the node's counters.
+func (n *Node) Stats() Stats {
+	n.mu.Lock()
+	nl := n.nlinks
+	n.mu.Unlock()
+	return Stats{
+		Links:         nl,
+		FetchedBytes:  n.stats.fetchedBytes.Load(),
+		ServedBytes:   n.stats.servedBytes.Load(),
+		BadSlices:     n.stats.badSlices.Load(),
+		Bans:          n.stats.bans.Load(),
+		LinksAccepted: n.stats.accepted.Load(),
+		LinksDialed:   n.stats.dialed.Load(),
+	}
+}
+
+// Banned reports whether p is banned now.
+func (n *Node) Banned(p peer.ID) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.bannedLocked(p)
+}
+
+func (n *Node) bannedLocked(p peer.ID) bool {
+	until, ok := n.banned[p]
+	if ok && n.cfg.Now().After(until) {
+		delete(n.banned, p)
+		return false
+	}
+	return ok
+}
+
+// ban refuses p for cfg.BanFor and closes its links, telling it why. A
+// peer already banned is left as it is (slices that were in flight when the
+// ban fell fail quietly).
+func (n *Node) ban(p peer.ID, ev Event) {
+	n.mu.Lock()
+	if n.bannedLocked(p) {
+		n.mu.Unlock()
+		return
+	}
+	if len(n.banned) >= maxBanned {
+		now := n.cfg.Now()
+		for id, until := range n.banned {
+			if now.After(until) || len(n.banned) >= maxBanned {
+				delete(n.banned, id)
+			}
+		}
+	}
+	n.banned[p] = n.cfg.Now().Add(n.cfg.BanFor)
+	links := append([]*link(nil), n.links[p]...)
+	n.mu.Unlock()
+	n.stats.bans.Add(1)
+	n.record(ev)
+	code := wire.CodeProtocol
+	if ev.Kind == EventBadData {
+		code = wire.CodeBadData
+	}
+	for _, l := range links {
+		l.shutdown(code, ev.Detail, fmt.Errorf("%w: %s", ErrBanned, ev.Detail))
+	}
+}
+
+// Links returns how many connections to p are open.
+func (n *Node) Links(p peer.ID) int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return len(n.links[p])
+}
+
+// Peers returns the peers with open connections.
+func (n *Node) Peers() []peer.ID {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	out := make([]peer.ID, 0, len(n.links))
+	for p := range n.links {
+		out = append(out, p)
+	}
+	return out
+}
+
+func (n *Node) linksTo(p peer.ID) []*link {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return append([]*link(nil), n.links[p]...)
+}
+
+// addLink registers a ready link, or refuses it over the limits.
+func (n *Node) addLink(l *link) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	switch {
+	case n.closed:
+		return ErrClosed
+	case n.bannedLocked(l.remote):
+		return ErrBanned
+	case len(n.links[l.remote]) >= n.cfg.MaxLinksPerPeer || n.nlinks >= n.cfg.MaxLinks:
+		return ErrLimit
+	case l.isClosed():
+		return l.errClosed()
+	}
+	n.links[l.remote] = append(n.links[l.remote], l)
+	n.nlinks++
+	return nil
+}
+
+func (n *Node) removeLink(l *link) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	ls := n.links[l.remote]
+	for i, x := range ls {
+		if x == l {
+			n.links[l.remote] = append(ls[:i], ls[i+1:]...)
+			n.nlinks--
+			break
+		}
+	}
+	if len(n.links[l.remote]) == 0 {
+		delete(n.links, l.remote)
+	}
+}
+
+// trackLink makes Close wait for l's goroutines.
+func (n *Node) trackLink(l *link) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closed {
+		return false
+	}
+	n.allLink[l] = struct{}{}
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		<-l.done
+		l.wg.Wait()
+		n.mu.Lock()
+		delete(n.allLink, l)
+		n.mu.Unlock()
+	}()
+	return true
+}
+
+// Close closes every connection (telling peers it is going away) and
+// waits for the node's goroutines. The signaling client is the caller's.
+func (n *Node) Close() error {
+	n.mu.Lock()
+	if n.closed {
+		n.mu.Unlock()
+		return nil
+	}
+	n.closed = true
+	var all []*link
+	for l := range n.allLink {
+		all = append(all, l)
+	}
+	n.mu.Unlock()
+	for _, l := range all {
+		l.shutdown(wire.CodeGoingAway, "node closing", ErrClosed)
+	}
+	for _, l := range all {
+		<-l.done
+		l.wg.Wait()
+	}
+	n.cancel()
+	n.wg.Wait()
+	return nil
+}
+
+func randomSID() string {
+	var b [12]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// punish records that p sent a slice that failed verification, bans p and
+// closes its connections with the reason.
+func (n *Node) punish(p peer.ID, re *cas.RangeError) {
+	n.stats.badSlices.Add(1)
+	n.ban(p, Event{
+		Peer:   p,
+		Kind:   EventBadData,
+		CID:    re.CID,
+		Off:    re.Off,
+		Len:    re.Len,
+		Detail: (&BadDataError{Peer: p, Err: re}).Error(),
+	})
+}
