@@ -51,14 +51,17 @@ func (n *Node) Fetch(ctx context.Context, st *cas.Store, c cas.CID, opt FetchOpt
 	if err != nil {
 		return cas.Info{}, err
 	}
-	col, err := collectionOf(st, info)
-	if err != nil || col == nil {
-		return info, err
+	if !info.Collection {
+		return info, nil
+	}
+	// The store recognizes a collection when it completes and links its
+	// shards, so GC keeps them while the shards are fetched.
+	col, err := st.Collection(c)
+	if err != nil {
+		return cas.Info{}, err
 	}
 	var missing []want
-	children := make([]cas.CID, len(col.Shards))
-	for i, sh := range col.Shards {
-		children[i] = sh.CID
+	for _, sh := range col.Shards {
 		if inf, err := st.Stat(sh.CID); err != nil || inf.Corrupt {
 			missing = append(missing, want{cid: sh.CID, size: sh.Size})
 		}
@@ -66,23 +69,7 @@ func (n *Node) Fetch(ctx context.Context, st *cas.Store, c cas.CID, opt FetchOpt
 	if err := f.fetch(ctx, missing); err != nil {
 		return cas.Info{}, err
 	}
-	if err := st.Link(c, children); err != nil {
-		return cas.Info{}, err
-	}
-	return st.Stat(c)
-}
-
-// collectionOf returns the collection blob info names, or nil if it is not
-// one. Only its first bytes are read unless they carry the magic.
-func collectionOf(st *cas.Store, info cas.Info) (*cas.Collection, error) {
-	head := make([]byte, min(info.Size, 64))
-	if _, err := st.ReadAt(info.CID, head, 0); err != nil && len(head) > 0 {
-		return nil, err
-	}
-	if !cas.IsCollection(head) {
-		return nil, nil
-	}
-	return st.Collection(info.CID)
+	return info, nil
 }
 
 type want struct {

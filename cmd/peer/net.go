@@ -24,9 +24,9 @@ import (
 // defaultTopic is the swarm every peer joins unless told otherwise.
 const defaultTopic = "rdrr"
 
-// netCommands returns the network commands: signal, serve.
+// netCommands returns the network commands: signal, serve, daemon.
 func netCommands(a *app) []*cobra.Command {
-	return []*cobra.Command{signalCmd(a), serveCmd(a)}
+	return []*cobra.Command{signalCmd(a), serveCmd(a), daemonCmd(a)}
 }
 
 func signalCmd(a *app) *cobra.Command {
@@ -37,47 +37,67 @@ func signalCmd(a *app) *cobra.Command {
 		Short: "Run a signaling server: peers authenticate, join topics and exchange WebRTC offers through it",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg.Logger = a.log
-			srv := signaling.NewServer(cfg)
-			reg := prometheus.NewRegistry()
-			reg.MustRegister(srv)
-			mux := http.NewServeMux()
-			mux.Handle(signaling.Path, srv)
-			mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-			ln, err := net.Listen("tcp", listen)
+			sig, err := a.startSignal(listen, cfg)
 			if err != nil {
 				return err
 			}
-			hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-			u := "ws://" + ln.Addr().String() + signaling.Path
-			a.log.Info("signaling server listening", "url", u, "metrics", "http://"+ln.Addr().String()+"/metrics")
-			if err := a.print(map[string]string{"url": u}, func(w io.Writer) { fmt.Fprintln(w, u) }); err != nil {
+			if err := a.print(map[string]string{"url": sig.url}, func(w io.Writer) { fmt.Fprintln(w, sig.url) }); err != nil {
+				sig.stop()
 				return err
 			}
-			errc := make(chan error, 1)
-			go func() { errc <- hs.Serve(ln) }()
 			select {
-			case err = <-errc:
+			case err = <-sig.errc:
 			case <-cmd.Context().Done():
 			}
-			// Sessions first (they hold hijacked connections), then the listener.
-			srv.Close()
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			if serr := hs.Shutdown(ctx); err == nil || errors.Is(err, http.ErrServerClosed) {
-				err = serr
-			}
-			return err
+			return errors.Join(err, sig.stop())
 		},
 	}
+	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:7777", "address to listen on")
+	addSignalLimits(cmd, &cfg)
+	return cmd
+}
+
+func addSignalLimits(cmd *cobra.Command, cfg *signaling.Config) {
 	f := cmd.Flags()
-	f.StringVar(&listen, "listen", "127.0.0.1:7777", "address to listen on")
-	f.IntVar(&cfg.MaxConns, "max-conns", 0, "open sessions allowed (default 4096)")
+	f.IntVar(&cfg.MaxConns, "max-conns", 0, "open signaling sessions allowed (default 4096)")
 	f.IntVar(&cfg.MaxPeersPerTopic, "max-peers-per-topic", 0, "members per topic (default 1024)")
 	f.IntVar(&cfg.MaxMessageBytes, "max-message-bytes", 0, "largest message from a client (default 65536)")
 	f.Float64Var(&cfg.MessagesPerSecond, "messages-per-second", 0, "sustained messages per second per client (default 50)")
 	f.DurationVar(&cfg.IdleTimeout, "idle-timeout", 0, "close clients silent this long (default 1m)")
-	return cmd
+}
+
+// runningSignal is a signaling server started by this process.
+type runningSignal struct {
+	url  string
+	errc chan error // the HTTP server's exit
+	stop func() error
+}
+
+// startSignal serves a signaling server and its /metrics on listen.
+func (a *app) startSignal(listen string, cfg signaling.Config) (*runningSignal, error) {
+	cfg.Logger = a.log
+	srv := signaling.NewServer(cfg)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(srv)
+	mux := http.NewServeMux()
+	mux.Handle(signaling.Path, srv)
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	ln, err := net.Listen("tcp", listen)
+	if err != nil {
+		return nil, err
+	}
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	rs := &runningSignal{url: "ws://" + ln.Addr().String() + signaling.Path, errc: make(chan error, 1)}
+	a.log.Info("signaling server listening", "url", rs.url, "metrics", "http://"+ln.Addr().String()+"/metrics")
+	go func() { rs.errc <- hs.Serve(ln) }()
+	rs.stop = func() error {
+		// Sessions first (they hold hijacked connections), then the listener.
+		srv.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		return hs.Shutdown(ctx)
+	}
+	return rs, nil
 }
 
 // netFlags are the options shared by the commands that join a swarm.
@@ -146,47 +166,84 @@ func serveCmd(a *app) *cobra.Command {
 			if nf.signal == "" {
 				return errors.New("serve: --signal is required")
 			}
-			id, err := swarm.LoadIdentity(a.home)
-			if err != nil {
-				return err
-			}
-			return a.withStore(func(st *cas.Store) error {
-				ctx := cmd.Context()
-				if err := a.print(map[string]string{"peer": id.ID.String()}, func(w io.Writer) { fmt.Fprintln(w, "serving as", id.ID) }); err != nil {
-					return err
-				}
-				// Stay in the swarm: sign in again if the signaling
-				// session drops, backing off up to 30 s.
-				backoff := time.Second
-				for ctx.Err() == nil {
-					node, sc, err := a.join(ctx, cmd, &nf, id, st)
-					if err == nil {
-						backoff = time.Second
-						select {
-						case <-ctx.Done():
-						case <-sc.Done():
-							a.log.Warn("signaling session ended; reconnecting", "err", sc.Err())
-						}
-						node.Close()
-						sc.Close()
-						continue
-					}
-					if ctx.Err() != nil {
-						break
-					}
-					a.log.Warn("cannot join the swarm; retrying", "err", err, "in", backoff)
-					select {
-					case <-ctx.Done():
-					case <-time.After(backoff):
-					}
-					backoff = min(2*backoff, 30*time.Second)
-				}
-				return nil
-			})
+			return a.serve(cmd, &nf)
 		},
 	}
 	nf.add(cmd)
 	return cmd
+}
+
+func daemonCmd(a *app) *cobra.Command {
+	var nf netFlags
+	var listen string
+	var cfg signaling.Config
+	cmd := &cobra.Command{
+		Use:   "daemon [--signal-listen 127.0.0.1:7777] [--signal URL]",
+		Short: "Run a seeding peer: serve stored blobs to the swarm, optionally embedding a signaling server",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if listen != "" {
+				sig, err := a.startSignal(listen, cfg)
+				if err != nil {
+					return err
+				}
+				defer sig.stop()
+				if nf.signal == "" {
+					nf.signal = sig.url
+				}
+			}
+			if nf.signal == "" {
+				return errors.New("daemon: give --signal URL, or --signal-listen to embed a signaling server")
+			}
+			return a.serve(cmd, &nf)
+		},
+	}
+	nf.add(cmd)
+	cmd.Flags().StringVar(&listen, "signal-listen", "", "also run a signaling server (with /metrics) on this address")
+	addSignalLimits(cmd, &cfg)
+	return cmd
+}
+
+// serve keeps this peer in the swarm, answering requests for stored blobs,
+// until the command's context ends.
+func (a *app) serve(cmd *cobra.Command, nf *netFlags) error {
+	id, err := swarm.LoadIdentity(a.home)
+	if err != nil {
+		return err
+	}
+	return a.withStore(func(st *cas.Store) error {
+		ctx := cmd.Context()
+		if err := a.print(map[string]string{"peer": id.ID.String()}, func(w io.Writer) { fmt.Fprintln(w, "serving as", id.ID) }); err != nil {
+			return err
+		}
+		// Stay in the swarm: sign in again if the signaling session
+		// drops, backing off up to 30 s.
+		backoff := time.Second
+		for ctx.Err() == nil {
+			node, sc, err := a.join(ctx, cmd, nf, id, st)
+			if err == nil {
+				backoff = time.Second
+				select {
+				case <-ctx.Done():
+				case <-sc.Done():
+					a.log.Warn("signaling session ended; reconnecting", "err", sc.Err())
+				}
+				node.Close()
+				sc.Close()
+				continue
+			}
+			if ctx.Err() != nil {
+				break
+			}
+			a.log.Warn("cannot join the swarm; retrying", "err", err, "in", backoff)
+			select {
+			case <-ctx.Done():
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, 30*time.Second)
+		}
+		return nil
+	})
 }
 
 // fetchFromSwarm makes blob c (and its shards, if it is a collection)
