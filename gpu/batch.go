@@ -1,0 +1,443 @@
+package gpu
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+
+	"github.com/cogentcore/webgpu/wgpu"
+)
+
+// Batch records dispatches and copies and submits them as one command
+// buffer (one queue submission): per-token decode work is many small
+// dispatches, and a submit per dispatch costs more than the dispatch.
+// Recording takes no lock and makes no wgpu call; a Batch is used by one
+// goroutine at a time. Buffers and pipelines must stay unreleased until
+// Submit returns.
+type Batch struct {
+	d      *Device
+	cmds   []command
+	params []byte // uniform arena: each dispatch's params at an aligned offset
+	err    error  // first recording error; Submit returns it
+	done   bool
+}
+
+type command struct {
+	pipe     *Pipeline // nil for copies and clears
+	groups   [3]uint32
+	paramOff uint32
+	spans    []Span
+	// copy (src, dst) or clear (dst)
+	src, dst Span
+	clear    bool
+}
+
+// Batch starts an empty batch.
+func (d *Device) Batch() *Batch { return &Batch{d: d} }
+
+// note records err as the batch's first error (Submit returns it) and
+// returns it.
+func (b *Batch) note(err error) error {
+	if err != nil && b.err == nil {
+		b.err = err
+	}
+	return err
+}
+
+// Len is the number of recorded commands.
+func (b *Batch) Len() int { return len(b.cmds) }
+
+// Dispatch records p over groups workgroups with the given params bytes
+// (at most the kernel's Params size; shorter is zero-padded) and one
+// region per storage binding. Errors name the kernel; the first error also
+// fails Submit.
+func (b *Batch) Dispatch(p *Pipeline, groups [3]uint32, params []byte, bind ...Region) error {
+	err := b.dispatch(p, groups, params, bind)
+	if err != nil {
+		name := "?"
+		if p != nil {
+			name = p.e.name
+		}
+		err = &KernelError{Kernel: name, Op: "dispatch", Err: err}
+		if b.err == nil {
+			b.err = err
+		}
+	}
+	return err
+}
+
+func (b *Batch) dispatch(p *Pipeline, groups [3]uint32, params []byte, bind []Region) error {
+	if b.done {
+		return fmt.Errorf("%w: batch already submitted", ErrClosed)
+	}
+	if p == nil || p.released.Load() {
+		return fmt.Errorf("%w: pipeline released", ErrClosed)
+	}
+	e := p.e
+	if e.d != b.d {
+		return fmt.Errorf("%w: pipeline belongs to another device", ErrShape)
+	}
+	if len(bind) != len(e.bindings) {
+		return fmt.Errorf("%w: %d bindings given; kernel declares %d", ErrShape, len(bind), len(e.bindings))
+	}
+	lim := b.d.limits
+	for i, g := range groups {
+		if g == 0 {
+			return fmt.Errorf("%w: zero workgroups in dimension %d", ErrShape, i)
+		}
+		if g > lim.MaxComputeWorkgroupsPerDimension {
+			return fmt.Errorf("%w: %d workgroups in dimension %d; device max %d", ErrLimit, g, i, lim.MaxComputeWorkgroupsPerDimension)
+		}
+	}
+	if len(params) > e.params {
+		return fmt.Errorf("%w: %d bytes of params; kernel declares %d", ErrShape, len(params), e.params)
+	}
+	spans := make([]Span, len(bind))
+	for i, r := range bind {
+		if r == nil {
+			return fmt.Errorf("%w: binding %d is nil", ErrShape, i)
+		}
+		s := r.span()
+		if err := b.d.checkBinding(s); err != nil {
+			return fmt.Errorf("binding %d: %w", i, err)
+		}
+		spans[i] = s
+	}
+	// WebGPU tracks usage per buffer, not per range: one buffer cannot be
+	// bound read-only and read-write (or twice read-write) in a dispatch.
+	for i, s := range spans {
+		for j := 0; j < i; j++ {
+			if spans[j].buf == s.buf && (e.bindings[i] == ReadWrite || e.bindings[j] == ReadWrite) {
+				return fmt.Errorf("%w: bindings %d and %d use the same buffer and one of them writes it", ErrShape, j, i)
+			}
+		}
+	}
+	c := command{pipe: p, groups: groups, spans: spans}
+	if e.params > 0 {
+		align := uint64(b.d.limits.MinUniformBufferOffsetAlignment)
+		off := alignUp(uint64(len(b.params)), align)
+		b.params = append(b.params, make([]byte, int(off)-len(b.params))...)
+		c.paramOff = uint32(off)
+		b.params = append(b.params, params...)
+		b.params = append(b.params, make([]byte, int(alignUp(uint64(e.params), 16))-len(params))...)
+	}
+	b.cmds = append(b.cmds, c)
+	return nil
+}
+
+// checkBinding validates a storage binding against the buffer and limits.
+func (d *Device) checkBinding(s Span) error {
+	if s.buf == nil {
+		return fmt.Errorf("%w: nil buffer", ErrShape)
+	}
+	if s.buf.d != d {
+		return fmt.Errorf("%w: buffer belongs to another device", ErrShape)
+	}
+	if s.buf.use != usageStorage {
+		return fmt.Errorf("%w: not a storage buffer", ErrShape)
+	}
+	if s.size == 0 {
+		return fmt.Errorf("%w: empty range", ErrShape)
+	}
+	if s.off%uint64(d.limits.MinStorageBufferOffsetAlignment) != 0 {
+		return fmt.Errorf("%w: offset %d is not a multiple of %d", ErrShape, s.off, d.limits.MinStorageBufferOffsetAlignment)
+	}
+	if s.off+s.size > s.buf.cap {
+		return fmt.Errorf("%w: %v is outside the buffer (allocated %d)", ErrShape, s, s.buf.cap)
+	}
+	if bindSize(s) > d.limits.MaxStorageBufferBindingSize {
+		return fmt.Errorf("%w: binding of %d bytes; device max storage binding %d", ErrLimit, s.size, d.limits.MaxStorageBufferBindingSize)
+	}
+	return nil
+}
+
+// bindSize rounds a binding up to 16 bytes (kernels read vec4 arrays) when
+// the buffer has room; the extra bytes are never used by the shape logic.
+func bindSize(s Span) uint64 {
+	return min(alignUp(s.size, 16), s.buf.cap-s.off)
+}
+
+// Copy records a copy of src into dst (same length, multiples of 4).
+func (b *Batch) Copy(dst, src Region) error {
+	d, s := dst.span(), src.span()
+	err := func() error {
+		if b.done {
+			return fmt.Errorf("%w: batch already submitted", ErrClosed)
+		}
+		if d.size != s.size || d.size%4 != 0 || d.off%4 != 0 || s.off%4 != 0 {
+			return fmt.Errorf("%w: copy %v to %v (lengths must match and be multiples of 4)", ErrShape, s, d)
+		}
+		if err := b.d.checkCopy(d, d.size); err != nil {
+			return err
+		}
+		return b.d.checkCopy(s, s.size)
+	}()
+	if err != nil {
+		err = fmt.Errorf("copy: %w", err)
+		if b.err == nil {
+			b.err = err
+		}
+		return err
+	}
+	b.cmds = append(b.cmds, command{src: s, dst: d})
+	return nil
+}
+
+// Clear records zeroing dst (offset and size multiples of 4).
+func (b *Batch) Clear(dst Region) error {
+	d := dst.span()
+	err := func() error {
+		if b.done {
+			return fmt.Errorf("%w: batch already submitted", ErrClosed)
+		}
+		if d.size%4 != 0 {
+			return fmt.Errorf("%w: clear of %d bytes (want a multiple of 4)", ErrShape, d.size)
+		}
+		return b.d.checkCopy(d, d.size)
+	}()
+	if err != nil {
+		err = fmt.Errorf("clear: %w", err)
+		if b.err == nil {
+			b.err = err
+		}
+		return err
+	}
+	b.cmds = append(b.cmds, command{dst: d, clear: true})
+	return nil
+}
+
+// Submit encodes everything recorded into one command buffer and submits
+// it. It does not wait for the GPU: later submissions, Read and Sync see
+// the results. The batch cannot be reused.
+func (b *Batch) Submit(ctx context.Context) error {
+	if b.done {
+		return fmt.Errorf("%w: batch already submitted", ErrClosed)
+	}
+	b.done = true
+	if b.err != nil {
+		return b.err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if len(b.cmds) == 0 {
+		return nil
+	}
+	d := b.d
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := d.usable(); err != nil {
+		return b.wrap(err, "submit")
+	}
+	d.drainLocked()
+	// wgpu-native aborts the process on an invalid submit, so check what
+	// it would reject first.
+	for _, c := range b.cmds {
+		if c.pipe != nil && c.pipe.released.Load() {
+			return &KernelError{Kernel: c.pipe.e.name, Op: "submit", Err: fmt.Errorf("%w: pipeline released", ErrClosed)}
+		}
+		for _, s := range c.all() {
+			if s.buf.state != bufLive {
+				return b.wrap(fmt.Errorf("%w: %v was released before submit", ErrClosed, s), "submit")
+			}
+		}
+	}
+	var arena *Buffer
+	if len(b.params) > 0 {
+		var err error
+		if arena, err = d.allocLocked(usageUniform, uint64(len(b.params))); err != nil {
+			return b.wrap(err, "params")
+		}
+		// The arena goes back to the pool right after the submit: queue
+		// order makes the next batch's WriteBuffer land after this one ran.
+		defer d.releaseLocked(arena)
+		var werr error
+		ne := scoped(d.dev, func() { werr = d.queue.WriteBuffer(arena.raw, 0, b.params) })
+		if ne == nil && werr != nil {
+			ne = &nativeError{typ: errTypeValidation, msg: werr.Error()}
+		}
+		if ne != nil {
+			return b.wrap(d.noteNative(ne), "params")
+		}
+	}
+	var idx uint64
+	var inner error
+	ne := scoped(d.dev, func() { idx, inner = b.encodeLocked(arena) })
+	if inner != nil {
+		return inner
+	}
+	if ne != nil {
+		return b.wrap(d.noteNative(ne), "submit")
+	}
+	d.noteSubmit(idx)
+	return nil
+}
+
+func (c command) all() []Span {
+	if c.pipe != nil {
+		return c.spans
+	}
+	if c.clear {
+		return []Span{c.dst}
+	}
+	return []Span{c.src, c.dst}
+}
+
+func (b *Batch) encodeLocked(arena *Buffer) (uint64, error) {
+	d := b.d
+	enc, err := d.dev.CreateCommandEncoder(nil)
+	if err != nil {
+		return 0, b.wrap(fmt.Errorf("%w: %v", ErrValidation, err), "encode")
+	}
+	defer enc.Release()
+	var pass *wgpu.ComputePassEncoder
+	var passKernels []string
+	endPass := func() error {
+		if pass == nil {
+			return nil
+		}
+		err := pass.End()
+		pass.Release()
+		pass = nil
+		if err != nil {
+			return &KernelError{Kernel: strings.Join(dedup(passKernels), ","), Op: "dispatch", Err: fmt.Errorf("%w: %v", ErrValidation, err)}
+		}
+		passKernels = passKernels[:0]
+		return nil
+	}
+	for _, c := range b.cmds {
+		if c.pipe == nil {
+			if err := endPass(); err != nil {
+				return 0, err
+			}
+			if c.clear {
+				err = enc.ClearBuffer(c.dst.buf.raw, c.dst.off, c.dst.size)
+			} else {
+				err = enc.CopyBufferToBuffer(c.src.buf.raw, c.src.off, c.dst.buf.raw, c.dst.off, c.src.size)
+			}
+			if err != nil {
+				return 0, b.wrap(fmt.Errorf("%w: %v", ErrValidation, err), "copy")
+			}
+			continue
+		}
+		e := c.pipe.e
+		bg0, err := d.bindGroupLocked(e.layout, e.layout.group0, c.spans)
+		if err != nil {
+			return 0, &KernelError{Kernel: e.name, Op: "bind", Err: err}
+		}
+		var bg1 *wgpu.BindGroup
+		if e.params > 0 {
+			bg1, err = d.bindGroupLocked(e.layout, e.layout.group1, []Span{{arena, 0, alignUp(uint64(e.params), 16)}})
+			if err != nil {
+				return 0, &KernelError{Kernel: e.name, Op: "bind params", Err: err}
+			}
+		}
+		if pass == nil {
+			pass = enc.BeginComputePass(nil)
+		}
+		passKernels = append(passKernels, e.name)
+		pass.SetPipeline(e.pipe)
+		pass.SetBindGroup(0, bg0, nil)
+		if bg1 != nil {
+			pass.SetBindGroup(1, bg1, []uint32{c.paramOff})
+		}
+		pass.DispatchWorkgroups(c.groups[0], c.groups[1], c.groups[2])
+		d.tick++
+		e.lastUse = d.tick
+	}
+	if err := endPass(); err != nil {
+		return 0, err
+	}
+	cb, err := enc.Finish(nil)
+	if err != nil {
+		return 0, b.wrap(fmt.Errorf("%w: %v", ErrValidation, err), "finish")
+	}
+	defer cb.Release()
+	idx, ne := submit(d.dev, d.queue, cb)
+	if ne != nil {
+		return 0, b.wrap(d.noteNative(ne), "submit")
+	}
+	return idx, nil
+}
+
+// bindGroupLocked returns a cached bind group for these ranges under the
+// given layout, creating it on a miss.
+func (d *Device) bindGroupLocked(l *layoutEntry, bgl *wgpu.BindGroupLayout, spans []Span) (*wgpu.BindGroup, error) {
+	var kb strings.Builder
+	kb.WriteString(l.key)
+	if bgl == l.group1 {
+		kb.WriteString("#1")
+	}
+	ids := make([]uint64, len(spans))
+	for i, s := range spans {
+		ids[i] = s.buf.id
+		kb.WriteByte('|')
+		kb.WriteString(strconv.FormatUint(s.buf.id, 36))
+		kb.WriteByte(':')
+		kb.WriteString(strconv.FormatUint(s.off, 36))
+		kb.WriteByte(':')
+		kb.WriteString(strconv.FormatUint(s.size, 36))
+	}
+	key := kb.String()
+	if bg := d.bgs.get(key); bg != nil {
+		return bg, nil
+	}
+	entries := make([]wgpu.BindGroupEntry, len(spans))
+	for i, s := range spans {
+		size := s.size
+		if bgl == l.group0 {
+			size = bindSize(s)
+		}
+		entries[i] = wgpu.BindGroupEntry{Binding: uint32(i), Buffer: s.buf.raw, Offset: s.off, Size: size}
+	}
+	bg, err := d.dev.CreateBindGroup(&wgpu.BindGroupDescriptor{Layout: bgl, Entries: entries})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrValidation, err)
+	}
+	d.bgs.put(key, bg, ids)
+	return bg, nil
+}
+
+// wrap names the batch's kernels in err.
+func (b *Batch) wrap(err error, op string) error {
+	var names []string
+	for _, c := range b.cmds {
+		if c.pipe != nil {
+			names = append(names, c.pipe.e.name)
+		}
+	}
+	if len(names) == 0 {
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	return &KernelError{Kernel: strings.Join(dedup(names), ","), Op: op, Err: err}
+}
+
+func dedup(s []string) []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, x := range s {
+		if !seen[x] {
+			seen[x] = true
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+// Params builds a kernel's uniform block: 4-byte little-endian fields in
+// declaration order (u32, i32 and f32 members of a WGSL struct).
+type Params []byte
+
+// U32 appends a u32 field.
+func (p Params) U32(v uint32) Params { return binary.LittleEndian.AppendUint32(p, v) }
+
+// I32 appends an i32 field.
+func (p Params) I32(v int32) Params { return binary.LittleEndian.AppendUint32(p, uint32(v)) }
+
+// F32 appends an f32 field.
+func (p Params) F32(v float32) Params {
+	return binary.LittleEndian.AppendUint32(p, math.Float32bits(v))
+}

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Runs the gpu tests and benchmarks on the lent accelerator machine, from a
+# test binary built here (that machine has no Go toolchain or module cache):
+#
+#   go test -c -o .gl/gpu.test ./gpu/     # on the development machine
+#   # device tool: carry [".gl"], command: bash gpu/bench-device.sh
+#
+# .gl also holds the Vulkan loader debs (see the device README). Logs go to
+# $OUT. BENCH_ARGS adds go test flags (e.g. -test.bench 'GPU/q4k').
+set -uo pipefail
+out=${OUT:-/tmp/out}
+mkdir -p "$out"
+for f in .gl/*.deb; do dpkg -x "$f" /; done
+ldconfig
+icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+[ -f "$icd" ] && export VK_DRIVER_FILES=$icd
+export XDG_RUNTIME_DIR=/tmp/rdrr-xdg RDRR_GPU_BACKEND=${RDRR_GPU_BACKEND:-vulkan}
+mkdir -p -m 0700 "$XDG_RUNTIME_DIR"
+{ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv; nproc; } 2>&1 | tee "$out/machine.txt"
+# Clocks and power while everything runs: GPUs boost only under load.
+nvidia-smi --query-gpu=timestamp,pstate,clocks.sm,clocks.mem,power.draw,utilization.gpu --format=csv -lms 200 > "$out/clocks.csv" 2>&1 &
+smi=$!
+cd gpu # tests read testdata/ relative to the package, as go test does
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
+  ../.gl/gpu.test -test.count 1 -test.timeout 5m 2>&1 | grep -v '^\[wgpu\] \[Warn\]' | tee "$out/test.log" | tail -15
+fi
+../.gl/gpu.test -test.run '^$' -test.bench . -test.benchtime 1x -test.timeout 9m ${BENCH_ARGS:-} 2>&1 \
+  | grep -v '^\[wgpu\] \[Warn\]' | tee "$out/bench.log"
+kill $smi 2>/dev/null

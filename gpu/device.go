@@ -1,0 +1,641 @@
+package gpu
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"runtime"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cogentcore/webgpu/wgpu"
+)
+
+// Options configure Open. The zero value opens the best adapter of any
+// backend with the defaults documented on each field.
+type Options struct {
+	// Backend restricts adapters to one native API (--gpu-backend).
+	Backend Backend
+	// Adapter, when set, picks the first adapter whose device, driver or
+	// vendor name contains it (case-insensitive).
+	Adapter string
+	// MaxBufferSize is the largest buffer the device must hold. 0 means the
+	// adapter's maximum, capped at 1 GiB. Asking for more than the adapter
+	// offers fails with ErrLimit.
+	MaxBufferSize uint64
+	// MaxStorageBinding is the largest storage binding a kernel may see. 0
+	// means min(adapter maximum, MaxBufferSize).
+	MaxStorageBinding uint64
+	// PoolBytes bounds the bytes of released buffers kept for reuse. 0 means
+	// 256 MiB; negative disables pooling.
+	PoolBytes int64
+	// IdlePipelines bounds compiled pipelines kept after their last Release.
+	// 0 means 64; negative keeps none.
+	IdlePipelines int
+	// BindGroups bounds the bind-group cache. 0 means 4096.
+	BindGroups int
+	// StagingBuffers is the number of mapped staging buffers Upload keeps in
+	// flight. 0 means 4.
+	StagingBuffers int
+	// StagingSize is the size of each staging buffer. 0 means 8 MiB.
+	StagingSize uint64
+	// CopyWorkers is the number of goroutines that copy into a mapped
+	// staging buffer (writing mapped memory from one thread is slow on
+	// discrete GPUs). 0 means min(GOMAXPROCS, 16).
+	CopyWorkers int
+	// Logger receives debug logs. nil discards them.
+	Logger *slog.Logger
+}
+
+const (
+	defaultMaxBuffer     = 1 << 30
+	defaultPoolBytes     = 256 << 20
+	defaultIdlePipelines = 64
+	defaultBindGroups    = 4096
+	defaultStaging       = 4
+	defaultStagingSize   = 8 << 20
+)
+
+func (o Options) withDefaults() Options {
+	if o.PoolBytes == 0 {
+		o.PoolBytes = defaultPoolBytes
+	}
+	if o.IdlePipelines == 0 {
+		o.IdlePipelines = defaultIdlePipelines
+	}
+	if o.BindGroups <= 0 {
+		o.BindGroups = defaultBindGroups
+	}
+	if o.StagingBuffers <= 0 {
+		o.StagingBuffers = defaultStaging
+	}
+	if o.StagingSize == 0 {
+		o.StagingSize = defaultStagingSize
+	}
+	o.StagingSize = alignUp(o.StagingSize, 256)
+	if o.CopyWorkers <= 0 {
+		o.CopyWorkers = min(runtime.GOMAXPROCS(0), 16)
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return o
+}
+
+// Device is an open wgpu device with its queue, buffer pool, pipeline cache
+// and staging ring. All methods are safe for concurrent use. Work from all
+// goroutines goes to one queue and runs in submission order.
+type Device struct {
+	opts   Options
+	log    *slog.Logger
+	info   AdapterInfo
+	limits Limits // granted
+
+	inst    *wgpu.Instance
+	adapter *wgpu.Adapter
+	dev     *wgpu.Device
+	queue   *wgpu.Queue
+
+	// mu serializes calls into wgpu that use error scopes (the scope stack
+	// is per device, not per thread) and guards the fields below.
+	mu       sync.Mutex
+	closed   bool
+	nextID   uint64
+	buffers  map[uint64]*Buffer // every native buffer this device made
+	pool     pool
+	pipes    map[string]*pipeEntry
+	layouts  map[string]*layoutEntry
+	bgs      bindGroupCache
+	tick     uint64
+	stager   *stager
+	counters counters
+
+	lost     atomic.Pointer[error]
+	lostCh   chan struct{} // closed when lost is set
+	lostOnce sync.Once
+
+	// asynchronous operations (map, work done) not yet completed
+	opsMu    sync.Mutex
+	ops      map[*asyncOp]struct{}
+	inflight []uint64 // submission indices, oldest first
+	deferred []func() // run under mu by drain; appended by callbacks
+
+	kick     chan struct{}
+	stop     chan struct{}
+	pollDone chan struct{}
+	progress atomic.Uint64
+}
+
+type counters struct {
+	allocs, reuses, pipelinesBuilt uint64
+}
+
+// Open selects an adapter and opens a device on it. The device requests the
+// WebGPU default limits plus buffer and storage-binding sizes raised to
+// what Options ask (asking for the adapter's full limits fails on some
+// drivers).
+func Open(ctx context.Context, o Options) (*Device, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	o = o.withDefaults()
+	inst := newInstance()
+	adapter, info, err := pickAdapter(inst, o)
+	if err != nil {
+		inst.Release()
+		return nil, err
+	}
+	req := wgpu.DefaultLimits()
+	al := info.Limits
+	maxBuf := o.MaxBufferSize
+	if maxBuf == 0 {
+		maxBuf = min(al.MaxBufferSize, defaultMaxBuffer)
+	}
+	if maxBuf > al.MaxBufferSize {
+		adapter.Release()
+		inst.Release()
+		return nil, fmt.Errorf("%w: max buffer size %d asked; adapter %s offers %d", ErrLimit, maxBuf, info, al.MaxBufferSize)
+	}
+	maxBind := o.MaxStorageBinding
+	if maxBind == 0 {
+		maxBind = min(al.MaxStorageBufferBindingSize, maxBuf)
+	}
+	if maxBind > al.MaxStorageBufferBindingSize {
+		adapter.Release()
+		inst.Release()
+		return nil, fmt.Errorf("%w: max storage binding %d asked; adapter %s offers %d", ErrLimit, maxBind, info, al.MaxStorageBufferBindingSize)
+	}
+	req.MaxBufferSize = maxBuf
+	req.MaxStorageBufferBindingSize = maxBind
+	var features []wgpu.FeatureName
+	if info.ShaderF16 {
+		features = append(features, wgpu.FeatureNameShaderF16)
+	}
+	dev, err := adapter.RequestDevice(&wgpu.DeviceDescriptor{
+		Label:            "rdrr",
+		RequiredFeatures: features,
+		RequiredLimits:   &wgpu.RequiredLimits{Limits: req},
+	})
+	if err != nil {
+		adapter.Release()
+		inst.Release()
+		return nil, fmt.Errorf("%w: request device on %s: %v", ErrUnsupported, info, err)
+	}
+	d := &Device{
+		opts:     o,
+		log:      o.Logger,
+		info:     info,
+		inst:     inst,
+		adapter:  adapter,
+		dev:      dev,
+		queue:    dev.GetQueue(),
+		buffers:  map[uint64]*Buffer{},
+		pipes:    map[string]*pipeEntry{},
+		layouts:  map[string]*layoutEntry{},
+		ops:      map[*asyncOp]struct{}{},
+		lostCh:   make(chan struct{}),
+		kick:     make(chan struct{}, 1),
+		stop:     make(chan struct{}),
+		pollDone: make(chan struct{}),
+	}
+	d.limits = limitsOf(dev.GetLimits().Limits)
+	d.info.Limits = d.limits
+	d.pool.limit = o.PoolBytes
+	d.bgs.limit = o.BindGroups
+	if err := d.probe(); err != nil {
+		d.release()
+		return nil, err
+	}
+	go d.pollLoop()
+	d.log.Debug("gpu: device open", "adapter", info.String(), "maxBuffer", maxBuf, "maxBinding", maxBind)
+	return d, nil
+}
+
+func pickAdapter(inst *wgpu.Instance, o Options) (*wgpu.Adapter, AdapterInfo, error) {
+	type cand struct {
+		a    *wgpu.Adapter
+		info AdapterInfo
+	}
+	var cs []cand
+	for _, a := range inst.EnumerateAdapters(&wgpu.InstanceEnumerateAdapterOptons{Backends: o.Backend.instanceFlags()}) {
+		info := describe(a)
+		if !info.matches(o.Adapter) {
+			a.Release()
+			continue
+		}
+		cs = append(cs, cand{a, info})
+	}
+	if len(cs) == 0 {
+		return nil, AdapterInfo{}, fmt.Errorf("%w: backend %s, adapter %q", ErrNoAdapter, o.Backend, o.Adapter)
+	}
+	sort.SliceStable(cs, func(i, j int) bool { return rank(cs[i].info) > rank(cs[j].info) })
+	for _, c := range cs[1:] {
+		c.a.Release()
+	}
+	return cs[0].a, cs[0].info, nil
+}
+
+// probe checks that the binding's structs still hold native handles where
+// native.go expects them.
+func (d *Device) probe() error {
+	const size = 64
+	b, err := d.dev.CreateBuffer(&wgpu.BufferDescriptor{Label: "probe", Size: size, Usage: wgpu.BufferUsageCopyDst})
+	if err != nil {
+		return fmt.Errorf("%w: probe buffer: %v", ErrUnsupported, err)
+	}
+	defer func() { b.Destroy(); b.Release() }()
+	return checkLayout(d.dev, b, size)
+}
+
+// Info returns the adapter's description with the limits this device was
+// granted.
+func (d *Device) Info() AdapterInfo { return d.info }
+
+// Err returns a non-nil error (wrapping ErrDeviceLost or ErrClosed) once the
+// device can no longer be used.
+func (d *Device) Err() error {
+	if p := d.lost.Load(); p != nil {
+		return *p
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return ErrClosed
+	}
+	return nil
+}
+
+// usable reports why the device cannot take work, or nil. Callers hold d.mu.
+func (d *Device) usable() error {
+	if d.closed {
+		return ErrClosed
+	}
+	if p := d.lost.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// markLost records that the device is gone and fails every waiting
+// operation. Safe to call from callbacks (it never takes d.mu).
+func (d *Device) markLost(reason string) {
+	d.lostOnce.Do(func() {
+		err := fmt.Errorf("%w: %s", ErrDeviceLost, reason)
+		d.lost.Store(&err)
+		close(d.lostCh)
+		d.log.Warn("gpu: device lost", "reason", reason)
+		d.failOps(statusLost)
+	})
+}
+
+// noteNative checks an error captured by a scope for device loss and
+// converts it.
+func (d *Device) noteNative(ne *nativeError) error {
+	if ne == nil {
+		return nil
+	}
+	if ne.typ == errTypeDeviceLost {
+		d.markLost(ne.msg)
+	}
+	return wrapNative(ne)
+}
+
+// Close waits (briefly) for queued work, then frees every buffer, pipeline
+// and bind group and releases the device. Buffers and pipelines still held
+// by callers become unusable (their use returns ErrClosed). Close is
+// idempotent.
+func (d *Device) Close() error {
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return nil
+	}
+	var op *asyncOp
+	if d.lost.Load() == nil {
+		var ne *nativeError
+		op, ne = d.workDoneLocked()
+		if ne != nil {
+			op = nil
+		}
+	}
+	d.closed = true
+	d.mu.Unlock()
+	if op != nil {
+		select {
+		case <-op.done:
+		case <-d.lostCh:
+		case <-time.After(10 * time.Second):
+			d.log.Warn("gpu: close: queue did not drain in 10s")
+		}
+	}
+	close(d.stop)
+	<-d.pollDone
+	d.failOps(statusClosed)
+	d.release()
+	return nil
+}
+
+// release frees everything native. Callers ensure no other goroutine uses
+// the device (closed is set or Open failed).
+func (d *Device) release() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.closed = true
+	d.drainLocked()
+	if d.stager != nil {
+		d.stager.closeLocked()
+	}
+	d.bgs.clear()
+	for _, e := range d.pipes {
+		e.pipe.Release()
+	}
+	d.pipes = map[string]*pipeEntry{}
+	for _, l := range d.layouts {
+		l.release()
+	}
+	d.layouts = map[string]*layoutEntry{}
+	for _, b := range d.buffers {
+		b.destroyLocked()
+	}
+	d.pool = pool{}
+	d.queue.Release()
+	d.dev.Release()
+	d.adapter.Release()
+	d.inst.Release()
+}
+
+// Sync waits until all work submitted before the call has finished.
+func (d *Device) Sync(ctx context.Context) error {
+	d.mu.Lock()
+	if err := d.usable(); err != nil {
+		d.mu.Unlock()
+		return err
+	}
+	op, ne := d.workDoneLocked()
+	d.mu.Unlock()
+	if ne != nil {
+		return d.noteNative(ne)
+	}
+	return op.wait(ctx, d)
+}
+
+// workDoneLocked registers an operation that completes when the queue has
+// run everything submitted so far.
+func (d *Device) workDoneLocked() (*asyncOp, *nativeError) {
+	op := d.newOp(nil)
+	ne := onWorkDone(d.dev, d.queue, op.complete)
+	d.wake()
+	return op, ne
+}
+
+// Stats counts what the device holds; tests use it to find leaks.
+type Stats struct {
+	LiveBuffers   int    `json:"liveBuffers"`   // handed out by Alloc, not yet released
+	LiveBytes     uint64 `json:"liveBytes"`     // their allocated bytes
+	PooledBuffers int    `json:"pooledBuffers"` // released, kept for reuse
+	PooledBytes   uint64 `json:"pooledBytes"`
+	NativeBuffers int    `json:"nativeBuffers"` // every wgpu buffer that exists (live, pooled, staging)
+	Pipelines     int    `json:"pipelines"`     // compiled pipelines (held or idle)
+	BindGroups    int    `json:"bindGroups"`    // cached bind groups
+	PendingOps    int    `json:"pendingOps"`    // maps and work-done callbacks not yet fired
+	Allocs        uint64 `json:"allocs"`        // native buffers created by Alloc
+	Reuses        uint64 `json:"reuses"`        // Allocs served from the pool
+	Compiles      uint64 `json:"compiles"`      // pipelines built
+}
+
+// Stats returns current counts.
+func (d *Device) Stats() Stats {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.drainLocked()
+	s := Stats{
+		PooledBuffers: d.pool.count,
+		PooledBytes:   uint64(d.pool.idle),
+		NativeBuffers: len(d.buffers),
+		Pipelines:     len(d.pipes),
+		BindGroups:    len(d.bgs.m),
+		Allocs:        d.counters.allocs,
+		Reuses:        d.counters.reuses,
+		Compiles:      d.counters.pipelinesBuilt,
+	}
+	for _, b := range d.buffers {
+		if b.state == bufLive && b.use == usageStorage {
+			s.LiveBuffers++
+			s.LiveBytes += b.cap
+		}
+	}
+	d.opsMu.Lock()
+	s.PendingOps = len(d.ops)
+	d.opsMu.Unlock()
+	return s
+}
+
+// nativeCounts reads wgpu-native's own registry: allocated buffers,
+// compute pipelines, bind groups and shader modules. Tests use it to check
+// that nothing leaks below this package.
+func (d *Device) nativeCounts() (buffers, pipelines, bindGroups, modules uint64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	r := d.inst.GenerateReport()
+	var h *wgpu.HubReport
+	switch {
+	case r.Vulkan != nil:
+		h = r.Vulkan
+	case r.Metal != nil:
+		h = r.Metal
+	case r.Dx12 != nil:
+		h = r.Dx12
+	case r.Gl != nil:
+		h = r.Gl
+	default:
+		return
+	}
+	return h.Buffers.NumAllocated, h.ComputePipelines.NumAllocated, h.BindGroups.NumAllocated, h.ShaderModules.NumAllocated
+}
+
+// ---- asynchronous operations and the polling goroutine ----
+
+const (
+	statusSuccess = 0
+	statusLost    = 3          // WGPUBufferMapAsyncStatus_DeviceLost == WGPUQueueWorkDoneStatus_DeviceLost
+	statusClosed  = 0xFFFFFFF0 // ours: the device closed before the callback
+)
+
+// asyncOp is a map or work-done request whose callback has not fired yet.
+type asyncOp struct {
+	d       *Device
+	once    sync.Once
+	done    chan struct{}
+	status  uint32
+	then    func(status uint32) // runs once on completion; must not take d.mu
+	mu      sync.Mutex
+	settled bool
+	dropped bool // the waiter gave up; then must clean up
+}
+
+func (d *Device) newOp(then func(uint32)) *asyncOp {
+	op := &asyncOp{d: d, done: make(chan struct{}), then: then}
+	d.opsMu.Lock()
+	d.ops[op] = struct{}{}
+	d.opsMu.Unlock()
+	return op
+}
+
+func (op *asyncOp) complete(status uint32) {
+	op.once.Do(func() {
+		d := op.d
+		d.opsMu.Lock()
+		delete(d.ops, op)
+		d.opsMu.Unlock()
+		op.mu.Lock()
+		op.status = status
+		op.settled = true
+		op.mu.Unlock()
+		if op.then != nil {
+			op.then(status)
+		}
+		close(op.done)
+		d.progress.Add(1)
+		if status == statusLost {
+			d.markLost("a callback reported device loss")
+		}
+	})
+}
+
+// wait blocks until op completes, ctx ends or the device is lost. On ctx
+// end it marks op dropped (if it has not settled) and returns ctx.Err().
+func (op *asyncOp) wait(ctx context.Context, d *Device) error {
+	select {
+	case <-op.done:
+	case <-ctx.Done():
+		op.mu.Lock()
+		settled := op.settled
+		if !settled {
+			op.dropped = true
+		}
+		op.mu.Unlock()
+		if !settled {
+			return ctx.Err()
+		}
+		<-op.done
+	}
+	switch op.status {
+	case statusSuccess:
+		return nil
+	case statusClosed:
+		return ErrClosed
+	case statusLost:
+		if p := d.lost.Load(); p != nil {
+			return *p
+		}
+		return ErrDeviceLost
+	}
+	return fmt.Errorf("%w: asynchronous operation failed with status %d", ErrValidation, op.status)
+}
+
+func (d *Device) failOps(status uint32) {
+	d.opsMu.Lock()
+	ops := make([]*asyncOp, 0, len(d.ops))
+	for op := range d.ops {
+		ops = append(ops, op)
+	}
+	d.opsMu.Unlock()
+	for _, op := range ops {
+		op.complete(status)
+	}
+}
+
+// later queues f to run under d.mu at the next drain. Callbacks use it to
+// hand back resources that need wgpu calls (unmap, pool return).
+func (d *Device) later(f func()) {
+	d.opsMu.Lock()
+	d.deferred = append(d.deferred, f)
+	d.opsMu.Unlock()
+}
+
+// drainLocked runs deferred work. Callers hold d.mu.
+func (d *Device) drainLocked() {
+	d.opsMu.Lock()
+	fs := d.deferred
+	d.deferred = nil
+	d.opsMu.Unlock()
+	for _, f := range fs {
+		f()
+	}
+}
+
+// noteSubmit records a submission so the poller can wait for it.
+func (d *Device) noteSubmit(idx uint64) {
+	d.opsMu.Lock()
+	d.inflight = append(d.inflight, idx)
+	d.opsMu.Unlock()
+	d.wake()
+}
+
+func (d *Device) wake() {
+	select {
+	case d.kick <- struct{}{}:
+	default:
+	}
+}
+
+// pollLoop drives wgpu's callbacks: while operations are pending it waits
+// for the oldest submission in flight (so staging buffers come back one by
+// one, not when the whole queue drains), or polls with a backoff when only
+// non-submission work (a map of an idle buffer) is pending. It is the
+// device's only long-lived goroutine; Close stops it.
+func (d *Device) pollLoop() {
+	defer close(d.pollDone)
+	for {
+		select {
+		case <-d.stop:
+			return
+		case <-d.kick:
+		}
+		backoff := time.Duration(0)
+		for {
+			select {
+			case <-d.stop:
+				return
+			default:
+			}
+			d.opsMu.Lock()
+			pending := len(d.ops)
+			var idx uint64
+			hasIdx := len(d.inflight) > 0
+			if hasIdx {
+				idx = d.inflight[0]
+				d.inflight = d.inflight[1:]
+			}
+			d.opsMu.Unlock()
+			if !hasIdx && pending == 0 {
+				break
+			}
+			if d.lost.Load() != nil {
+				d.failOps(statusLost)
+				break
+			}
+			before := d.progress.Load()
+			if hasIdx {
+				d.dev.Poll(true, &wgpu.WrappedSubmissionIndex{Queue: d.queue, SubmissionIndex: wgpu.SubmissionIndex(idx)})
+				backoff = 0
+				continue
+			}
+			d.dev.Poll(false, nil)
+			if d.progress.Load() != before {
+				backoff = 0
+				continue
+			}
+			backoff = min(max(2*backoff, 20*time.Microsecond), time.Millisecond)
+			select {
+			case <-d.stop:
+				return
+			case <-d.kick:
+			case <-time.After(backoff):
+			}
+		}
+	}
+}

@@ -1,0 +1,488 @@
+package gpu
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+func openDevice(t testing.TB, o Options) *Device {
+	t.Helper()
+	base := testOptions()
+	o.Backend = base.Backend
+	d, err := Open(ctxT(t), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return d
+}
+
+func TestInfoAndAdapters(t *testing.T) {
+	ads, err := ListAdapters(ctxT(t), testOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	info := shared.d.Info()
+	t.Logf("device: %v", info)
+	if info.Backend == BackendAuto || info.Type == "" || info.Limits.MaxBufferSize == 0 || len(info.Features) == 0 {
+		t.Fatalf("incomplete info: %+v", info)
+	}
+	if ads[0].Backend != info.Backend || ads[0].Driver != info.Driver {
+		t.Errorf("Open picked %v; ListAdapters ranks %v first", info, ads[0])
+	}
+	if _, err := ListAdapters(ctxT(t), Options{Adapter: "no-such-adapter-xyz"}); !errors.Is(err, ErrNoAdapter) {
+		t.Errorf("unknown adapter: err = %v; want ErrNoAdapter", err)
+	}
+	for _, s := range []string{"auto", "vulkan", "metal", "dx12", "gl"} {
+		b, err := ParseBackend(s)
+		if err != nil || b.String() != s {
+			t.Errorf("ParseBackend(%q) = %v, %v", s, b, err)
+		}
+	}
+	if _, err := ParseBackend("cuda"); err == nil {
+		t.Error("ParseBackend accepted cuda")
+	}
+}
+
+func TestLimits(t *testing.T) {
+	ads, err := ListAdapters(ctxT(t), testOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if max := ads[0].Limits.MaxBufferSize; max < math.MaxUint64 {
+		o := testOptions()
+		o.MaxBufferSize = max + 1
+		if _, err := Open(ctxT(t), o); !errors.Is(err, ErrLimit) {
+			t.Fatalf("asking more than the adapter offers: err = %v; want ErrLimit", err)
+		}
+	}
+	d := openDevice(t, Options{MaxBufferSize: 1 << 20})
+	if _, err := d.Alloc(2 << 20); !errors.Is(err, ErrLimit) || !strings.Contains(err.Error(), "max buffer size") {
+		t.Fatalf("buffer over the limit: err = %v; want ErrLimit naming the limit", err)
+	}
+}
+
+func TestUploadRead(t *testing.T) {
+	// Small staging buffers so that uploads cross many of them.
+	d := openDevice(t, Options{StagingBuffers: 3, StagingSize: 64 << 10, CopyWorkers: 4})
+	r := rng(t)
+	for _, n := range []int{1, 3, 4, 1000, 64 << 10, 64<<10 + 1, 3<<20 + 7} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			src := make([]byte, n)
+			for i := range src {
+				src[i] = byte(r.Uint32())
+			}
+			b := upload(t, d, src)
+			got := make([]byte, n)
+			if err := d.Read(ctxT(t), b, got); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, src) {
+				t.Fatal("read back differs from upload")
+			}
+			// Write (queue.WriteBuffer) and a span in the middle.
+			if n >= 8 {
+				if err := d.Write(b.Sub(4, uint64(n-4)), src[:n-4]); err != nil {
+					t.Fatal(err)
+				}
+				mid := make([]byte, n-4)
+				if err := d.Read(ctxT(t), b.Sub(4, uint64(n-4)), mid); err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.Equal(mid, src[:n-4]) {
+					t.Fatal("span read differs")
+				}
+			}
+		})
+	}
+	b, _ := d.Alloc(16)
+	defer b.Release()
+	if err := d.Upload(ctxT(t), b, make([]byte, 17)); !errors.Is(err, ErrShape) {
+		t.Errorf("oversized upload: err = %v; want ErrShape", err)
+	}
+	if err := d.Upload(ctxT(t), b.Sub(2, 8), make([]byte, 8)); !errors.Is(err, ErrShape) {
+		t.Errorf("unaligned upload: err = %v; want ErrShape", err)
+	}
+}
+
+// TestConcurrent uploads, computes and reads from several goroutines at
+// once (run it with -race).
+func TestConcurrent(t *testing.T) {
+	d := openDevice(t, Options{StagingBuffers: 2, StagingSize: 256 << 10})
+	k := NewKernels(d)
+	defer k.Close()
+	const workers, rounds = 4, 8
+	var wg sync.WaitGroup
+	errc := make(chan error, workers)
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			n := 100000 + 1000*w
+			x := make([]float32, n)
+			for i := range x {
+				x[i] = float32(i%97) - float32(w)
+			}
+			for it := 0; it < rounds; it++ {
+				xb, err := d.Alloc(uint64(4 * n))
+				if err != nil {
+					errc <- err
+					return
+				}
+				yb, _ := d.Alloc(uint64(4 * n))
+				ones, _ := d.Alloc(uint64(4 * n))
+				one := make([]float32, n)
+				for i := range one {
+					one[i] = 1
+				}
+				ctx := context.Background()
+				if err := d.Upload(ctx, xb, Bytes(x)); err != nil {
+					errc <- err
+					return
+				}
+				if err := d.Upload(ctx, ones, Bytes(one)); err != nil {
+					errc <- err
+					return
+				}
+				b := d.Batch()
+				if err := k.SwiGLU(ctx, b, ones, xb, yb, n); err != nil {
+					errc <- err
+					return
+				}
+				if err := b.Submit(ctx); err != nil {
+					errc <- err
+					return
+				}
+				got := make([]float32, n)
+				if err := d.Read(ctx, yb, Bytes(got)); err != nil {
+					errc <- err
+					return
+				}
+				// silu(1) * x
+				const silu1 = 0.7310585786300049
+				for i := 0; i < n; i += 997 {
+					if want := silu1 * float64(x[i]); abs(float64(got[i])-want) > 1e-5*(1+abs(want)) {
+						errc <- fmt.Errorf("worker %d: y[%d] = %v; want %v", w, i, got[i], want)
+						return
+					}
+				}
+				xb.Release()
+				yb.Release()
+				ones.Release()
+			}
+		}()
+	}
+	wg.Wait()
+	close(errc)
+	for err := range errc {
+		t.Error(err)
+	}
+}
+
+func abs(x float64) float64 {
+	if x < 0 {
+		return -x
+	}
+	return x
+}
+
+func TestPoolReuse(t *testing.T) {
+	d := openDevice(t, Options{})
+	a, _ := d.Alloc(1000)
+	a.Release()
+	a.Release() // idempotent
+	before := d.Stats()
+	b, _ := d.Alloc(900) // same size class
+	after := d.Stats()
+	if after.Reuses != before.Reuses+1 || after.Allocs != before.Allocs {
+		t.Fatalf("Alloc after Release did not reuse: before %+v after %+v", before, after)
+	}
+	b.Release()
+	for _, c := range []struct{ n, class uint64 }{{1, 256}, {256, 256}, {257, 320}, {1000, 1024}, {64 << 20, 64 << 20}, {(64 << 20) + 1, 80 << 20}} {
+		if got := sizeClass(c.n); got != c.class {
+			t.Errorf("sizeClass(%d) = %d; want %d", c.n, got, c.class)
+		}
+	}
+}
+
+func TestCompileErrors(t *testing.T) {
+	d := shared.d
+	_, err := d.Compile(ctxT(t), Kernel{Name: "broken", Source: "fn main( {", Bindings: []Access{ReadOnly}})
+	var ke *KernelError
+	if !errors.Is(err, ErrCompile) || !errors.As(err, &ke) || ke.Kernel != "broken" || !strings.Contains(err.Error(), "broken") {
+		t.Fatalf("bad WGSL: err = %v; want a KernelError naming %q wrapping ErrCompile", err, "broken")
+	}
+	// Entry point missing: the pipeline step fails.
+	spec, _ := Builtin("swiglu", nil)
+	spec.Name, spec.Entry = "no-entry", "nope"
+	if _, err := d.Compile(ctxT(t), spec); !errors.Is(err, ErrCompile) || !strings.Contains(err.Error(), "no-entry") {
+		t.Fatalf("missing entry point: err = %v", err)
+	}
+	// Bindings that do not match the WGSL.
+	spec, _ = Builtin("swiglu", nil)
+	spec.Name, spec.Bindings = "wrong-abi", []Access{ReadOnly, ReadOnly}
+	if _, err := d.Compile(ctxT(t), spec); !errors.Is(err, ErrCompile) {
+		t.Fatalf("mismatched bindings: err = %v", err)
+	}
+	// Unknown constant.
+	spec, _ = Builtin("q4k_matmul", map[string]float64{"NOPE": 1})
+	if _, err := d.Compile(ctxT(t), spec); !errors.Is(err, ErrCompile) || !strings.Contains(err.Error(), "NOPE") {
+		t.Fatalf("unknown constant: err = %v", err)
+	}
+	// Bad constant value.
+	spec, _ = Builtin("q4k_matmul", map[string]float64{"ROWS": 1.5})
+	if _, err := d.Compile(ctxT(t), spec); !errors.Is(err, ErrCompile) {
+		t.Fatalf("fractional u32 constant: err = %v", err)
+	}
+	// The device still works.
+	if err := d.Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestApplyConstants(t *testing.T) {
+	src := "override A: u32 = 4u;\noverride B = 2;\noverride C: f32 = 1.5;\noverride D: bool = true;\n"
+	got, err := applyConstants(src, map[string]float64{"A": 8, "C": 0.25, "D": 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "const A: u32 = 8u;\nconst B = 2;\nconst C: f32 = f32(0.25);\nconst D: bool = false;\n"
+	if got != want {
+		t.Fatalf("got\n%s\nwant\n%s", got, want)
+	}
+	if _, err := applyConstants("override X: u32;", nil); err == nil {
+		t.Fatal("override without default or value accepted")
+	}
+}
+
+func TestPipelineCache(t *testing.T) {
+	d := openDevice(t, Options{})
+	spec, _ := Builtin("swiglu", nil)
+	p1, err := d.Compile(ctxT(t), spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p2, _ := d.Compile(ctxT(t), spec)
+	if p1.e != p2.e || d.Stats().Compiles != 1 {
+		t.Fatalf("identical kernels compiled twice: %+v", d.Stats())
+	}
+	p1.Release()
+	p1.Release()
+	b := d.Batch()
+	x, _ := d.Alloc(1024)
+	defer x.Release()
+	y, _ := d.Alloc(1024)
+	defer y.Release()
+	if err := b.Dispatch(p1, [3]uint32{1, 1, 1}, nil, x, x, y); !errors.Is(err, ErrClosed) {
+		t.Fatalf("dispatch of a released handle: err = %v; want ErrClosed", err)
+	}
+	b = d.Batch()
+	if err := b.Dispatch(p2, [3]uint32{1, 1, 1}, Params{}.U32(256).U32(1), x, x, y); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Submit(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	p2.Release()
+}
+
+func TestBatchValidation(t *testing.T) {
+	d, k := shared.d, shared.k
+	x, _ := d.Alloc(1024)
+	defer x.Release()
+	y, _ := d.Alloc(1024)
+	b := d.Batch()
+	if err := k.SwiGLU(ctxT(t), b, x, x, y, 1000); !errors.Is(err, ErrShape) || !strings.Contains(err.Error(), "swiglu") {
+		t.Fatalf("too small a buffer: err = %v", err)
+	}
+	if err := b.Submit(ctxT(t)); !errors.Is(err, ErrShape) {
+		t.Fatalf("Submit after a recording error: err = %v; want the recording error", err)
+	}
+	p, _ := shared.k.pipeline(ctxT(t), "swiglu", nil)
+	b = d.Batch()
+	if err := b.Dispatch(p, [3]uint32{70000, 1, 1}, nil, x, x, y); !errors.Is(err, ErrLimit) {
+		t.Fatalf("too many workgroups: err = %v; want ErrLimit", err)
+	}
+	b = d.Batch()
+	if err := b.Dispatch(p, [3]uint32{1, 1, 1}, nil, x, y); !errors.Is(err, ErrShape) {
+		t.Fatalf("missing binding: err = %v", err)
+	}
+	// A buffer released between recording and submit: an error, not a
+	// crash (wgpu-native aborts on an invalid submit).
+	b = d.Batch()
+	if err := k.SwiGLU(ctxT(t), b, x, x, y, 256); err != nil {
+		t.Fatal(err)
+	}
+	y.Release()
+	if err := b.Submit(ctxT(t)); !errors.Is(err, ErrClosed) || !strings.Contains(err.Error(), "swiglu") {
+		t.Fatalf("released buffer: err = %v; want ErrClosed naming swiglu", err)
+	}
+	if err := b.Submit(ctxT(t)); !errors.Is(err, ErrClosed) {
+		t.Fatalf("second Submit: err = %v", err)
+	}
+}
+
+// TestDeviceLost checks that loss is reported as an error naming the
+// kernel, that nothing blocks or crashes, and that a new device works.
+func TestDeviceLost(t *testing.T) {
+	d := openDevice(t, Options{})
+	k := NewKernels(d)
+	defer k.Close()
+	x, _ := d.Alloc(1024)
+	y, _ := d.Alloc(1024)
+	b := d.Batch()
+	if err := k.SwiGLU(ctxT(t), b, x, x, y, 256); err != nil {
+		t.Fatal(err)
+	}
+	d.markLost("simulated by the test")
+	if err := b.Submit(ctxT(t)); !errors.Is(err, ErrDeviceLost) || !strings.Contains(err.Error(), "swiglu") {
+		t.Fatalf("Submit after loss: err = %v; want ErrDeviceLost naming swiglu", err)
+	}
+	if err := d.Upload(ctxT(t), x, make([]byte, 16)); !errors.Is(err, ErrDeviceLost) {
+		t.Fatalf("Upload after loss: err = %v", err)
+	}
+	if err := d.Read(ctxT(t), x, make([]byte, 16)); !errors.Is(err, ErrDeviceLost) {
+		t.Fatalf("Read after loss: err = %v", err)
+	}
+	if err := d.Sync(ctxT(t)); !errors.Is(err, ErrDeviceLost) {
+		t.Fatalf("Sync after loss: err = %v", err)
+	}
+	if err := d.Err(); !errors.Is(err, ErrDeviceLost) {
+		t.Fatalf("Err = %v", err)
+	}
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// Recreate and compute.
+	d2 := openDevice(t, Options{})
+	k2 := NewKernels(d2)
+	defer k2.Close()
+	g := uploadF32(t, d2, []float32{0, 1, -1, 2})
+	u := uploadF32(t, d2, []float32{1, 1, 1, 1})
+	out := poisoned(t, d2, 16)
+	run(t, d2, func(b *Batch) error { return k2.SwiGLU(ctxT(t), b, g, u, out, 4) })
+	got := readF32(t, d2, out, 4)
+	if got[0] != 0 || abs(float64(got[1])-0.7310586) > 1e-6 {
+		t.Fatalf("new device computes %v", got)
+	}
+}
+
+func TestClosed(t *testing.T) {
+	d := openDevice(t, Options{})
+	x, _ := d.Alloc(64)
+	d.Close()
+	d.Close()
+	if _, err := d.Alloc(64); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Alloc after Close: err = %v", err)
+	}
+	if err := d.Upload(ctxT(t), x, make([]byte, 4)); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Upload after Close: err = %v", err)
+	}
+	x.Release()
+}
+
+// TestNoLeaks runs 1,000 create/destroy cycles of buffers and of pipelines
+// (each with a distinct constant, so each is a new native pipeline) and
+// checks that the device's counters, wgpu-native's own registry and the
+// goroutine count return to their baselines.
+func TestNoLeaks(t *testing.T) {
+	cycles := 1000
+	if testing.Short() {
+		cycles = 200
+	}
+	g0 := runtime.NumGoroutine()
+	d, err := Open(ctxT(t), Options{Backend: testOptions().Backend, PoolBytes: -1, IdlePipelines: -1, StagingSize: 1 << 16, StagingBuffers: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec, _ := Builtin("swiglu", nil)
+	spec.Source += "\noverride LEAK_PROBE: u32 = 0u;\n"
+	x, _ := d.Alloc(1024)
+	y, _ := d.Alloc(1024)
+	// Warm up everything that is created once (staging ring, layouts).
+	if err := d.Upload(ctxT(t), x, make([]byte, 1024)); err != nil {
+		t.Fatal(err)
+	}
+	warm, _ := d.Compile(ctxT(t), spec)
+	warm.Release()
+	d.Sync(ctxT(t))
+	base := d.Stats()
+	nb, np, ng, nm := d.nativeCounts()
+	for i := 0; i < cycles; i++ {
+		b, err := d.Alloc(uint64(256 + 64*(i%50)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i%10 == 0 {
+			if err := d.Upload(ctxT(t), b, make([]byte, 256)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		s := spec
+		s.Constants = map[string]float64{"LEAK_PROBE": float64(i + 1)}
+		p, err := d.Compile(ctxT(t), s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bt := d.Batch()
+		if err := bt.Dispatch(p, [3]uint32{1, 1, 1}, Params{}.U32(16).U32(1), x, b, y); err != nil {
+			t.Fatal(err)
+		}
+		if err := bt.Submit(ctxT(t)); err != nil {
+			t.Fatal(err)
+		}
+		p.Release()
+		b.Release()
+		if i%100 == 99 {
+			d.Sync(ctxT(t))
+		}
+	}
+	if err := d.Sync(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	got := d.Stats()
+	if got.NativeBuffers != base.NativeBuffers || got.LiveBuffers != base.LiveBuffers || got.Pipelines != base.Pipelines ||
+		got.PooledBuffers != 0 || got.PendingOps != 0 {
+		t.Errorf("after %d cycles: %+v; baseline %+v", cycles, got, base)
+	}
+	if got.Allocs < base.Allocs+uint64(cycles) || got.Compiles < base.Compiles+uint64(cycles) {
+		t.Errorf("cycles did not create new resources: %+v", got)
+	}
+	// Bind groups name destroyed buffers: they must be gone too.
+	if got.BindGroups > base.BindGroups+2 {
+		t.Errorf("bind groups grew from %d to %d", base.BindGroups, got.BindGroups)
+	}
+	// wgpu-native frees lazily: poll until its registry settles.
+	var nb2, np2, ng2, nm2 uint64
+	for try := 0; try < 50; try++ {
+		d.Sync(ctxT(t))
+		nb2, np2, ng2, nm2 = d.nativeCounts()
+		if nb2 <= nb && np2 <= np && ng2 <= ng+2 && nm2 <= nm {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if nb2 > nb || np2 > np || ng2 > ng+2 || nm2 > nm {
+		t.Errorf("wgpu registry: buffers %d->%d, pipelines %d->%d, bind groups %d->%d, modules %d->%d",
+			nb, nb2, np, np2, ng, ng2, nm, nm2)
+	}
+	x.Release()
+	y.Release()
+	d.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for runtime.NumGoroutine() > g0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := runtime.NumGoroutine(); n > g0 {
+		buf := make([]byte, 1<<16)
+		t.Errorf("%d goroutines after Close; %d before Open\n%s", n, g0, buf[:runtime.Stack(buf, true)])
+	}
+}

@@ -1,0 +1,44 @@
+// Package gpu is the GPU runtime and built-in kernel library of rdrr peer:
+// a headless WebGPU device (github.com/cogentcore/webgpu, which links
+// wgpu-native) on Vulkan, Metal, DX12 or GL, with
+//
+//   - device selection and adapter listing (Open, ListAdapters, Info),
+//     asking for the WebGPU default limits plus the buffer and binding
+//     sizes the workload needs;
+//   - buffers from a size-class pool (Alloc, Buffer.Release), byte ranges
+//     of them (Span, Region);
+//   - the paging hot path Upload, through a ring of persistently mapped
+//     staging buffers filled by several goroutines; Write
+//     (queue.WriteBuffer) for small data; Read for readback;
+//   - a pipeline cache keyed by the WGSL's hash and constants (Compile,
+//     Kernel: the descriptor the kernel lab feeds with third-party WGSL);
+//   - command batches (Batch): many dispatches and copies, one submit,
+//     bind groups reused across batches;
+//   - the built-in kernels (Kernels): Q4_K dequantization and fused Q4_K
+//     matrix-vector and small-batch products, f16/f32 products, RMSNorm,
+//     RoPE, decode attention, softmax, top-k routing, SwiGLU, weighted
+//     accumulate, embedding lookup, argmax and top-p sampling. Their WGSL
+//     lives in wgsl/ (embedded); Builtin returns their descriptors.
+//
+// The float64 references of every kernel, and the tolerances they are
+// checked to, are in gpu/ref; the GGML Q4_K codec is gpu/q4k. Both are pure
+// Go, for the model generator and the kernel lab's correctness gate.
+//
+// Errors: compile errors, shape errors and device loss come back as
+// *KernelError values naming the kernel and wrapping ErrCompile, ErrShape,
+// ErrDeviceLost and the other sentinels of errors.go. After ErrDeviceLost
+// the Device is unusable; Close it and Open another (the process keeps
+// running).
+//
+// The package works around three defects of the binding (see native.go
+// and shim.c): asynchronous callbacks receive the address of a Go variable
+// that the garbage collector may free first (the process then crashes), an
+// instance descriptor with uninitialized native fields, and error scopes
+// that never capture out-of-memory errors, which wgpu-native turns into an
+// abort. wgpu-native also aborts on any invalid queue submission, so Batch
+// checks buffer and pipeline lifetimes before it submits.
+//
+// The package owns no model logic, no tiers and no kernel search: those are
+// experts/, tiers/ and kernels/, which build on it. It imports nothing else
+// from this repository.
+package gpu

@@ -1,0 +1,686 @@
+package gpu
+
+import (
+	"context"
+	"embed"
+	"fmt"
+	"math"
+	"math/bits"
+	"sort"
+	"sync"
+)
+
+//go:embed wgsl/*.wgsl
+var wgslFiles embed.FS
+
+// DType is the element type of a weight or table buffer.
+type DType int
+
+const (
+	F32 DType = iota // float32
+	F16              // IEEE binary16, two per 32-bit word
+	Q4K              // GGML block_q4_K: 144 bytes per 256 weights
+)
+
+func (t DType) String() string {
+	switch t {
+	case F32:
+		return "f32"
+	case F16:
+		return "f16"
+	case Q4K:
+		return "q4_k"
+	}
+	return fmt.Sprintf("DType(%d)", int(t))
+}
+
+// Bytes is the size of n elements (n a multiple of 256 for Q4K).
+func (t DType) Bytes(n int) uint64 {
+	switch t {
+	case F16:
+		return uint64(n) * 2
+	case Q4K:
+		return uint64(n) / 256 * 144
+	}
+	return uint64(n) * 4
+}
+
+// builtin describes a built-in kernel: its WGSL file and ABI.
+type builtin struct {
+	file     string
+	bindings []Access
+	params   int
+}
+
+// builtins is a read-only table of the built-in kernels.
+var builtins = map[string]builtin{
+	"q4k_matmul":    {"q4k_matmul.wgsl", []Access{ReadOnly, ReadOnly, ReadWrite}, 20},
+	"q4k_dequant":   {"q4k_dequant.wgsl", []Access{ReadOnly, ReadWrite}, 8},
+	"q4k_matvec_co": {"q4k_matvec_co.wgsl", []Access{ReadOnly, ReadOnly, ReadWrite}, 20},
+	"dense_matmul":  {"dense_matmul.wgsl", []Access{ReadOnly, ReadOnly, ReadWrite}, 20},
+	"rmsnorm":       {"rmsnorm.wgsl", []Access{ReadOnly, ReadOnly, ReadWrite}, 16},
+	"softmax":       {"softmax.wgsl", []Access{ReadOnly, ReadWrite}, 12},
+	"rope":          {"rope.wgsl", []Access{ReadWrite, ReadOnly}, 28},
+	"attention":     {"attention.wgsl", []Access{ReadOnly, ReadOnly, ReadOnly, ReadWrite}, 20},
+	"route":         {"route.wgsl", []Access{ReadOnly, ReadOnly, ReadWrite, ReadWrite}, 32},
+	"swiglu":        {"swiglu.wgsl", []Access{ReadOnly, ReadOnly, ReadWrite}, 8},
+	"accumulate":    {"accumulate.wgsl", []Access{ReadOnly, ReadOnly, ReadWrite}, 16},
+	"embed":         {"embed.wgsl", []Access{ReadOnly, ReadOnly, ReadWrite}, 16},
+	"argmax":        {"argmax.wgsl", []Access{ReadOnly, ReadWrite}, 4},
+	"topp":          {"topp.wgsl", []Access{ReadOnly, ReadWrite}, 16},
+	"copy":          {"copy.wgsl", []Access{ReadOnly, ReadWrite}, 8},
+}
+
+// BuiltinNames lists the built-in kernels.
+func BuiltinNames() []string {
+	names := make([]string, 0, len(builtins))
+	for n := range builtins {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// Builtin returns the descriptor of a built-in kernel with the given
+// constants (nil for the defaults): the baseline that the kernel lab
+// measures variants against, and a template for third-party WGSL with the
+// same ABI.
+func Builtin(name string, constants map[string]float64) (Kernel, error) {
+	b, ok := builtins[name]
+	if !ok {
+		return Kernel{}, fmt.Errorf("%w: no built-in kernel %q", ErrCompile, name)
+	}
+	src, err := wgslFiles.ReadFile("wgsl/" + b.file)
+	if err != nil {
+		return Kernel{}, err
+	}
+	return Kernel{Name: name, Source: string(src), Constants: constants, Bindings: b.bindings, Params: b.params}, nil
+}
+
+// Kernels runs the built-in kernels on a device. Pipelines compile on first
+// use (one per constant variant) and stay until Close. Methods record into
+// a Batch and never wait for the GPU; ctx bounds compilation. Safe for
+// concurrent use (each Batch by one goroutine).
+type Kernels struct {
+	d      *Device
+	mu     sync.Mutex
+	pipes  map[string]*Pipeline
+	closed bool
+}
+
+// NewKernels prepares the built-in kernels for d.
+func NewKernels(d *Device) *Kernels { return &Kernels{d: d, pipes: map[string]*Pipeline{}} }
+
+// Close releases the kernels' pipelines.
+func (k *Kernels) Close() {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.closed = true
+	for _, p := range k.pipes {
+		p.Release()
+	}
+	k.pipes = map[string]*Pipeline{}
+}
+
+func (k *Kernels) pipeline(ctx context.Context, name string, consts map[string]float64) (*Pipeline, error) {
+	key := name
+	cs := make([]string, 0, len(consts))
+	for c, v := range consts {
+		cs = append(cs, fmt.Sprintf("%s=%v", c, v))
+	}
+	sort.Strings(cs)
+	for _, c := range cs {
+		key += "," + c
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.closed {
+		return nil, &KernelError{Kernel: name, Op: "compile", Err: ErrClosed}
+	}
+	if p, ok := k.pipes[key]; ok {
+		return p, nil
+	}
+	spec, err := Builtin(name, consts)
+	if err != nil {
+		return nil, err
+	}
+	p, err := k.d.Compile(ctx, spec)
+	if err != nil {
+		return nil, err
+	}
+	k.pipes[key] = p
+	return p, nil
+}
+
+// Prepare compiles the default variants of every built-in kernel, so that
+// the first decode step does not pay for compilation.
+func (k *Kernels) Prepare(ctx context.Context) error {
+	for _, n := range BuiltinNames() {
+		if _, err := k.pipeline(ctx, n, nil); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// run compiles (if needed) and records one dispatch.
+func (k *Kernels) run(ctx context.Context, b *Batch, name string, consts map[string]float64, groups [3]uint32, params Params, bind ...Region) error {
+	p, err := k.pipeline(ctx, name, consts)
+	if err != nil {
+		return b.note(err)
+	}
+	return b.Dispatch(p, groups, params, bind...)
+}
+
+func shapeErr(kernel, format string, args ...any) error {
+	return &KernelError{Kernel: kernel, Op: "shape", Err: fmt.Errorf("%w: "+format, append([]any{ErrShape}, args...)...)}
+}
+
+// need checks that r holds at least n bytes.
+func need(kernel, what string, r Region, n uint64) error {
+	if r == nil {
+		return shapeErr(kernel, "%s is nil", what)
+	}
+	if s := r.span(); s.size < n {
+		return shapeErr(kernel, "%s holds %d bytes; the shape needs %d", what, s.size, n)
+	}
+	return nil
+}
+
+// grid spreads n workgroups over x and y (each <= 65535).
+func grid(n uint64) (gx, gy uint32) {
+	if n <= 65535 {
+		return uint32(max(n, 1)), 1
+	}
+	gy = uint32((n + 65534) / 65535)
+	gx = uint32((n + uint64(gy) - 1) / uint64(gy))
+	return gx, gy
+}
+
+func ceilDiv(a, b uint64) uint64 { return (a + b - 1) / b }
+
+func floorPow2(n uint64) uint64 {
+	if n == 0 {
+		return 1
+	}
+	return 1 << (bits.Len64(n) - 1)
+}
+
+func tokTile(n int) int {
+	switch {
+	case n <= 1:
+		return 1
+	case n == 2:
+		return 2
+	case n <= 4:
+		return 4
+	}
+	return 8
+}
+
+// Q4KConfig chooses how the Q4_K product kernel spreads a shape: SPR block
+// slots per row group (power of two <= 32) and Rows rows per thread. Convert
+// selects the nibble-to-float conversion: false uses the exact 2^23 trick
+// (fast everywhere), true the plain integer conversion (kept for the kernel
+// lab's comparisons).
+type Q4KConfig struct {
+	SPR, Rows int
+	Convert   bool
+	// Coalesced selects q4k_matvec_co for one token: threads read quant
+	// words so that x is read in whole lines.
+	Coalesced bool
+	// Pipeline issues the next block's loads before the current block's
+	// arithmetic (one token).
+	Pipeline bool
+	// Shifts extracts nibbles with one shift each instead of the
+	// positional trick (fewer registers, more instructions).
+	Shifts bool
+	// WG is the workgroup size: 64, 128 or 256 (0 means 256).
+	WG int
+}
+
+// DefaultQ4KConfig is the shape policy the wrappers use, tuned on an H100
+// (see BENCHMARKS.md). Large matrices: 2 or 4 block slots and 8 rows per
+// thread with software pipelining, so each thread keeps many independent
+// loads in flight and reads x once for 8 rows. Smaller matrices: more
+// threads. Tiny matrices, few rows and small batches (n > 1): the simple
+// layout.
+//
+// With very long rows (>= 8192 columns) two slots gain little when many
+// independent products run back to back and halve the speed of a lone
+// product, so four are used there.
+func DefaultQ4KConfig(rows, cols, n int) Q4KConfig {
+	nb := uint64(cols / 256)
+	switch {
+	case n > 1 || rows < 256 || rows*cols < 1<<20:
+		return Q4KConfig{SPR: int(min(32, floorPow2(nb))), Rows: 2}
+	case rows*cols <= 16<<20:
+		return Q4KConfig{WG: 256, SPR: int(min(4, floorPow2(nb))), Rows: 4}
+	case nb >= 32:
+		return Q4KConfig{WG: 64, SPR: 4, Rows: 8, Pipeline: true}
+	case nb >= 16:
+		return Q4KConfig{WG: 64, SPR: 2, Rows: 8, Pipeline: true}
+	default:
+		return Q4KConfig{WG: 128, SPR: int(min(4, floorPow2(nb))), Rows: 8}
+	}
+}
+
+// Q4KMatVec records y = W x for W (rows x cols, Q4_K rows), x (cols f32),
+// y (rows f32). cols must be a multiple of 256.
+func (k *Kernels) Q4KMatVec(ctx context.Context, b *Batch, w, x, y Region, rows, cols int) error {
+	return k.Q4KMatMul(ctx, b, w, x, y, rows, cols, 1)
+}
+
+// Q4KMatMul records y[t] = W x[t] for n tokens (x [n][cols], y [n][rows]).
+func (k *Kernels) Q4KMatMul(ctx context.Context, b *Batch, w, x, y Region, rows, cols, n int) error {
+	return k.Q4KMatMulWith(ctx, b, DefaultQ4KConfig(rows, cols, n), w, x, y, rows, cols, n)
+}
+
+// Q4KMatMulWith is Q4KMatMul with an explicit configuration (benchmarks and
+// the kernel lab sweep it).
+func (k *Kernels) Q4KMatMulWith(ctx context.Context, b *Batch, cfg Q4KConfig, w, x, y Region, rows, cols, n int) error {
+	const name = "q4k_matmul"
+	if rows <= 0 || cols <= 0 || n <= 0 || cols%256 != 0 {
+		return b.note(shapeErr(name, "rows %d, cols %d, tokens %d (cols must be a positive multiple of 256)", rows, cols, n))
+	}
+	wg := cfg.WG
+	if wg == 0 {
+		wg = 256
+	}
+	if cfg.SPR <= 0 || cfg.SPR > wg/8 || cfg.SPR&(cfg.SPR-1) != 0 || cfg.Rows <= 0 || cfg.Rows > 16 || cfg.Rows*wg > 4096 || (wg != 64 && wg != 128 && wg != 256) {
+		return b.note(shapeErr(name, "config %+v (WG 64, 128 or 256; SPR a power of two <= WG/8; Rows 1..16, Rows*WG <= 4096)", cfg))
+	}
+	if err := need(name, "weights", w, Q4K.Bytes(rows*cols)); err != nil {
+		return b.note(err)
+	}
+	if err := need(name, "x", x, uint64(n*cols*4)); err != nil {
+		return b.note(err)
+	}
+	if err := need(name, "y", y, uint64(n*rows*4)); err != nil {
+		return b.note(err)
+	}
+	tok := tokTile(n)
+	rowsPerWG := uint64(cfg.Rows * wg / 8 / cfg.SPR)
+	gx, gy := grid(ceilDiv(uint64(rows), rowsPerWG))
+	gz := ceilDiv(uint64(n), uint64(tok))
+	if gz > 65535 {
+		return b.note(shapeErr(name, "%d tokens is too many", n))
+	}
+	if cfg.Coalesced && n == 1 && wg == 256 {
+		params := Params{}.U32(uint32(rows)).U32(uint32(cols / 256)).U32(uint32(cfg.SPR)).U32(1).U32(gx)
+		return k.run(ctx, b, "q4k_matvec_co", map[string]float64{"ROWS": float64(cfg.Rows)}, [3]uint32{gx, gy, 1}, params, w, x, y)
+	}
+	conv := 1.0
+	if cfg.Convert {
+		conv = 0
+	}
+	pipe := 0.0
+	if cfg.Pipeline {
+		pipe = 1
+	}
+	pos := 1.0
+	if cfg.Shifts {
+		pos = 0
+	}
+	consts := map[string]float64{"ROWS": float64(cfg.Rows), "TOK": float64(tok), "CONV": conv, "PIPE": pipe, "POS": pos, "WG": float64(wg)}
+	params := Params{}.U32(uint32(rows)).U32(uint32(cols / 256)).U32(uint32(cfg.SPR)).U32(uint32(n)).U32(gx)
+	return k.run(ctx, b, name, consts, [3]uint32{gx, gy, uint32(gz)}, params, w, x, y)
+}
+
+// Q4KDequant records y = dequantize(w) for n weights (a multiple of 256)
+// into f32 (out F32) or packed f16 (out F16).
+func (k *Kernels) Q4KDequant(ctx context.Context, b *Batch, out DType, w, y Region, n int) error {
+	const name = "q4k_dequant"
+	if n <= 0 || n%256 != 0 || (out != F32 && out != F16) {
+		return b.note(shapeErr(name, "%d weights to %v (want a positive multiple of 256, to f32 or f16)", n, out))
+	}
+	if err := need(name, "weights", w, Q4K.Bytes(n)); err != nil {
+		return b.note(err)
+	}
+	if err := need(name, "y", y, out.Bytes(n)); err != nil {
+		return b.note(err)
+	}
+	blocks := uint64(n / 256)
+	gx, gy := grid(ceilDiv(blocks*8, 256))
+	f16 := 0.0
+	if out == F16 {
+		f16 = 1
+	}
+	return k.run(ctx, b, name, map[string]float64{"OUT_F16": f16}, [3]uint32{gx, gy, 1},
+		Params{}.U32(uint32(blocks)).U32(gx), w, y)
+}
+
+// MatVec records y = W x with W of type dt (rows x cols, row-major).
+func (k *Kernels) MatVec(ctx context.Context, b *Batch, dt DType, w, x, y Region, rows, cols int) error {
+	return k.MatMul(ctx, b, dt, w, x, y, rows, cols, 1)
+}
+
+// MatMul records y[t] = W x[t] for n tokens (x [n][cols] f32, y [n][rows]
+// f32), W of type dt. Q4K needs cols % 256 == 0.
+func (k *Kernels) MatMul(ctx context.Context, b *Batch, dt DType, w, x, y Region, rows, cols, n int) error {
+	if dt == Q4K {
+		return k.Q4KMatMul(ctx, b, w, x, y, rows, cols, n)
+	}
+	const name = "dense_matmul"
+	if rows <= 0 || cols <= 0 || n <= 0 || (dt != F32 && dt != F16) {
+		return b.note(shapeErr(name, "rows %d, cols %d, tokens %d, %v", rows, cols, n, dt))
+	}
+	if err := need(name, "weights", w, dt.Bytes(rows*cols)); err != nil {
+		return b.note(err)
+	}
+	if err := need(name, "x", x, uint64(n*cols*4)); err != nil {
+		return b.note(err)
+	}
+	if err := need(name, "y", y, uint64(n*rows*4)); err != nil {
+		return b.note(err)
+	}
+	vec := uint32(0)
+	if (dt == F32 && cols%4 == 0) || (dt == F16 && cols%8 == 0) {
+		vec = 1
+	}
+	tok := tokTile(n)
+	const rowsPerWG = 2
+	gx, gy := grid(ceilDiv(uint64(rows), rowsPerWG))
+	gz := ceilDiv(uint64(n), uint64(tok))
+	if gz > 65535 {
+		return b.note(shapeErr(name, "%d tokens is too many", n))
+	}
+	f16 := 0.0
+	if dt == F16 {
+		f16 = 1
+	}
+	consts := map[string]float64{"ROWS": rowsPerWG, "TOK": float64(tok), "W_F16": f16}
+	params := Params{}.U32(uint32(rows)).U32(uint32(cols)).U32(uint32(n)).U32(gx).U32(vec)
+	return k.run(ctx, b, name, consts, [3]uint32{gx, gy, uint32(gz)}, params, w, x, y)
+}
+
+// RMSNorm records y = x / sqrt(mean(x^2) + eps) * w over n rows of d.
+// y must be another buffer than x and w (see Batch.Dispatch).
+func (k *Kernels) RMSNorm(ctx context.Context, b *Batch, x, w, y Region, n, d int, eps float32) error {
+	const name = "rmsnorm"
+	if n <= 0 || d <= 0 {
+		return b.note(shapeErr(name, "%d rows of %d", n, d))
+	}
+	for _, c := range []struct {
+		what string
+		r    Region
+		n    int
+	}{{"x", x, n * d}, {"w", w, d}, {"y", y, n * d}} {
+		if err := need(name, c.what, c.r, uint64(c.n*4)); err != nil {
+			return b.note(err)
+		}
+	}
+	gx, gy := grid(uint64(n))
+	return k.run(ctx, b, name, nil, [3]uint32{gx, gy, 1},
+		Params{}.U32(uint32(n)).U32(uint32(d)).F32(eps).U32(gx), x, w, y)
+}
+
+// Softmax records y = softmax(x) over n rows of d, y another buffer than x.
+func (k *Kernels) Softmax(ctx context.Context, b *Batch, x, y Region, n, d int) error {
+	const name = "softmax"
+	if n <= 0 || d <= 0 {
+		return b.note(shapeErr(name, "%d rows of %d", n, d))
+	}
+	if err := need(name, "x", x, uint64(n*d*4)); err != nil {
+		return b.note(err)
+	}
+	if err := need(name, "y", y, uint64(n*d*4)); err != nil {
+		return b.note(err)
+	}
+	gx, gy := grid(uint64(n))
+	return k.run(ctx, b, name, nil, [3]uint32{gx, gy, 1}, Params{}.U32(uint32(n)).U32(uint32(d)).U32(gx), x, y)
+}
+
+// RopeStyle says which elements rotate together (same values as ref.RopeStyle).
+type RopeStyle int
+
+const (
+	RopeNeoX RopeStyle = iota // element i with i + rot/2
+	RopeGPTJ                  // element 2i with 2i + 1
+)
+
+// RopeShape describes a RoPE call: x is [Tokens][Heads][HeadDim]; the first
+// RotDim elements of each head rotate at position Pos0 + token.
+type RopeShape struct {
+	Tokens, Heads, HeadDim, RotDim, Pos0 int
+	Style                                RopeStyle
+}
+
+// RopeFreqs returns the RotDim/2 inverse frequencies theta^(-2i/rot),
+// computed in float64 and rounded once, for upload as Rope's freqs.
+func RopeFreqs(theta float64, rot int) []float32 {
+	f := make([]float32, rot/2)
+	for i := range f {
+		f[i] = float32(math.Pow(theta, -2*float64(i)/float64(rot)))
+	}
+	return f
+}
+
+// Rope records the rotation of x in place by freqs (RotDim/2 f32 values,
+// see RopeFreqs).
+func (k *Kernels) Rope(ctx context.Context, b *Batch, x, freqs Region, s RopeShape) error {
+	const name = "rope"
+	if s.Tokens <= 0 || s.Heads <= 0 || s.HeadDim <= 0 || s.RotDim <= 0 || s.RotDim%2 != 0 || s.RotDim > s.HeadDim || s.Pos0 < 0 {
+		return b.note(shapeErr(name, "%+v", s))
+	}
+	if err := need(name, "x", x, uint64(s.Tokens*s.Heads*s.HeadDim*4)); err != nil {
+		return b.note(err)
+	}
+	if err := need(name, "freqs", freqs, uint64(s.RotDim/2*4)); err != nil {
+		return b.note(err)
+	}
+	total := uint64(s.Tokens * s.Heads * s.RotDim / 2)
+	gx, gy := grid(ceilDiv(total, 256))
+	p := Params{}.U32(uint32(s.Tokens)).U32(uint32(s.Heads)).U32(uint32(s.HeadDim)).U32(uint32(s.RotDim)).
+		U32(uint32(s.Pos0)).U32(uint32(s.Style)).U32(gx)
+	return k.run(ctx, b, name, nil, [3]uint32{gx, gy, 1}, p, x, freqs)
+}
+
+// AttnShape describes decode attention: Heads query heads of HeadDim
+// (<= 256), KVHeads cache heads (Heads a multiple of it), KVLen cached
+// positions; Scale multiplies q.k (usually 1/sqrt(HeadDim)).
+type AttnShape struct {
+	Heads, KVHeads, HeadDim, KVLen int
+	Scale                          float32
+}
+
+// Attention records decode attention of q ([Heads][HeadDim]) over the
+// cache k, v ([>= KVLen][KVHeads][HeadDim]) into out ([Heads][HeadDim]).
+func (k *Kernels) Attention(ctx context.Context, b *Batch, q, kc, vc, out Region, s AttnShape) error {
+	const name = "attention"
+	if s.Heads <= 0 || s.KVHeads <= 0 || s.Heads%s.KVHeads != 0 || s.HeadDim <= 0 || s.HeadDim > 256 || s.KVLen <= 0 || s.Heads > 65535 {
+		return b.note(shapeErr(name, "%+v (HeadDim <= 256, Heads a multiple of KVHeads)", s))
+	}
+	kv := uint64(s.KVLen * s.KVHeads * s.HeadDim * 4)
+	for _, c := range []struct {
+		what string
+		r    Region
+		n    uint64
+	}{{"q", q, uint64(s.Heads * s.HeadDim * 4)}, {"k", kc, kv}, {"v", vc, kv}, {"out", out, uint64(s.Heads * s.HeadDim * 4)}} {
+		if err := need(name, c.what, c.r, c.n); err != nil {
+			return b.note(err)
+		}
+	}
+	p := Params{}.U32(uint32(s.Heads)).U32(uint32(s.KVHeads)).U32(uint32(s.HeadDim)).U32(uint32(s.KVLen)).F32(s.Scale)
+	return k.run(ctx, b, name, nil, [3]uint32{uint32(s.Heads), 1, 1}, p, q, kc, vc, out)
+}
+
+// RouteMode selects how router logits become expert weights (same values
+// as ref.RouteMode).
+type RouteMode int
+
+const (
+	// RouteSoftmaxTopK (Mixtral): top-k logits, softmax over them.
+	RouteSoftmaxTopK RouteMode = iota
+	// RouteSigmoidTopK (DeepSeek-V3): sigmoid scores, selection by score +
+	// bias within the best groups, weights normalized over the selection
+	// and multiplied by Scale.
+	RouteSigmoidTopK
+)
+
+// RouteShape describes top-k routing of Tokens rows of Experts logits.
+type RouteShape struct {
+	Tokens, Experts, K int
+	Mode               RouteMode
+	Groups, TopKGroup  int     // sigmoid mode: group-limited selection when Groups > 1
+	Scale              float32 // sigmoid mode: routed scaling factor (0 means 1)
+}
+
+// Route records top-k routing: ids ([Tokens][K] u32) and weights
+// ([Tokens][K] f32) from logits ([Tokens][Experts]). bias ([Experts]) may
+// be nil.
+func (k *Kernels) Route(ctx context.Context, b *Batch, logits, bias, ids, weights Region, s RouteShape) error {
+	const name = "route"
+	if s.Tokens <= 0 || s.Experts <= 0 || s.Experts > 1024 || s.K <= 0 || s.K > 32 || s.K > s.Experts {
+		return b.note(shapeErr(name, "%+v (Experts <= 1024, K <= 32)", s))
+	}
+	groups, topk := 1, 1
+	if s.Mode == RouteSigmoidTopK && s.Groups > 1 {
+		groups, topk = s.Groups, s.TopKGroup
+		if groups > 64 || s.Experts%groups != 0 || topk <= 0 || topk > groups || s.K > topk*(s.Experts/groups) {
+			return b.note(shapeErr(name, "%+v (groups <= 64 dividing Experts, K <= TopKGroup*group size)", s))
+		}
+	}
+	if err := need(name, "logits", logits, uint64(s.Tokens*s.Experts*4)); err != nil {
+		return b.note(err)
+	}
+	if err := need(name, "ids", ids, uint64(s.Tokens*s.K*4)); err != nil {
+		return b.note(err)
+	}
+	if err := need(name, "weights", weights, uint64(s.Tokens*s.K*4)); err != nil {
+		return b.note(err)
+	}
+	hasBias := uint32(0)
+	if bias != nil {
+		if err := need(name, "bias", bias, uint64(s.Experts*4)); err != nil {
+			return b.note(err)
+		}
+		hasBias = 1
+	} else {
+		bias = logits // bound but unread
+	}
+	scale := s.Scale
+	if scale == 0 {
+		scale = 1
+	}
+	gx, gy := uint32(min(s.Tokens, 65535)), uint32(ceilDiv(uint64(s.Tokens), 65535))
+	p := Params{}.U32(uint32(s.Tokens)).U32(uint32(s.Experts)).U32(uint32(s.K)).U32(uint32(s.Mode)).
+		U32(uint32(groups)).U32(uint32(topk)).F32(scale).U32(hasBias)
+	return k.run(ctx, b, name, nil, [3]uint32{gx, gy, 1}, p, logits, bias, ids, weights)
+}
+
+// SwiGLU records y = silu(gate) * up over n elements, y another buffer.
+func (k *Kernels) SwiGLU(ctx context.Context, b *Batch, gate, up, y Region, n int) error {
+	const name = "swiglu"
+	if n <= 0 {
+		return b.note(shapeErr(name, "%d elements", n))
+	}
+	for _, c := range []struct {
+		what string
+		r    Region
+	}{{"gate", gate}, {"up", up}, {"y", y}} {
+		if err := need(name, c.what, c.r, uint64(n*4)); err != nil {
+			return b.note(err)
+		}
+	}
+	gx, gy := grid(ceilDiv(uint64(n), 256))
+	return k.run(ctx, b, name, nil, [3]uint32{gx, gy, 1}, Params{}.U32(uint32(n)).U32(gx), gate, up, y)
+}
+
+// Accumulate records dst[i] += sum_j w[wOff+j] * src[j*d+i] for j < kExp:
+// the weighted sum of kExp expert outputs (src [kExp][d]) with weights
+// straight from Route.
+func (k *Kernels) Accumulate(ctx context.Context, b *Batch, src, w, dst Region, kExp, d, wOff int) error {
+	const name = "accumulate"
+	if kExp <= 0 || d <= 0 || wOff < 0 {
+		return b.note(shapeErr(name, "k %d, d %d, weight offset %d", kExp, d, wOff))
+	}
+	if err := need(name, "src", src, uint64(kExp*d*4)); err != nil {
+		return b.note(err)
+	}
+	if err := need(name, "weights", w, uint64((wOff+kExp)*4)); err != nil {
+		return b.note(err)
+	}
+	if err := need(name, "dst", dst, uint64(d*4)); err != nil {
+		return b.note(err)
+	}
+	gx, gy := grid(ceilDiv(uint64(d), 256))
+	p := Params{}.U32(uint32(d)).U32(uint32(kExp)).U32(uint32(wOff)).U32(gx)
+	return k.run(ctx, b, name, nil, [3]uint32{gx, gy, 1}, p, src, w, dst)
+}
+
+// Embed records y[t] = table[ids[t]] for n token ids (u32), rows of d
+// elements of type dt (Q4K needs d % 256 == 0). vocab bounds the ids the
+// table holds; ids are not checked on the GPU.
+func (k *Kernels) Embed(ctx context.Context, b *Batch, dt DType, table, ids, y Region, n, d, vocab int) error {
+	const name = "embed"
+	if n <= 0 || d <= 0 || vocab <= 0 || (dt == Q4K && d%256 != 0) || dt < F32 || dt > Q4K {
+		return b.note(shapeErr(name, "%d tokens, d %d, vocab %d, %v", n, d, vocab, dt))
+	}
+	if err := need(name, "table", table, dt.Bytes(vocab*d)); err != nil {
+		return b.note(err)
+	}
+	if err := need(name, "ids", ids, uint64(n*4)); err != nil {
+		return b.note(err)
+	}
+	if err := need(name, "y", y, uint64(n*d*4)); err != nil {
+		return b.note(err)
+	}
+	gx, gy := grid(ceilDiv(uint64(n*d), 256))
+	p := Params{}.U32(uint32(n)).U32(uint32(d)).U32(uint32(dt)).U32(gx)
+	return k.run(ctx, b, name, nil, [3]uint32{gx, gy, 1}, p, table, ids, y)
+}
+
+// Argmax records out[0] = the index (u32) of the largest of n values.
+func (k *Kernels) Argmax(ctx context.Context, b *Batch, x, out Region, n int) error {
+	const name = "argmax"
+	if n <= 0 {
+		return b.note(shapeErr(name, "%d values", n))
+	}
+	if err := need(name, "x", x, uint64(n*4)); err != nil {
+		return b.note(err)
+	}
+	if err := need(name, "out", out, 4); err != nil {
+		return b.note(err)
+	}
+	return k.run(ctx, b, name, nil, [3]uint32{1, 1, 1}, Params{}.U32(uint32(n)), x, out)
+}
+
+// TopP records out[0] = a token sampled from the top-p nucleus of
+// softmax(logits/temperature) with the uniform draw u in [0, 1) (see
+// ref.TopP for the exact rule). temperature <= 0 means greedy (Argmax).
+func (k *Kernels) TopP(ctx context.Context, b *Batch, logits, out Region, n int, temperature, topP, u float32) error {
+	const name = "topp"
+	if temperature <= 0 {
+		return k.Argmax(ctx, b, logits, out, n)
+	}
+	if n <= 0 || topP <= 0 || topP > 1 || u < 0 || u >= 1 {
+		return b.note(shapeErr(name, "n %d, top-p %v, u %v (want 0 < top-p <= 1, 0 <= u < 1)", n, topP, u))
+	}
+	if err := need(name, "logits", logits, uint64(n*4)); err != nil {
+		return b.note(err)
+	}
+	if err := need(name, "out", out, 4); err != nil {
+		return b.note(err)
+	}
+	p := Params{}.U32(uint32(n)).F32(1 / temperature).F32(topP).F32(u)
+	return k.run(ctx, b, name, nil, [3]uint32{1, 1, 1}, p, logits, out)
+}
+
+// CopyKernel records dst = src with a compute shader (n bytes, a multiple
+// of 16). Batch.Copy uses the copy engine instead; benchmarks measure both.
+func (k *Kernels) CopyKernel(ctx context.Context, b *Batch, src, dst Region, n int) error {
+	const name = "copy"
+	if n <= 0 || n%16 != 0 {
+		return b.note(shapeErr(name, "%d bytes (want a positive multiple of 16)", n))
+	}
+	if err := need(name, "src", src, uint64(n)); err != nil {
+		return b.note(err)
+	}
+	if err := need(name, "dst", dst, uint64(n)); err != nil {
+		return b.note(err)
+	}
+	const unroll = 4
+	gx, gy := grid(ceilDiv(uint64(n/16), 256*unroll))
+	return k.run(ctx, b, name, nil, [3]uint32{gx, gy, 1}, Params{}.U32(uint32(n/16)).U32(gx), src, dst)
+}

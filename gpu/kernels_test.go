@@ -1,0 +1,520 @@
+package gpu
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/rdrr/peer/gpu/q4k"
+	"github.com/rdrr/peer/gpu/ref"
+)
+
+// Differential tests: every kernel against its float64 reference in
+// gpu/ref on random inputs and awkward shapes (not multiples of the
+// workgroup size, single rows, large K), with the tolerance
+// ref.Tolerance(op) states. Outputs start poisoned (NaN), so an element a
+// kernel forgets to write fails.
+
+// randQ4K returns random but realistic Q4_K blocks: random quants and 6-bit
+// scales, d and dmin of the magnitude quantized weights have.
+func randQ4K(r *rand.Rand, nblocks int) []byte {
+	out := make([]byte, nblocks*q4k.BlockBytes)
+	for b := 0; b < nblocks; b++ {
+		blk := out[b*q4k.BlockBytes:]
+		for i := 4; i < q4k.BlockBytes; i++ {
+			blk[i] = byte(r.Uint32())
+		}
+		binary.LittleEndian.PutUint16(blk[0:], q4k.ToF16(float32(0.001+0.01*r.Float64())))
+		binary.LittleEndian.PutUint16(blk[2:], q4k.ToF16(float32(0.001+0.02*r.Float64())))
+	}
+	return out
+}
+
+func TestQ4KKnownBlocksGPU(t *testing.T) {
+	d, k := shared.d, shared.k
+	blocks, want := q4k.KnownBlocks()
+	n := len(want)
+	w := upload(t, d, blocks)
+	y := poisoned(t, d, n*4)
+	run(t, d, func(b *Batch) error { return k.Q4KDequant(ctxT(t), b, F32, w, y, n) })
+	got := readF32(t, d, y, n)
+	for i := range want {
+		if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+			t.Fatalf("weight %d (block %d): got %v; want %v exactly", i, i/256, got[i], want[i])
+		}
+	}
+	// A one-hot x picks one weight through the fused product: exact too.
+	// Rows are the 4 known blocks (cols 256); x selects weight 200.
+	x := make([]float32, 256)
+	x[200] = 1
+	xb := uploadF32(t, d, x)
+	yb := poisoned(t, d, 4*4)
+	run(t, d, func(b *Batch) error { return k.Q4KMatVec(ctxT(t), b, w, xb, yb, 4, 256) })
+	gy := readF32(t, d, yb, 4)
+	for r := 0; r < 4; r++ {
+		if gy[r] != want[r*256+200] {
+			t.Errorf("row %d: got %v; want %v", r, gy[r], want[r*256+200])
+		}
+	}
+}
+
+func TestQ4KDequant(t *testing.T) {
+	d, k := shared.d, shared.k
+	r := rng(t)
+	for _, nb := range []int{1, 3, 32, 33, 257} {
+		t.Run(fmt.Sprint(nb), func(t *testing.T) {
+			blocks := randQ4K(r, nb)
+			n := nb * 256
+			want, err := ref.Q4K(blocks)
+			if err != nil {
+				t.Fatal(err)
+			}
+			w := upload(t, d, blocks)
+			y := poisoned(t, d, n*4)
+			yh := poisoned(t, d, n*2)
+			run(t, d, func(b *Batch) error {
+				if err := k.Q4KDequant(ctxT(t), b, F32, w, y, n); err != nil {
+					return err
+				}
+				return k.Q4KDequant(ctxT(t), b, F16, w, yh, n)
+			})
+			if err := ref.Compare(readF32(t, d, y, n), want, nil, ref.Tolerance(ref.OpDequant)); err != nil {
+				t.Errorf("f32: %v", err)
+			}
+			hs := make([]uint16, n)
+			if err := d.Read(ctxT(t), yh, Bytes(hs)); err != nil {
+				t.Fatal(err)
+			}
+			gh := make([]float32, n)
+			for i, h := range hs {
+				gh[i] = q4k.F16(h)
+			}
+			if err := ref.Compare(gh, want, nil, ref.Tolerance(ref.OpDequantF)); err != nil {
+				t.Errorf("f16: %v", err)
+			}
+		})
+	}
+}
+
+func TestQ4KMatMul(t *testing.T) {
+	d, k := shared.d, shared.k
+	r := rng(t)
+	cases := []struct{ rows, cols, n int }{
+		{1, 256, 1}, {3, 256, 1}, {7, 512, 1}, {33, 2304, 1}, {130, 1024, 1},
+		{5, 14336, 1}, {2, 28672, 1}, {300, 768, 1}, // large K, odd blocks per row
+		{3, 512, 2}, {17, 1280, 3}, {9, 256, 5}, {4, 2048, 9}, {65, 768, 8},
+		{257, 4096, 1}, {300, 2304, 1}, {260, 14336, 1}, // the tuned configurations
+	}
+	for _, c := range cases {
+		t.Run(fmt.Sprintf("%dx%d/n%d", c.rows, c.cols, c.n), func(t *testing.T) {
+			checkQ4K(t, d, k, r, c.rows, c.cols, c.n, DefaultQ4KConfig(c.rows, c.cols, c.n))
+		})
+	}
+	// The configurations DefaultQ4KConfig picks for large shapes, on small
+	// awkward ones.
+	for _, cfg := range []Q4KConfig{
+		DefaultQ4KConfig(4096, 14336, 1), DefaultQ4KConfig(14336, 4096, 1), DefaultQ4KConfig(7168, 2048, 1),
+		DefaultQ4KConfig(2048, 2048*5, 1), DefaultQ4KConfig(16384, 2048, 1),
+		{WG: 64, SPR: 2, Rows: 8, Pipeline: true},
+	} {
+		t.Run(fmt.Sprintf("default%+v", cfg), func(t *testing.T) {
+			checkQ4K(t, d, k, r, 37, 4608, 1, cfg)
+			checkQ4K(t, d, k, r, 3, 512, 1, cfg)
+		})
+	}
+	// Every configuration the benchmarks may pick must be right too.
+	for _, spr := range []int{1, 2, 4, 8, 16, 32} {
+		for _, rows := range []int{1, 2, 4, 8, 16} {
+			for v := 0; v < 5; v++ {
+				cfg := Q4KConfig{SPR: spr, Rows: rows, Convert: spr == 4, Coalesced: v == 1, Pipeline: v == 2, Shifts: v == 3}
+				if v == 4 || rows == 16 {
+					cfg.WG = 64 << (spr % 2) // 64 or 128
+					if spr > cfg.WG/8 {
+						continue
+					}
+				}
+				t.Run(fmt.Sprintf("cfg%d-%d-%d", spr, rows, v), func(t *testing.T) {
+					checkQ4K(t, d, k, r, 37, 2560, 1, cfg)
+					checkQ4K(t, d, k, r, 11, 768, 3, cfg)
+					checkQ4K(t, d, k, r, 1, 256, 1, cfg)
+				})
+			}
+		}
+	}
+}
+
+func checkQ4K(t *testing.T, d *Device, k *Kernels, r *rand.Rand, rows, cols, n int, cfg Q4KConfig) {
+	t.Helper()
+	blocks := randQ4K(r, rows*cols/256)
+	x := randF32(r, n*cols, 1)
+	w64, err := ref.Q4K(blocks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, mag := ref.MatMul(w64, ref.F32(x), rows, cols, n)
+	w := upload(t, d, blocks)
+	xb := uploadF32(t, d, x)
+	y := poisoned(t, d, n*rows*4)
+	run(t, d, func(b *Batch) error { return k.Q4KMatMulWith(ctxT(t), b, cfg, w, xb, y, rows, cols, n) })
+	if err := ref.Compare(readF32(t, d, y, n*rows), want, mag, ref.Tolerance(ref.OpMatMul)); err != nil {
+		t.Fatalf("%dx%d n=%d %+v: %v", rows, cols, n, cfg, err)
+	}
+}
+
+func TestDenseMatMul(t *testing.T) {
+	d, k := shared.d, shared.k
+	r := rng(t)
+	cases := []struct{ rows, cols, n int }{
+		{1, 1, 1}, {3, 5, 1}, {2, 257, 1}, {7, 1000, 1}, {1, 4096, 1}, {33, 8, 1},
+		{5, 14336, 1}, {130, 64, 2}, {3, 7, 3}, {4, 96, 5}, {9, 1024, 8}, {2, 40, 9},
+	}
+	for _, dt := range []DType{F32, F16} {
+		for _, c := range cases {
+			t.Run(fmt.Sprintf("%v/%dx%d/n%d", dt, c.rows, c.cols, c.n), func(t *testing.T) {
+				x := randF32(r, c.n*c.cols, 1)
+				wf := randF32(r, c.rows*c.cols, 0.5)
+				var wbytes []byte
+				var w64 []float64
+				if dt == F16 {
+					hs := make([]uint16, len(wf))
+					for i, v := range wf {
+						hs[i] = q4k.ToF16(v)
+					}
+					wbytes, w64 = Bytes(hs), ref.F16(hs)
+				} else {
+					wbytes, w64 = Bytes(wf), ref.F32(wf)
+				}
+				want, mag := ref.MatMul(w64, ref.F32(x), c.rows, c.cols, c.n)
+				w := upload(t, d, wbytes)
+				xb := uploadF32(t, d, x)
+				y := poisoned(t, d, c.n*c.rows*4)
+				run(t, d, func(b *Batch) error { return k.MatMul(ctxT(t), b, dt, w, xb, y, c.rows, c.cols, c.n) })
+				if err := ref.Compare(readF32(t, d, y, c.n*c.rows), want, mag, ref.Tolerance(ref.OpMatMul)); err != nil {
+					t.Fatal(err)
+				}
+			})
+		}
+	}
+}
+
+func TestRMSNorm(t *testing.T) {
+	d, k := shared.d, shared.k
+	r := rng(t)
+	for _, c := range []struct{ n, dim int }{{1, 1}, {3, 7}, {2, 4096}, {5, 300}, {1, 7168}, {257, 33}} {
+		t.Run(fmt.Sprintf("%dx%d", c.n, c.dim), func(t *testing.T) {
+			x := randF32(r, c.n*c.dim, 3)
+			w := randF32(r, c.dim, 1)
+			const eps = 1e-5
+			want := ref.RMSNorm(ref.F32(x), ref.F32(w), c.n, c.dim, eps)
+			xb, wb := uploadF32(t, d, x), uploadF32(t, d, w)
+			y := poisoned(t, d, c.n*c.dim*4)
+			run(t, d, func(b *Batch) error { return k.RMSNorm(ctxT(t), b, xb, wb, y, c.n, c.dim, eps) })
+			if err := ref.Compare(readF32(t, d, y, c.n*c.dim), want, nil, ref.Tolerance(ref.OpRMSNorm)); err != nil {
+				t.Fatal(err)
+			}
+			// WebGPU forbids one buffer bound read-only and read-write in a
+			// dispatch: recording must say so instead of failing later.
+			err := k.RMSNorm(ctxT(t), d.Batch(), xb, wb, xb, c.n, c.dim, eps)
+			if !errors.Is(err, ErrShape) {
+				t.Fatalf("aliased x and y: err = %v; want ErrShape", err)
+			}
+		})
+	}
+}
+
+func TestSoftmax(t *testing.T) {
+	d, k := shared.d, shared.k
+	r := rng(t)
+	for _, c := range []struct {
+		n, dim int
+		scale  float64
+	}{{1, 1, 1}, {3, 7, 1}, {2, 4096, 4}, {5, 300, 20}, {1, 32000, 3}, {70, 8, 1}} {
+		t.Run(fmt.Sprintf("%dx%d", c.n, c.dim), func(t *testing.T) {
+			x := randF32(r, c.n*c.dim, c.scale)
+			want := ref.Softmax(ref.F32(x), c.n, c.dim)
+			xb := uploadF32(t, d, x)
+			y := poisoned(t, d, c.n*c.dim*4)
+			run(t, d, func(b *Batch) error { return k.Softmax(ctxT(t), b, xb, y, c.n, c.dim) })
+			if err := ref.Compare(readF32(t, d, y, c.n*c.dim), want, nil, ref.Tolerance(ref.OpSoftmax)); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+func TestRope(t *testing.T) {
+	d, k := shared.d, shared.k
+	r := rng(t)
+	for _, c := range []struct {
+		s     RopeShape
+		theta float64
+	}{
+		{RopeShape{Tokens: 1, Heads: 1, HeadDim: 2, RotDim: 2, Pos0: 0}, 10000},
+		{RopeShape{Tokens: 3, Heads: 5, HeadDim: 64, RotDim: 64, Pos0: 7}, 10000},
+		{RopeShape{Tokens: 2, Heads: 4, HeadDim: 128, RotDim: 64, Pos0: 5000}, 1e6},
+		{RopeShape{Tokens: 1, Heads: 32, HeadDim: 128, RotDim: 128, Pos0: 4095}, 500000},
+		{RopeShape{Tokens: 9, Heads: 3, HeadDim: 10, RotDim: 6, Pos0: 100}, 10000},
+	} {
+		for _, style := range []RopeStyle{RopeNeoX, RopeGPTJ} {
+			s := c.s
+			s.Style = style
+			t.Run(fmt.Sprintf("%+v", s), func(t *testing.T) {
+				n := s.Tokens * s.Heads * s.HeadDim
+				x := randF32(r, n, 1)
+				freqs := RopeFreqs(c.theta, s.RotDim)
+				want := ref.Rope(ref.F32(x), s.Tokens, s.Heads, s.HeadDim, s.RotDim, s.Pos0,
+					ref.RopeFreqs(c.theta, s.RotDim), ref.RopeStyle(style))
+				// Error scale per element: the magnitude of its pair, grown
+				// with the position (the f32 angle's rounding grows with it).
+				scales := make([]float64, n)
+				tol := ref.Tolerance(ref.OpRope)
+				half := s.RotDim / 2
+				for tk := 0; tk < s.Tokens; tk++ {
+					grow := 1 + float64(s.Pos0+tk)*ref.RopePosTol/tol.Rel
+					for h := 0; h < s.Heads; h++ {
+						base := (tk*s.Heads + h) * s.HeadDim
+						for i := 0; i < half; i++ {
+							ia, ib := base+i, base+i+half
+							if style == RopeGPTJ {
+								ia, ib = base+2*i, base+2*i+1
+							}
+							m := (math.Abs(float64(x[ia])) + math.Abs(float64(x[ib]))) * grow
+							scales[ia], scales[ib] = m, m
+						}
+					}
+				}
+				xb := uploadF32(t, d, x)
+				fb := uploadF32(t, d, freqs)
+				run(t, d, func(b *Batch) error { return k.Rope(ctxT(t), b, xb, fb, s) })
+				if err := ref.Compare(readF32(t, d, xb, n), want, scales, tol); err != nil {
+					t.Fatal(err)
+				}
+			})
+		}
+	}
+}
+
+func TestAttention(t *testing.T) {
+	d, k := shared.d, shared.k
+	r := rng(t)
+	for _, s := range []AttnShape{
+		{Heads: 1, KVHeads: 1, HeadDim: 1, KVLen: 1},
+		{Heads: 8, KVHeads: 2, HeadDim: 64, KVLen: 7},
+		{Heads: 4, KVHeads: 4, HeadDim: 24, KVLen: 300},
+		{Heads: 6, KVHeads: 1, HeadDim: 100, KVLen: 513},
+		{Heads: 2, KVHeads: 1, HeadDim: 256, KVLen: 1000},
+		{Heads: 32, KVHeads: 8, HeadDim: 128, KVLen: 256},
+	} {
+		s.Scale = float32(1 / math.Sqrt(float64(s.HeadDim)))
+		t.Run(fmt.Sprintf("%+v", s), func(t *testing.T) {
+			q := randF32(r, s.Heads*s.HeadDim, 1)
+			kc := randF32(r, s.KVLen*s.KVHeads*s.HeadDim, 1)
+			vc := randF32(r, s.KVLen*s.KVHeads*s.HeadDim, 1)
+			want := ref.Attention(ref.F32(q), ref.F32(kc), ref.F32(vc), s.Heads, s.KVHeads, s.HeadDim, s.KVLen, float64(s.Scale))
+			qb, kb, vb := uploadF32(t, d, q), uploadF32(t, d, kc), uploadF32(t, d, vc)
+			out := poisoned(t, d, s.Heads*s.HeadDim*4)
+			run(t, d, func(b *Batch) error { return k.Attention(ctxT(t), b, qb, kb, vb, out, s) })
+			if err := ref.Compare(readF32(t, d, out, s.Heads*s.HeadDim), want, nil, ref.Tolerance(ref.OpAttention)); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+func TestRoute(t *testing.T) {
+	d, k := shared.d, shared.k
+	r := rng(t)
+	for _, c := range []struct {
+		name string
+		s    RouteShape
+		bias bool
+	}{
+		{"mixtral", RouteShape{Tokens: 3, Experts: 8, K: 2, Mode: RouteSoftmaxTopK}, false},
+		{"single", RouteShape{Tokens: 1, Experts: 1, K: 1, Mode: RouteSoftmaxTopK}, false},
+		{"wide", RouteShape{Tokens: 2, Experts: 1000, K: 5, Mode: RouteSoftmaxTopK}, false},
+		{"deepseek", RouteShape{Tokens: 4, Experts: 256, K: 8, Mode: RouteSigmoidTopK, Groups: 8, TopKGroup: 4, Scale: 2.5}, true},
+		{"sigmoid-nogroup", RouteShape{Tokens: 2, Experts: 64, K: 6, Mode: RouteSigmoidTopK}, false},
+		{"sigmoid-bias", RouteShape{Tokens: 5, Experts: 160, K: 6, Mode: RouteSigmoidTopK, Groups: 1}, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := c.s
+			logits := randF32(r, s.Tokens*s.Experts, 2)
+			var bias []float32
+			rr := ref.Route{Mode: ref.RouteMode(s.Mode), K: s.K, Groups: s.Groups, TopKGroup: s.TopKGroup, Scale: float64(s.Scale)}
+			if c.bias {
+				bias = randF32(r, s.Experts, 0.1)
+				rr.Bias = ref.F32(bias)
+			}
+			// The reference widens the f32 logits; selection compares f32
+			// scores on the GPU, so near-ties could order differently:
+			// random normal logits make that vanishingly rare.
+			wantIDs, wantW := ref.TopK(ref.F32(logits), s.Tokens, s.Experts, rr)
+			lb := uploadF32(t, d, logits)
+			var bb Region
+			if c.bias {
+				bb = uploadF32(t, d, bias)
+			}
+			ids := poisoned(t, d, s.Tokens*s.K*4)
+			wts := poisoned(t, d, s.Tokens*s.K*4)
+			run(t, d, func(b *Batch) error { return k.Route(ctxT(t), b, lb, bb, ids, wts, s) })
+			gotIDs := readU32(t, d, ids, s.Tokens*s.K)
+			for i := range wantIDs {
+				if int(gotIDs[i]) != wantIDs[i] {
+					t.Fatalf("ids: got %v; want %v", gotIDs, wantIDs)
+				}
+			}
+			if err := ref.Compare(readF32(t, d, wts, s.Tokens*s.K), wantW, nil, ref.Tolerance(ref.OpRoute)); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+func TestSwiGLU(t *testing.T) {
+	d, k := shared.d, shared.k
+	r := rng(t)
+	for _, n := range []int{1, 257, 14336, 70000} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			g, u := randF32(r, n, 3), randF32(r, n, 1)
+			want := ref.SwiGLU(ref.F32(g), ref.F32(u))
+			gb, ub := uploadF32(t, d, g), uploadF32(t, d, u)
+			y := poisoned(t, d, n*4)
+			run(t, d, func(b *Batch) error { return k.SwiGLU(ctxT(t), b, gb, ub, y, n) })
+			if err := ref.Compare(readF32(t, d, y, n), want, nil, ref.Tolerance(ref.OpSwiGLU)); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+func TestAccumulate(t *testing.T) {
+	d, k := shared.d, shared.k
+	r := rng(t)
+	for _, c := range []struct{ k, dim, off int }{{1, 1, 0}, {2, 300, 0}, {8, 4096, 3}, {3, 7, 1}} {
+		t.Run(fmt.Sprintf("%d/%d/%d", c.k, c.dim, c.off), func(t *testing.T) {
+			src := randF32(r, c.k*c.dim, 1)
+			w := randF32(r, c.off+c.k, 1)
+			dst := randF32(r, c.dim, 1)
+			mag := make([]float64, c.dim)
+			for i := range mag {
+				mag[i] = math.Abs(float64(dst[i]))
+				for j := 0; j < c.k; j++ {
+					mag[i] += math.Abs(float64(w[c.off+j] * src[j*c.dim+i]))
+				}
+			}
+			want := ref.Accumulate(ref.F32(dst), ref.F32(src), ref.F32(w[c.off:]), c.k, c.dim)
+			sb, wb, db := uploadF32(t, d, src), uploadF32(t, d, w), uploadF32(t, d, dst)
+			run(t, d, func(b *Batch) error { return k.Accumulate(ctxT(t), b, sb, wb, db, c.k, c.dim, c.off) })
+			if err := ref.Compare(readF32(t, d, db, c.dim), want, mag, ref.Tolerance(ref.OpAccum)); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+func TestEmbed(t *testing.T) {
+	d, k := shared.d, shared.k
+	r := rng(t)
+	for _, dt := range []DType{F32, F16, Q4K} {
+		for _, c := range []struct{ vocab, dim, n int }{{1, 256, 1}, {37, 512, 3}, {1000, 768, 5}} {
+			dim := c.dim
+			if dt != Q4K {
+				dim = c.dim - 1 // odd rows for f16
+			}
+			t.Run(fmt.Sprintf("%v/%dx%d/n%d", dt, c.vocab, dim, c.n), func(t *testing.T) {
+				var table []byte
+				var t64 []float64
+				switch dt {
+				case F32:
+					f := randF32(r, c.vocab*dim, 1)
+					table, t64 = Bytes(f), ref.F32(f)
+				case F16:
+					hs := make([]uint16, c.vocab*dim)
+					for i := range hs {
+						hs[i] = q4k.ToF16(float32(r.NormFloat64()))
+					}
+					table, t64 = Bytes(hs), ref.F16(hs)
+				case Q4K:
+					table = randQ4K(r, c.vocab*dim/256)
+					t64, _ = ref.Q4K(table)
+				}
+				ids := make([]uint32, c.n)
+				iids := make([]int, c.n)
+				for i := range ids {
+					ids[i] = uint32(r.IntN(c.vocab))
+					iids[i] = int(ids[i])
+				}
+				want := ref.Embed(t64, iids, dim)
+				tb, ib := upload(t, d, table), upload(t, d, Bytes(ids))
+				y := poisoned(t, d, c.n*dim*4)
+				run(t, d, func(b *Batch) error { return k.Embed(ctxT(t), b, dt, tb, ib, y, c.n, dim, c.vocab) })
+				tol := ref.Tolerance(ref.OpEmbed)
+				if dt == Q4K {
+					tol = ref.Tolerance(ref.OpDequant)
+				}
+				if err := ref.Compare(readF32(t, d, y, c.n*dim), want, nil, tol); err != nil {
+					t.Fatal(err)
+				}
+			})
+		}
+	}
+}
+
+func TestArgmax(t *testing.T) {
+	d, k := shared.d, shared.k
+	r := rng(t)
+	for _, n := range []int{1, 7, 256, 257, 100003} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			x := randF32(r, n, 1)
+			if n > 10 {
+				// A tie at the maximum: the lower index must win.
+				m := float32(10)
+				x[n/3], x[n/2] = m, m
+			}
+			want := ref.Argmax(ref.F32(x))
+			xb := uploadF32(t, d, x)
+			out := poisoned(t, d, 4)
+			run(t, d, func(b *Batch) error { return k.Argmax(ctxT(t), b, xb, out, n) })
+			if got := readU32(t, d, out, 1)[0]; int(got) != want {
+				t.Fatalf("argmax = %d; want %d", got, want)
+			}
+		})
+	}
+}
+
+func TestTopP(t *testing.T) {
+	d, k := shared.d, shared.k
+	r := rng(t)
+	checked := 0
+	for _, c := range []struct {
+		n           int
+		scale       float64
+		temp, top_p float64
+	}{
+		{1, 1, 1, 0.9}, {10, 2, 1, 0.5}, {1000, 3, 0.8, 0.9}, {32000, 4, 1, 0.95}, {5000, 1, 1.5, 1}, {300, 5, 0.7, 0.1},
+	} {
+		for it := 0; it < 4; it++ {
+			x := randF32(r, c.n, c.scale)
+			u := r.Float64()
+			want, margin := ref.TopP(ref.F32(x), c.temp, c.top_p, u)
+			if margin < 1e-4 && c.n > 1 {
+				continue // too close to a boundary for f32 to decide like f64
+			}
+			checked++
+			xb := uploadF32(t, d, x)
+			out := poisoned(t, d, 4)
+			run(t, d, func(b *Batch) error {
+				return k.TopP(ctxT(t), b, xb, out, c.n, float32(c.temp), float32(c.top_p), float32(u))
+			})
+			if got := readU32(t, d, out, 1)[0]; int(got) != want {
+				t.Fatalf("n %d temp %v top-p %v u %v: got token %d; want %d (margin %.3g)", c.n, c.temp, c.top_p, u, got, want, margin)
+			}
+		}
+	}
+	if checked < 12 {
+		t.Fatalf("only %d cases had a safe margin", checked)
+	}
+}

@@ -1,0 +1,140 @@
+package gpu
+
+/*
+#include <stdlib.h>
+#include "shim.h"
+*/
+import "C"
+
+import (
+	"fmt"
+	"runtime/cgo"
+	"unsafe"
+
+	"github.com/cogentcore/webgpu/wgpu"
+)
+
+// The binding keeps each native handle as the only (or the second) field of
+// its wrapper struct. These accessors read it so that shim.c can call
+// wgpu-native directly; checkLayout verifies the assumption when a device
+// opens, so a binding upgrade that changes the layout fails loudly instead of
+// passing garbage to C.
+
+func nativeDevice(d *wgpu.Device) unsafe.Pointer { return *(*unsafe.Pointer)(unsafe.Pointer(d)) }
+
+func nativeBuffer(b *wgpu.Buffer) unsafe.Pointer {
+	return (*[2]unsafe.Pointer)(unsafe.Pointer(b))[1]
+}
+
+func nativeQueue(q *wgpu.Queue) unsafe.Pointer {
+	return (*[2]unsafe.Pointer)(unsafe.Pointer(q))[1]
+}
+
+func nativeCommandBuffer(c *wgpu.CommandBuffer) unsafe.Pointer {
+	return *(*unsafe.Pointer)(unsafe.Pointer(c))
+}
+
+func checkLayout(dev *wgpu.Device, probe *wgpu.Buffer, size uint64) error {
+	var (
+		d wgpu.Device
+		b wgpu.Buffer
+		q wgpu.Queue
+		c wgpu.CommandBuffer
+	)
+	if unsafe.Sizeof(d) != unsafe.Sizeof(uintptr(0)) || unsafe.Sizeof(b) != 2*unsafe.Sizeof(uintptr(0)) ||
+		unsafe.Sizeof(q) != 2*unsafe.Sizeof(uintptr(0)) || unsafe.Sizeof(c) != unsafe.Sizeof(uintptr(0)) {
+		return fmt.Errorf("%w: webgpu binding struct layout changed", ErrUnsupported)
+	}
+	if nativeDevice(dev) == nil {
+		return fmt.Errorf("%w: webgpu binding returned a nil device", ErrUnsupported)
+	}
+	if got := uint64(C.rdrr_buffer_size(nativeBuffer(probe))); got != size {
+		return fmt.Errorf("%w: webgpu binding layout changed (probe buffer size %d; want %d)", ErrUnsupported, got, size)
+	}
+	return nil
+}
+
+// nativeError is an error that a wgpu error scope captured.
+type nativeError struct {
+	typ uint32 // WGPUErrorType
+	msg string
+}
+
+const (
+	errTypeValidation  = 1
+	errTypeOutOfMemory = 2
+	errTypeInternal    = 3
+	errTypeUnknown     = 4
+	errTypeDeviceLost  = 5
+)
+
+func toNativeError(e *C.rdrr_error) *nativeError {
+	if e._type == 0 {
+		return nil
+	}
+	return &nativeError{typ: uint32(e._type), msg: C.GoString(&e.msg[0])}
+}
+
+// scoped runs f inside validation and out-of-memory error scopes and returns the first error any of them captured. The
+// binding wraps its own calls in a validation scope only; without an outer
+// scope an out-of-memory error would abort the process. Callers hold d.mu.
+func scoped(dev *wgpu.Device, f func()) *nativeError {
+	var e C.rdrr_error
+	p := nativeDevice(dev)
+	C.rdrr_push_scopes(p)
+	f()
+	C.rdrr_pop_scopes(p, &e)
+	return toNativeError(&e)
+}
+
+// mapAsync starts mapping b and calls done(status) from the polling thread
+// (or from inside a later wgpu call) once the mapping resolves. done must not
+// call back into the device.
+func mapAsync(dev *wgpu.Device, b *wgpu.Buffer, mode wgpu.MapMode, off, size uint64, done func(status uint32)) *nativeError {
+	h := cgo.NewHandle(done)
+	var e C.rdrr_error
+	C.rdrr_map_async(nativeDevice(dev), nativeBuffer(b), C.uint32_t(mode), C.size_t(off), C.size_t(size), C.uintptr_t(h), &e)
+	if ne := toNativeError(&e); ne != nil {
+		// wgpu-native still calls back with an error status after a
+		// validation error; the callback deletes the handle.
+		return ne
+	}
+	return nil
+}
+
+// onWorkDone calls done(status) once all work submitted so far has finished.
+func onWorkDone(dev *wgpu.Device, q *wgpu.Queue, done func(status uint32)) *nativeError {
+	h := cgo.NewHandle(done)
+	var e C.rdrr_error
+	C.rdrr_on_done(nativeDevice(dev), nativeQueue(q), C.uintptr_t(h), &e)
+	return toNativeError(&e)
+}
+
+// submit submits one command buffer and returns its submission index.
+// wgpu-native treats every submit error as fatal (scopes do not capture it),
+// so callers must check beforehand that no buffer in cb is destroyed or
+// mapped; the scopes here catch out-of-memory errors.
+func submit(dev *wgpu.Device, q *wgpu.Queue, cb *wgpu.CommandBuffer) (uint64, *nativeError) {
+	var e C.rdrr_error
+	ptrs := (*[1]unsafe.Pointer)(C.malloc(C.size_t(unsafe.Sizeof(uintptr(0)))))
+	defer C.free(unsafe.Pointer(ptrs))
+	ptrs[0] = nativeCommandBuffer(cb)
+	idx := C.rdrr_submit(nativeDevice(dev), nativeQueue(q), 1, &ptrs[0], &e)
+	return uint64(idx), toNativeError(&e)
+}
+
+//export rdrrMapDone
+func rdrrMapDone(status C.uint32_t, handle C.uintptr_t) {
+	h := cgo.Handle(handle)
+	f := h.Value().(func(uint32))
+	h.Delete()
+	f(uint32(status))
+}
+
+//export rdrrWorkDone
+func rdrrWorkDone(status C.uint32_t, handle C.uintptr_t) {
+	h := cgo.Handle(handle)
+	f := h.Value().(func(uint32))
+	h.Delete()
+	f(uint32(status))
+}

@@ -1,0 +1,485 @@
+// Package ref holds the float64 CPU references of the GPU kernels: the
+// ground truth that gpu's differential tests and the kernel lab's
+// correctness gate compare against, and the per-op tolerances they use.
+//
+// Every function takes its inputs as float64 (use F32, F16 and Q4K to widen
+// exactly what was uploaded) and computes in float64. Layouts match the
+// kernels: row-major, tokens outermost.
+package ref
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"sort"
+
+	"github.com/rdrr/peer/gpu/q4k"
+	"github.com/x448/float16"
+)
+
+// F32 widens float32 values.
+func F32(xs []float32) []float64 {
+	out := make([]float64, len(xs))
+	for i, x := range xs {
+		out[i] = float64(x)
+	}
+	return out
+}
+
+// F16 widens f16 bits.
+func F16(hs []uint16) []float64 {
+	out := make([]float64, len(hs))
+	for i, h := range hs {
+		out[i] = float64(float16.Frombits(h).Float32())
+	}
+	return out
+}
+
+// Q4K decodes GGML Q4_K blocks (GGML's float32 formula, exactly) and widens
+// the weights.
+func Q4K(blocks []byte) ([]float64, error) {
+	w := make([]float32, len(blocks)/q4k.BlockBytes*q4k.BlockWeights)
+	if err := q4k.Dequantize(w, blocks); err != nil {
+		return nil, err
+	}
+	return F32(w), nil
+}
+
+// MatMul returns y[t*rows+r] = sum_k w[r*cols+k] * x[t*cols+k] for n tokens,
+// and mag[t*rows+r] = sum_k |w[r*cols+k] * x[t*cols+k]|, the scale a
+// float32 dot product's rounding error grows with.
+func MatMul(w, x []float64, rows, cols, n int) (y, mag []float64) {
+	y = make([]float64, n*rows)
+	mag = make([]float64, n*rows)
+	for t := 0; t < n; t++ {
+		xt := x[t*cols : (t+1)*cols]
+		for r := 0; r < rows; r++ {
+			wr := w[r*cols : (r+1)*cols]
+			var s, m float64
+			for k, wv := range wr {
+				p := wv * xt[k]
+				s += p
+				m += math.Abs(p)
+			}
+			y[t*rows+r] = s
+			mag[t*rows+r] = m
+		}
+	}
+	return y, mag
+}
+
+// RMSNorm returns y = x / sqrt(mean(x^2) + eps) * w per row of d.
+func RMSNorm(x, w []float64, n, d int, eps float64) []float64 {
+	y := make([]float64, n*d)
+	for r := 0; r < n; r++ {
+		xr := x[r*d : (r+1)*d]
+		var ss float64
+		for _, v := range xr {
+			ss += v * v
+		}
+		inv := 1 / math.Sqrt(ss/float64(d)+eps)
+		for i, v := range xr {
+			y[r*d+i] = v * inv * w[i]
+		}
+	}
+	return y
+}
+
+// Softmax returns the softmax of each row of d.
+func Softmax(x []float64, n, d int) []float64 {
+	y := make([]float64, n*d)
+	for r := 0; r < n; r++ {
+		xr := x[r*d : (r+1)*d]
+		m := math.Inf(-1)
+		for _, v := range xr {
+			m = math.Max(m, v)
+		}
+		var s float64
+		for i, v := range xr {
+			e := math.Exp(v - m)
+			y[r*d+i] = e
+			s += e
+		}
+		for i := range xr {
+			y[r*d+i] /= s
+		}
+	}
+	return y
+}
+
+// RopeStyle says which elements rotate together.
+type RopeStyle int
+
+const (
+	// RopeNeoX rotates element i with i+rot/2 (GPT-NeoX, Llama in HF layout,
+	// Mixtral, DeepSeek).
+	RopeNeoX RopeStyle = iota
+	// RopeGPTJ rotates element 2i with 2i+1 (GPT-J, Llama in GGUF layout).
+	RopeGPTJ
+)
+
+// RopeFreqs returns the rot/2 inverse frequencies theta^(-2i/rot).
+func RopeFreqs(theta float64, rot int) []float64 {
+	f := make([]float64, rot/2)
+	for i := range f {
+		f[i] = math.Pow(theta, -2*float64(i)/float64(rot))
+	}
+	return f
+}
+
+// Rope rotates the first rot elements of every head of x
+// ([nTok][nHeads][headDim]) by angle (pos0+t)*freqs[i].
+func Rope(x []float64, nTok, nHeads, headDim, rot, pos0 int, freqs []float64, style RopeStyle) []float64 {
+	y := append([]float64(nil), x...)
+	half := rot / 2
+	for t := 0; t < nTok; t++ {
+		pos := float64(pos0 + t)
+		for h := 0; h < nHeads; h++ {
+			base := (t*nHeads + h) * headDim
+			for i := 0; i < half; i++ {
+				ia, ib := base+i, base+i+half
+				if style == RopeGPTJ {
+					ia, ib = base+2*i, base+2*i+1
+				}
+				s, c := math.Sincos(pos * freqs[i])
+				a, b := x[ia], x[ib]
+				y[ia] = a*c - b*s
+				y[ib] = a*s + b*c
+			}
+		}
+	}
+	return y
+}
+
+// Attention is decode attention of one query token over kvLen cached
+// positions with grouped-query heads: q [nHeads][hd], k and v
+// [kvLen][nKV][hd]; head h reads kv head h/(nHeads/nKV).
+func Attention(q, k, v []float64, nHeads, nKV, hd, kvLen int, scale float64) []float64 {
+	out := make([]float64, nHeads*hd)
+	group := nHeads / nKV
+	s := make([]float64, kvLen)
+	for h := 0; h < nHeads; h++ {
+		kvh := h / group
+		qh := q[h*hd : (h+1)*hd]
+		m := math.Inf(-1)
+		for t := 0; t < kvLen; t++ {
+			kt := k[(t*nKV+kvh)*hd:]
+			var dot float64
+			for i := 0; i < hd; i++ {
+				dot += qh[i] * kt[i]
+			}
+			s[t] = dot * scale
+			m = math.Max(m, s[t])
+		}
+		var sum float64
+		for t := range s {
+			s[t] = math.Exp(s[t] - m)
+			sum += s[t]
+		}
+		for t := 0; t < kvLen; t++ {
+			vt := v[(t*nKV+kvh)*hd:]
+			p := s[t] / sum
+			for i := 0; i < hd; i++ {
+				out[h*hd+i] += p * vt[i]
+			}
+		}
+	}
+	return out
+}
+
+// RouteMode selects how router logits become expert weights.
+type RouteMode int
+
+const (
+	// RouteSoftmaxTopK (Mixtral): top-k of the logits, weights = softmax
+	// over the selected logits.
+	RouteSoftmaxTopK RouteMode = iota
+	// RouteSigmoidTopK (DeepSeek-V3): s = sigmoid(logit); selection by
+	// s + bias, optionally limited to the TopKGroup groups with the largest
+	// sum of their two best selection scores; weights = s / sum(s selected)
+	// * Scale.
+	RouteSigmoidTopK
+)
+
+// Route configures top-k routing.
+type Route struct {
+	Mode      RouteMode
+	K         int
+	Bias      []float64 // selection bias per expert (sigmoid mode); nil = 0
+	Groups    int       // expert groups (sigmoid mode); <= 1 = no grouping
+	TopKGroup int       // groups kept
+	Scale     float64   // routed scaling factor (sigmoid mode); 0 = 1
+}
+
+// TopK routes each token's logits ([nTok][nExp]) and returns the chosen
+// experts ([nTok][K], best first; ties go to the lower index) and weights.
+func TopK(logits []float64, nTok, nExp int, r Route) (ids []int, w []float64) {
+	for t := 0; t < nTok; t++ {
+		l := logits[t*nExp : (t+1)*nExp]
+		sel := make([]float64, nExp)
+		base := make([]float64, nExp)
+		for e, v := range l {
+			if r.Mode == RouteSigmoidTopK {
+				base[e] = 1 / (1 + math.Exp(-v))
+				sel[e] = base[e]
+				if r.Bias != nil {
+					sel[e] += r.Bias[e]
+				}
+			} else {
+				base[e], sel[e] = v, v
+			}
+		}
+		if r.Mode == RouteSigmoidTopK && r.Groups > 1 {
+			gs := nExp / r.Groups
+			gscore := make([]float64, r.Groups)
+			for g := range gscore {
+				top := topIdx(sel[g*gs:(g+1)*gs], 2)
+				for _, i := range top {
+					gscore[g] += sel[g*gs+i]
+				}
+			}
+			keep := map[int]bool{}
+			for _, g := range topIdx(gscore, r.TopKGroup) {
+				keep[g] = true
+			}
+			for e := range sel {
+				if !keep[e/gs] {
+					sel[e] = math.Inf(-1)
+				}
+			}
+		}
+		top := topIdx(sel, r.K)
+		ws := make([]float64, len(top))
+		if r.Mode == RouteSigmoidTopK {
+			var sum float64
+			for _, e := range top {
+				sum += base[e]
+			}
+			scale := r.Scale
+			if scale == 0 {
+				scale = 1
+			}
+			for i, e := range top {
+				ws[i] = base[e] / sum * scale
+			}
+		} else {
+			m := base[top[0]]
+			var sum float64
+			for i, e := range top {
+				ws[i] = math.Exp(base[e] - m)
+				sum += ws[i]
+			}
+			for i := range ws {
+				ws[i] /= sum
+			}
+		}
+		ids = append(ids, top...)
+		w = append(w, ws...)
+	}
+	return ids, w
+}
+
+// topIdx returns the indices of the k largest values, largest first, ties
+// to the lower index.
+func topIdx(v []float64, k int) []int {
+	idx := make([]int, len(v))
+	for i := range idx {
+		idx[i] = i
+	}
+	sort.SliceStable(idx, func(a, b int) bool { return v[idx[a]] > v[idx[b]] })
+	return idx[:k]
+}
+
+// SwiGLU returns silu(gate) * up.
+func SwiGLU(gate, up []float64) []float64 {
+	y := make([]float64, len(gate))
+	for i, g := range gate {
+		y[i] = g / (1 + math.Exp(-g)) * up[i]
+	}
+	return y
+}
+
+// Accumulate returns dst[i] + sum_j w[j] * src[j*d+i] for j < k.
+func Accumulate(dst, src, w []float64, k, d int) []float64 {
+	y := append([]float64(nil), dst...)
+	for j := 0; j < k; j++ {
+		for i := 0; i < d; i++ {
+			y[i] += w[j] * src[j*d+i]
+		}
+	}
+	return y
+}
+
+// Embed returns table rows ids[t] (each d long).
+func Embed(table []float64, ids []int, d int) []float64 {
+	y := make([]float64, 0, len(ids)*d)
+	for _, id := range ids {
+		y = append(y, table[id*d:(id+1)*d]...)
+	}
+	return y
+}
+
+// Argmax returns the index of the largest value (the lowest such index;
+// NaNs are skipped).
+func Argmax(x []float64) int {
+	best, bi := math.Inf(-1), 0
+	for i, v := range x {
+		if v > best {
+			best, bi = v, i
+		}
+	}
+	return bi
+}
+
+// TopP samples from the nucleus of softmax(logits/temperature): the kept set
+// is every token whose probability is at least t*, the largest probability
+// such that the tokens at or above it hold at least topP of the mass (ties
+// kept together). u in [0, 1) picks, in token order, the first kept token
+// whose cumulative kept probability reaches u times the kept mass.
+//
+// Margin is how far the decision is from flipping: the smaller of the
+// distance of the kept mass's boundary from topP and the distance of u's
+// target from the nearest cumulative boundary, both as probability mass.
+// Tests skip cases whose margin is below float32 rounding.
+func TopP(logits []float64, temperature, topP, u float64) (token int, margin float64) {
+	n := len(logits)
+	p := make([]float64, n)
+	m := math.Inf(-1)
+	for _, v := range logits {
+		m = math.Max(m, v/temperature)
+	}
+	var z float64
+	for i, v := range logits {
+		p[i] = math.Exp(v/temperature - m)
+		z += p[i]
+	}
+	for i := range p {
+		p[i] /= z
+	}
+	sorted := append([]float64(nil), p...)
+	sort.Sort(sort.Reverse(sort.Float64Slice(sorted)))
+	var cum, t float64
+	margin = math.Inf(1)
+	for i, v := range sorted {
+		cum += v
+		if cum >= topP && (i+1 == n || sorted[i+1] != v) {
+			t = v
+			margin = math.Min(cum-topP, topP-(cum-v))
+			break
+		}
+	}
+	var mass float64
+	for _, v := range p {
+		if v >= t {
+			mass += v
+		}
+	}
+	target := u * mass
+	cum = 0
+	last := 0
+	for i, v := range p {
+		if v < t {
+			continue
+		}
+		last = i
+		prev := cum
+		cum += v
+		if cum >= target {
+			margin = math.Min(margin, math.Min(target-prev, cum-target))
+			return i, margin
+		}
+	}
+	return last, 0
+}
+
+// Tol is a tolerance: |got - want| <= Abs + Rel * scale, where scale is
+// |want| or, for dot products, sum |w*x| (see MatMul's mag).
+type Tol struct{ Abs, Rel float64 }
+
+// Op names a kernel family for Tolerance.
+type Op string
+
+const (
+	OpDequant   Op = "dequant"     // Q4_K -> f32: GGML's formula; FMA contraction allowed
+	OpDequantF  Op = "dequant_f16" // Q4_K -> f16: one f16 rounding
+	OpMatMul    Op = "matmul"      // f32 accumulation; scale = sum |w*x|
+	OpRMSNorm   Op = "rmsnorm"
+	OpSoftmax   Op = "softmax"
+	OpRope      Op = "rope" // plus PosTol per unit of position (f32 angle)
+	OpAttention Op = "attention"
+	OpRoute     Op = "route" // weights; ids must match exactly
+	OpSwiGLU    Op = "swiglu"
+	OpAccum     Op = "accumulate"
+	OpEmbed     Op = "embed" // exact (a copy; f16 and q4k widen exactly)
+)
+
+// Tolerance returns the tolerance the differential tests use for op: a
+// float32 kernel against the float64 reference. They are a few times the
+// worst error seen on lavapipe and the H100, well below any bug's error.
+func Tolerance(op Op) Tol {
+	switch op {
+	case OpDequant:
+		return Tol{Abs: 0, Rel: 1.2e-7} // one float32 rounding of d1*q (FMA)
+	case OpDequantF:
+		return Tol{Abs: 6e-8, Rel: 4.9e-4} // f16 rounding (2^-11)
+	case OpMatMul:
+		return Tol{Abs: 1e-30, Rel: 2e-6}
+	case OpRMSNorm:
+		return Tol{Abs: 1e-30, Rel: 2e-6}
+	case OpSoftmax:
+		return Tol{Abs: 1e-9, Rel: 2e-6}
+	case OpRope:
+		return Tol{Abs: 1e-6, Rel: 2e-6}
+	case OpAttention:
+		return Tol{Abs: 1e-6, Rel: 1e-5}
+	case OpRoute:
+		return Tol{Abs: 1e-6, Rel: 1e-5}
+	case OpSwiGLU:
+		return Tol{Abs: 1e-30, Rel: 2e-6}
+	case OpAccum:
+		return Tol{Abs: 1e-30, Rel: 2e-6}
+	case OpEmbed:
+		return Tol{}
+	}
+	return Tol{Abs: math.Inf(1)}
+}
+
+// RopePosTol is the extra relative error RoPE may have per unit of
+// position: the float32 product pos*freq is rounded (2^-24 relative), and
+// the angle error grows with it.
+const RopePosTol = 1.2e-7
+
+// ErrMismatch: a kernel's output differs from the reference beyond the
+// tolerance.
+var ErrMismatch = errors.New("ref: mismatch")
+
+// Compare checks got against want elementwise: |got-want| <= tol.Abs +
+// tol.Rel*scale_i with scale_i = max(|want_i|, scales[i]) (scales may be
+// nil). NaN never passes. The error names the first bad element.
+func Compare(got []float32, want []float64, scales []float64, tol Tol) error {
+	if len(got) != len(want) {
+		return fmt.Errorf("%w: got %d values; want %d", ErrMismatch, len(got), len(want))
+	}
+	bad, worst, worstAt := 0, 0.0, -1
+	for i, g := range got {
+		s := math.Abs(want[i])
+		if scales != nil {
+			s = math.Max(s, scales[i])
+		}
+		diff := math.Abs(float64(g) - want[i])
+		allowed := tol.Abs + tol.Rel*s
+		if math.IsNaN(float64(g)) || diff > allowed {
+			bad++
+			r := diff / math.Max(allowed, 1e-300)
+			if math.IsNaN(r) || r > worst || worstAt < 0 {
+				worst, worstAt = r, i
+			}
+		}
+	}
+	if bad > 0 {
+		i := worstAt
+		return fmt.Errorf("%w: %d of %d elements off; worst at %d: got %v; want %v (|diff| %.3g, %.3gx the tolerance)",
+			ErrMismatch, bad, len(got), i, got[i], want[i], math.Abs(float64(got[i])-want[i]), worst)
+	}
+	return nil
+}

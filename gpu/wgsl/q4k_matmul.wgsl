@@ -1,0 +1,265 @@
+// Fused Q4_K matrix-vector (TOK = 1) or small-batch matrix product:
+// y[t][r] = sum_k W[r][k] * x[t][k] with W in GGML block_q4_K rows.
+//
+// Layout of the work: 8 threads share a block (thread c reads the 16 quant
+// bytes 16c..16c+15: sub-blocks 2(c/2) and 2(c/2)+1, weights 16(c%2)..+15 of
+// each), SPR block slots make a row group that strides over the row's
+// blocks, and each thread of a row group handles ROWS rows with the same x
+// (x is read once per ROWS rows). A workgroup of WG threads holds
+// WG/8/SPR row groups. Partial sums meet in a tree over the row group's
+// 8*SPR threads. The Go side (DefaultQ4KConfig) picks the constants per
+// shape; on an H100 few slots and 8 rows per thread won, because each
+// thread then keeps many independent loads in flight.
+//
+// Constants: ROWS rows per thread; TOK tokens per workgroup (1: the
+// matrix-vector path); WG threads per workgroup; PIPE 1 issues the next
+// block's loads before this block's arithmetic; POS 1 decodes nibbles with
+// the positional trick (see quad), 0 with shifts; CONV 1 converts small
+// integers to float with the 2^23 trick, 0 with conversion instructions.
+
+struct Params {
+  rows: u32,     // output rows
+  nb: u32,       // blocks per row (cols / 256)
+  spr: u32,      // block slots per row group (power of two, <= 32)
+  n: u32,        // tokens
+  gx: u32,       // workgroups along x (2-D grids for many rows)
+}
+
+@group(0) @binding(0) var<storage, read> w: array<vec4<u32>>;
+@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read_write> y: array<f32>;
+@group(1) @binding(0) var<uniform> p: Params;
+
+override ROWS: u32 = 2u;
+override TOK: u32 = 1u;
+override CONV: u32 = 1u;
+override PIPE: u32 = 0u;
+override POS: u32 = 1u; // positional nibble trick (see quad)
+override WG: u32 = 256u; // threads per workgroup (64, 128 or 256)
+
+const RT: u32 = ROWS * TOK; // accumulators per thread
+const RED: u32 = WG * RT;
+var<workgroup> red: array<f32, RED>;
+
+// Sub-block scales and mins. Thread c needs sub-blocks 2j and 2j+1
+// (j = c/2) of every block, so the byte positions are per-thread constants
+// (sel), and get_scale_min_k4 becomes two shift-and-mask pairs per value:
+//   j < 2:  sc = Y >> 8i & 63               m = Z >> 8i & 63
+//   j >= 2: sc = W >> 8k & 15 | Y >> 8k+2 & 0x30
+//           m  = W >> 8k+4 & 15 | Z >> 8k+2 & 0x30      (k = i - 4)
+// with Y, Z, W the header words holding scale bytes 0-3, 4-7, 8-11.
+struct Sel {
+  lo: bool,       // j < 2
+  s_sc: u32,      // shift of the low part of the scale
+  s_m: u32,       // shift of the low part of the min
+  mask: u32,      // 63 or 15
+  s_hi: u32,      // shift of the two high bits (j >= 2)
+  m_hi: u32,      // 0 or 0x30
+}
+
+fn selector(j: u32) -> Sel {
+  let lo = j < 2u;
+  let i = 2u * j;          // first sub-block
+  let k = (i - 4u) & 7u;   // its index among sub-blocks 4..7
+  var s: Sel;
+  s.lo = lo;
+  s.s_sc = select(8u * k, 8u * i, lo);
+  s.s_m = select(8u * k + 4u, 8u * i, lo);
+  s.mask = select(15u, 63u, lo);
+  s.s_hi = select(8u * k + 2u, 0u, lo);
+  s.m_hi = select(0x30u, 0u, lo);
+  return s;
+}
+
+// scales returns (sc0, sc1, m0, m1) of sub-blocks 2j and 2j+1 as floats.
+fn scales(h: vec4<u32>, s: Sel) -> vec4<f32> {
+  let a_sc = select(h.w, h.y, s.lo);
+  let a_m = select(h.w, h.z, s.lo);
+  let sc0 = ((a_sc >> s.s_sc) & s.mask) | ((h.y >> s.s_hi) & s.m_hi);
+  let sc1 = ((a_sc >> (s.s_sc + 8u)) & s.mask) | ((h.y >> (s.s_hi + 8u)) & s.m_hi);
+  let m0 = ((a_m >> s.s_m) & s.mask) | ((h.z >> s.s_hi) & s.m_hi);
+  let m1 = ((a_m >> (s.s_m + 8u)) & s.mask) | ((h.z >> (s.s_hi + 8u)) & s.m_hi);
+  return tofloat(vec4<u32>(sc0, sc1, m0, m1));
+}
+
+// tofloat converts small integers (< 2^23) to f32 exactly. CONV 1 uses
+// f32(2^23 + v) - 2^23 (an OR and an add, full-rate ALU) instead of
+// integer-to-float conversions, which issue at a quarter rate or less on
+// NVIDIA GPUs.
+fn tofloat(v: vec4<u32>) -> vec4<f32> {
+  if (CONV == 1u) {
+    return bitcast<vec4<f32>>(v | vec4<u32>(0x4b000000u)) - vec4<f32>(8388608.0);
+  }
+  return vec4<f32>(v);
+}
+
+// quad returns the four low nibbles of the bytes of w, each scaled by the
+// power of two its position implies: (q0, 256 q1, 65536 q2, 65536 q3).
+// The x values they multiply are pre-scaled by (1, 2^-8, 2^-16, 2^-16), so
+// each product equals q*x exactly (powers of two scale exactly) while the
+// nibbles need no shifts.
+fn quad(w: u32) -> vec4<f32> {
+  if (POS == 0u) {
+    // Plain nibbles (no positional scaling; x is used unscaled).
+    let u = vec4<u32>(w, w >> 8u, w >> 16u, w >> 24u) & vec4<u32>(0xfu);
+    if (CONV == 1u) {
+      return bitcast<vec4<f32>>(u | vec4<u32>(0x4b000000u)) - vec4<f32>(8388608.0);
+    }
+    return vec4<f32>(u);
+  }
+  let v = vec4<u32>(w, w, w, w >> 8u) & vec4<u32>(0xfu, 0xf00u, 0xf0000u, 0xf0000u);
+  if (CONV == 1u) {
+    return bitcast<vec4<f32>>(v | vec4<u32>(0x4b000000u)) - vec4<f32>(8388608.0);
+  }
+  return vec4<f32>(v);
+}
+
+// load_x returns the 32 x values of a thread's quant bytes: 4 vec4 from
+// o (low nibbles) and 4 from o + 8 (high nibbles, 32 weights later).
+fn load_x(o: u32) -> array<vec4<f32>, 8> {
+  return array<vec4<f32>, 8>(x[o], x[o + 1u], x[o + 2u], x[o + 3u], x[o + 8u], x[o + 9u], x[o + 10u], x[o + 11u]);
+}
+
+// With POS 0 the scale is 1: f32(POS) picks 2^-8k or 1 per lane.
+const XS: vec4<f32> = vec4<f32>(1.0, 1.0 - f32(POS) * 0.99609375, 1.0 - f32(POS) * 0.9999847412109375, 1.0 - f32(POS) * 0.9999847412109375);
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+  let wg = wid.x + wid.y * p.gx;
+  let c = tid & 7u;
+  let slot = (tid >> 3u) & (p.spr - 1u);
+  let grp = (tid >> 3u) / p.spr;
+  let row0 = (wg * ((WG / 8u) / p.spr) + grp) * ROWS;
+  let tok0 = wid.z * TOK;
+  let j = c >> 1u;          // quant byte group: sub-blocks 2j (low), 2j+1 (high)
+  let half = c & 1u;
+  let sel = selector(j);
+  let cols4 = p.nb * 64u;   // x stride per token in vec4
+
+  var acc: array<f32, RT>;
+  for (var i = 0u; i < RT; i++) {
+    acc[i] = 0.0;
+  }
+  var pre_x: array<vec4<f32>, 8>;
+  var pre_h: array<vec4<u32>, ROWS>;
+  var pre_q: array<vec4<u32>, ROWS>;
+
+  for (var b = slot; b < p.nb; b += p.spr) {
+    let xb = b * 64u + j * 16u + half * 4u; // this thread's first low x (vec4)
+    if (TOK == 1u) {
+      // Matrix-vector: load the 32 x values once, reuse them for ROWS rows.
+      // With PIPE, the next block's loads are issued before this block's
+      // arithmetic (software pipelining: more bytes in flight per thread).
+      if (PIPE == 1u && b == slot) {
+        pre_x = load_x(xb);
+        for (var r = 0u; r < ROWS; r++) {
+          let blk = (min(row0 + r, p.rows - 1u) * p.nb + b) * 9u;
+          pre_h[r] = w[blk];
+          pre_q[r] = w[blk + 1u + c];
+        }
+      }
+      var xs: array<vec4<f32>, 8>;
+      var hs: array<vec4<u32>, ROWS>;
+      var qs: array<vec4<u32>, ROWS>;
+      if (PIPE == 1u) {
+        xs = pre_x;
+        hs = pre_h;
+        qs = pre_q;
+        let bn = min(b + p.spr, p.nb - 1u);
+        pre_x = load_x(bn * 64u + j * 16u + half * 4u);
+        for (var r = 0u; r < ROWS; r++) {
+          let blk = (min(row0 + r, p.rows - 1u) * p.nb + bn) * 9u;
+          pre_h[r] = w[blk];
+          pre_q[r] = w[blk + 1u + c];
+        }
+      } else {
+        xs = load_x(xb);
+        for (var r = 0u; r < ROWS; r++) {
+          let blk = (min(row0 + r, p.rows - 1u) * p.nb + b) * 9u;
+          hs[r] = w[blk];
+          qs[r] = w[blk + 1u + c];
+        }
+      }
+      let sv = xs[0] + xs[1] + xs[2] + xs[3];
+      let hv = xs[4] + xs[5] + xs[6] + xs[7];
+      let xsum = vec2<f32>(sv.x + sv.y + sv.z + sv.w, hv.x + hv.y + hv.z + hv.w);
+      let a0 = xs[0] * XS;
+      let a1 = xs[1] * XS;
+      let a2 = xs[2] * XS;
+      let a3 = xs[3] * XS;
+      let b0 = xs[4] * XS;
+      let b1 = xs[5] * XS;
+      let b2 = xs[6] * XS;
+      let b3 = xs[7] * XS;
+      for (var r = 0u; r < ROWS; r++) {
+        let h = hs[r];
+        let q = qs[r];
+        let dm = unpack2x16float(h.x);
+        let sm = scales(h, sel);
+        let dl = dot(quad(q.x), a0) + dot(quad(q.y), a1) + dot(quad(q.z), a2) + dot(quad(q.w), a3);
+        let dh = dot(quad(q.x >> 4u), b0) + dot(quad(q.y >> 4u), b1) + dot(quad(q.z >> 4u), b2) + dot(quad(q.w >> 4u), b3);
+        acc[r] += dm.x * (sm.x * dl + sm.y * dh) - dm.y * dot(sm.zw, xsum);
+      }
+    } else {
+      // Small batch: dequantize factors once per row, stream each token's x.
+      for (var r = 0u; r < ROWS; r++) {
+        let row = min(row0 + r, p.rows - 1u);
+        let blk = (row * p.nb + b) * 9u;
+        let h = w[blk];
+        let q = w[blk + 1u + c];
+        let dm = unpack2x16float(h.x);
+        let sm = scales(h, sel);
+        let l0 = quad(q.x);
+        let l1 = quad(q.y);
+        let l2 = quad(q.z);
+        let l3 = quad(q.w);
+        let h0 = quad(q.x >> 4u);
+        let h1 = quad(q.y >> 4u);
+        let h2 = quad(q.z >> 4u);
+        let h3 = quad(q.w >> 4u);
+        for (var t = 0u; t < TOK; t++) {
+          let o = min(tok0 + t, p.n - 1u) * cols4 + xb;
+          let a0 = x[o];
+          let a1 = x[o + 1u];
+          let a2 = x[o + 2u];
+          let a3 = x[o + 3u];
+          let b0 = x[o + 8u];
+          let b1 = x[o + 9u];
+          let b2 = x[o + 10u];
+          let b3 = x[o + 11u];
+          let sv = a0 + a1 + a2 + a3;
+          let hv = b0 + b1 + b2 + b3;
+          let dl = dot(l0, a0 * XS) + dot(l1, a1 * XS) + dot(l2, a2 * XS) + dot(l3, a3 * XS);
+          let dh = dot(h0, b0 * XS) + dot(h1, b1 * XS) + dot(h2, b2 * XS) + dot(h3, b3 * XS);
+          let xsum = vec2<f32>(sv.x + sv.y + sv.z + sv.w, hv.x + hv.y + hv.z + hv.w);
+          acc[r * TOK + t] += dm.x * (sm.x * dl + sm.y * dh) - dm.y * dot(sm.zw, xsum);
+        }
+      }
+    }
+  }
+
+  // Reduce over the row group's 8 * spr threads.
+  let seg = 8u * p.spr;
+  for (var i = 0u; i < RT; i++) {
+    red[i * WG + tid] = acc[i];
+  }
+  for (var s = seg >> 1u; s > 0u; s >>= 1u) {
+    workgroupBarrier();
+    if ((tid & (seg - 1u)) < s) {
+      for (var i = 0u; i < RT; i++) {
+        red[i * WG + tid] += red[i * WG + tid + s];
+      }
+    }
+  }
+  if ((tid & (seg - 1u)) == 0u) {
+    for (var r = 0u; r < ROWS; r++) {
+      let row = row0 + r;
+      for (var t = 0u; t < TOK; t++) {
+        let tt = tok0 + t;
+        if (row < p.rows && tt < p.n) {
+          y[tt * p.rows + row] = red[(r * TOK + t) * WG + tid];
+        }
+      }
+    }
+  }
+}

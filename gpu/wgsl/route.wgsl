@@ -1,0 +1,153 @@
+// Top-k expert routing, one workgroup per token.
+// mode 0 (Mixtral): select the k largest logits; weights = softmax over them.
+// mode 1 (DeepSeek-V3): s = sigmoid(logit); select by s + bias (when
+// has_bias), first keeping only the topk_group groups whose two best
+// selection scores sum highest (when groups > 1); weights = s / sum(s) *
+// scale. Ties go to the lower index. Outputs ids [n_tok][k] (u32) and
+// weights [n_tok][k]. n_exp <= 1024, groups <= 64, k <= 32.
+
+struct Params {
+  n_tok: u32,
+  n_exp: u32,
+  k: u32,
+  mode: u32,
+  groups: u32,
+  topk_group: u32,
+  scale: f32,
+  has_bias: u32,
+}
+
+@group(0) @binding(0) var<storage, read> logits: array<f32>;
+@group(0) @binding(1) var<storage, read> bias: array<f32>;
+@group(0) @binding(2) var<storage, read_write> ids: array<u32>;
+@group(0) @binding(3) var<storage, read_write> weights: array<f32>;
+@group(1) @binding(0) var<uniform> p: Params;
+
+const WG: u32 = 256u;
+const MAXE: u32 = 1024u;
+const NEG: f32 = -3.0e38;
+var<workgroup> sel: array<f32, MAXE>;
+var<workgroup> base: array<f32, MAXE>;
+var<workgroup> rv: array<f32, WG>;
+var<workgroup> ri: array<u32, WG>;
+var<workgroup> gscore: array<f32, 64>;
+var<workgroup> gkeep: array<u32, 64>;
+var<workgroup> chosen: array<u32, 32>;
+
+fn better(v: f32, i: u32, bv: f32, bi: u32) -> bool {
+  return v > bv || (v == bv && i < bi);
+}
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+  let tok = wid.x + wid.y * 65535u;
+  if (tok >= p.n_tok) {
+    return;
+  }
+  for (var e = tid; e < p.n_exp; e += WG) {
+    let l = logits[tok * p.n_exp + e];
+    if (p.mode == 1u) {
+      let s = 1.0 / (1.0 + exp(-l));
+      base[e] = s;
+      var b = 0.0;
+      if (p.has_bias == 1u) {
+        b = bias[e];
+      }
+      sel[e] = s + b;
+    } else {
+      base[e] = l;
+      sel[e] = l;
+    }
+  }
+  workgroupBarrier();
+  if (p.mode == 1u && p.groups > 1u) {
+    let gs = p.n_exp / p.groups;
+    if (tid < p.groups) {
+      var b1 = NEG;
+      var b2 = NEG;
+      for (var i = 0u; i < gs; i++) {
+        let v = sel[tid * gs + i];
+        if (v > b1) {
+          b2 = b1;
+          b1 = v;
+        } else if (v > b2) {
+          b2 = v;
+        }
+      }
+      gscore[tid] = b1 + b2;
+      gkeep[tid] = 0u;
+    }
+    workgroupBarrier();
+    if (tid == 0u) {
+      for (var j = 0u; j < p.topk_group; j++) {
+        var bv = NEG;
+        var bi = 0u;
+        var found = false;
+        for (var g = 0u; g < p.groups; g++) {
+          if (gkeep[g] == 0u && (!found || gscore[g] > bv)) {
+            bv = gscore[g];
+            bi = g;
+            found = true;
+          }
+        }
+        gkeep[bi] = 1u;
+      }
+    }
+    workgroupBarrier();
+    for (var e = tid; e < p.n_exp; e += WG) {
+      if (gkeep[e / gs] == 0u) {
+        sel[e] = NEG;
+      }
+    }
+    workgroupBarrier();
+  }
+  for (var j = 0u; j < p.k; j++) {
+    var bv = NEG;
+    var bi = 0xffffffffu;
+    for (var e = tid; e < p.n_exp; e += WG) {
+      if (bi == 0xffffffffu || better(sel[e], e, bv, bi)) {
+        bv = sel[e];
+        bi = e;
+      }
+    }
+    rv[tid] = bv;
+    ri[tid] = bi;
+    for (var s = WG >> 1u; s > 0u; s >>= 1u) {
+      workgroupBarrier();
+      if (tid < s) {
+        let ov = rv[tid + s];
+        let oi = ri[tid + s];
+        if (oi != 0xffffffffu && (ri[tid] == 0xffffffffu || better(ov, oi, rv[tid], ri[tid]))) {
+          rv[tid] = ov;
+          ri[tid] = oi;
+        }
+      }
+    }
+    workgroupBarrier();
+    if (tid == 0u) {
+      chosen[j] = ri[0];
+      sel[ri[0]] = -3.4e38; // taken: below every candidate, masked ones included
+    }
+    workgroupBarrier();
+  }
+  if (tid == 0u) {
+    var sum = 0.0;
+    let m = base[chosen[0]];
+    for (var j = 0u; j < p.k; j++) {
+      if (p.mode == 1u) {
+        sum += base[chosen[j]];
+      } else {
+        sum += exp(base[chosen[j]] - m);
+      }
+    }
+    for (var j = 0u; j < p.k; j++) {
+      let c = chosen[j];
+      ids[tok * p.k + j] = c;
+      if (p.mode == 1u) {
+        weights[tok * p.k + j] = base[c] / sum * p.scale;
+      } else {
+        weights[tok * p.k + j] = exp(base[c] - m) / sum;
+      }
+    }
+  }
+}
