@@ -3,6 +3,7 @@ package gpu
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"sort"
 	"strings"
 
@@ -167,4 +168,16 @@ func ListAdapters(ctx context.Context, o Options) ([]AdapterInfo, error) {
 		return nil, fmt.Errorf("%w: backend %s, adapter %q", ErrNoAdapter, o.Backend, o.Adapter)
 	}
 	return out, nil
+}
+
+// SetNativeLogLevel sets which of wgpu-native's own messages reach stderr:
+// its warnings (mostly about windowing, irrelevant headless) only at
+// slog.LevelDebug and below, else only its errors. The setting is
+// process-wide, as wgpu-native's logger is.
+func SetNativeLogLevel(l slog.Level) {
+	if l <= slog.LevelDebug {
+		wgpu.SetLogLevel(wgpu.LogLevelWarn)
+		return
+	}
+	wgpu.SetLogLevel(wgpu.LogLevelError)
 }

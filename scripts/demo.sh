@@ -53,7 +53,11 @@ run $peer ls
 kill $daemon; wait $daemon 2>/dev/null || true
 export RDRR_HOME=$work/home
 
-step "7. Garbage-collect what is no longer pinned"
+step "7. The GPU: adapters, then the built-in kernels checked against their CPU references (lavapipe without a GPU)"
+run $peer gpu info
+run $peer gpu selftest
+
+step "8. Garbage-collect what is no longer pinned"
 run $peer unpin "$cid"
 run $peer gc
 

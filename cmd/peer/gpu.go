@@ -3,6 +3,9 @@ package main
 import (
 	"fmt"
 	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"text/tabwriter"
 
@@ -15,6 +18,12 @@ func gpuCommands(a *app) []*cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "gpu",
 		Short: "GPU adapters and a self-test of the built-in kernels",
+		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
+			if err := a.setup(cmd); err != nil {
+				return err
+			}
+			return a.gpuEnv()
+		},
 	}
 	cmd.AddCommand(gpuInfoCmd(a), gpuSelfTestCmd(a))
 	return []*cobra.Command{cmd}
@@ -101,4 +110,21 @@ func ok(b bool) string {
 		return "ok"
 	}
 	return "FAILED"
+}
+
+// gpuEnv prepares the process for the GPU: wgpu-native's log level follows
+// --log-level, and Mesa's drivers get the writable XDG_RUNTIME_DIR they
+// complain about when it is unset.
+func (a *app) gpuEnv() error {
+	var level slog.Level
+	level.UnmarshalText([]byte(a.logLevel))
+	gpu.SetNativeLogLevel(level)
+	if os.Getenv("XDG_RUNTIME_DIR") == "" {
+		dir := filepath.Join(os.TempDir(), fmt.Sprintf("rdrr-xdg-%d", os.Getuid()))
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return err
+		}
+		os.Setenv("XDG_RUNTIME_DIR", dir)
+	}
+	return nil
 }
