@@ -76,22 +76,33 @@ func (w *putFile) run() {
 // put stores r; flags are extra record flags (collection) and links the
 // children it refers to, indexed in the same transaction.
 func (s *Store) put(ctx context.Context, r io.Reader, flags uint32, links []CID) (Info, error) {
-	if err := s.checkOpen(); err != nil {
+	st, err := s.stage(ctx, r)
+	if err != nil {
 		return Info{}, err
+	}
+	return st.commit(flags, links)
+}
+
+// staged is a blob written to a temporary file and hashed, not yet durable
+// or indexed.
+type staged struct {
+	s    *Store
+	f    *os.File
+	cid  CID
+	size int64
+	ob   []byte
+}
+
+// stage reads r once, hashing it on this goroutine while another writes it
+// to a temporary file.
+func (s *Store) stage(ctx context.Context, r io.Reader) (*staged, error) {
+	if err := s.checkOpen(); err != nil {
+		return nil, err
 	}
 	f, err := os.CreateTemp(filepath.Join(s.dir, dirTmp), "put-*")
 	if err != nil {
-		return Info{}, fmt.Errorf("put: %w", err)
+		return nil, fmt.Errorf("put: %w", err)
 	}
-	tmp := f.Name()
-	keep := false
-	defer func() {
-		if !keep {
-			f.Close()
-			os.Remove(tmp)
-		}
-	}()
-
 	var enc bao.Encoder
 	w := newPutFile(f, s.opt.NoSync)
 	var rerr error
@@ -122,23 +133,35 @@ func (s *Store) put(ctx context.Context, r io.Reader, flags uint32, links []CID)
 	}
 	close(w.ch)
 	werr := <-w.done
-	if rerr != io.EOF {
-		return Info{}, rerr
-	}
-	if werr != nil {
-		return Info{}, fmt.Errorf("put: %w", werr)
+	st := &staged{s: s, f: f, size: enc.Size()}
+	switch {
+	case rerr != io.EOF:
+		st.discard()
+		return nil, rerr
+	case werr != nil:
+		st.discard()
+		return nil, fmt.Errorf("put: %w", werr)
 	}
 	root, ob := enc.Sum(nil)
-	c := CID(root)
-	if err := s.syncFile(f); err != nil {
+	st.cid, st.ob = CID(root), ob
+	return st, nil
+}
+
+func (st *staged) discard() {
+	st.f.Close()
+	os.Remove(st.f.Name())
+}
+
+// commit makes the staged blob durable and indexes it.
+func (st *staged) commit(flags uint32, links []CID) (Info, error) {
+	defer st.discard() // no-op once renamed
+	if err := st.s.syncFile(st.f); err != nil {
 		return Info{}, fmt.Errorf("put: sync: %w", err)
 	}
-	if err := f.Close(); err != nil {
+	if err := st.f.Close(); err != nil {
 		return Info{}, fmt.Errorf("put: %w", err)
 	}
-	keep = true
-	defer os.Remove(tmp) // no-op once renamed
-	return s.commitBlob(c, enc.Size(), tmp, ob, flags, links)
+	return st.s.commitBlob(st.cid, st.size, st.f.Name(), st.ob, flags, links)
 }
 
 // commitBlob publishes a verified blob: it writes the outboard, renames the
