@@ -6,7 +6,6 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/rdrr/peer/cas"
 	"github.com/rdrr/peer/signaling"
+	"github.com/rdrr/peer/signaling/signalingtest"
 	"github.com/rdrr/peer/swarm"
 )
 
@@ -117,16 +117,10 @@ func (w tWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// startSignal runs a signaling server in this process on 127.0.0.1.
+// startSignal runs a signaling server on 127.0.0.1 for the test.
 func startSignal(t testing.TB) string {
 	t.Helper()
-	s := signaling.NewServer(signaling.Config{})
-	hs := httptest.NewServer(s)
-	t.Cleanup(func() {
-		s.Close()
-		hs.Close()
-	})
-	return "ws" + strings.TrimPrefix(hs.URL, "http") + signaling.Path
+	return signalingtest.Start(t, signaling.Config{})
 }
 
 // writeRandomFile writes size deterministic pseudo-random bytes to a file.

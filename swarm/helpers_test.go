@@ -5,7 +5,6 @@ import (
 	"context"
 	"log/slog"
 	"math/rand/v2"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/rdrr/peer/cas"
 	"github.com/rdrr/peer/signaling"
+	"github.com/rdrr/peer/signaling/signalingtest"
 )
 
 // testLogger logs to the test at warn level (RDRR_TEST_DEBUG=1: debug).
@@ -35,13 +35,7 @@ func (w tWriter) Write(p []byte) (int, error) {
 // startSignal runs a signaling server on 127.0.0.1 for the test.
 func startSignal(t testing.TB) string {
 	t.Helper()
-	s := signaling.NewServer(signaling.Config{})
-	hs := httptest.NewServer(s)
-	t.Cleanup(func() {
-		s.Close()
-		hs.Close()
-	})
-	return "ws" + strings.TrimPrefix(hs.URL, "http") + signaling.Path
+	return signalingtest.Start(t, signaling.Config{})
 }
 
 type testNode struct {

@@ -1,0 +1,24 @@
+// Package signalingtest runs signaling servers for tests, as httptest does
+// for HTTP servers.
+package signalingtest
+
+import (
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/rdrr/peer/signaling"
+)
+
+// Start runs a signaling server with cfg on 127.0.0.1 until the test ends
+// and returns its WebSocket URL.
+func Start(t testing.TB, cfg signaling.Config) string {
+	t.Helper()
+	s := signaling.NewServer(cfg)
+	hs := httptest.NewServer(s)
+	t.Cleanup(func() {
+		s.Close()
+		hs.Close()
+	})
+	return "ws" + strings.TrimPrefix(hs.URL, "http") + signaling.Path
+}
