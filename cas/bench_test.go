@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	zeebo "github.com/zeebo/blake3"
 	"github.com/rdrr/peer/cas/bao"
+	zeebo "github.com/zeebo/blake3"
 )
 
 // BenchmarkStore measures, on the same bytes in one run: raw single-core

@@ -526,4 +526,3 @@ func scrubCmd(a *app) *cobra.Command {
 	cmd.Flags().StringVar(&rateFlag, "rate", "200MiB/s", "read at most this many bytes per second (0: no limit)")
 	return cmd
 }
-
