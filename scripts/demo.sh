@@ -39,7 +39,7 @@ step "6. A swarm on loopback: this peer seeds (daemon with an embedded signaling
 port=$((20000 + RANDOM % 20000))
 RDRR_HOME=$RDRR_HOME $peer daemon --signal-listen 127.0.0.1:$port --log-level warn > "$work/daemon.log" 2>&1 &
 daemon=$!
-trap 'kill $daemon 2>/dev/null; cleanup' EXIT
+trap 'kill $daemon 2>/dev/null || true; cleanup' EXIT
 for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null && break; sleep 0.1; done
 sleep 1 # the seeder signs in to its own signaling server
 export RDRR_HOME=$work/home2
