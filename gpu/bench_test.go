@@ -88,8 +88,8 @@ func BenchmarkGPU(b *testing.B) {
 				}
 			}
 			for _, wg := range []int{64, 128, 256} {
-				for _, spr := range []int{2, 4, 8} {
-					for _, rw := range []int{2, 4, 8} {
+				for _, spr := range []int{1, 2, 4, 8} {
+					for _, rw := range []int{1, 2, 4, 8} {
 						for _, pipe := range []bool{false, true} {
 							cfg := Q4KConfig{SPR: spr, Rows: rw, WG: wg, Pipeline: pipe}
 							b.Run(fmt.Sprintf("q4k_sweep/%dx%d/wg%d-spr%d-rows%d-pipe%v", rows, cols, wg, spr, rw, pipe), func(b *testing.B) {
