@@ -69,6 +69,12 @@ func BenchmarkGPU(b *testing.B) {
 		b.Run(fmt.Sprintf("q4k_matvec/%dx%d", rows, cols), func(b *testing.B) {
 			report(b, m.q4kMatVec(b, rows, cols, 1, DefaultQ4KConfig(rows, cols, 1)))
 		})
+		// The same products as an MoE layer runs them: 8 experts' products
+		// in one dispatch (down projections read each expert's own x;
+		// gate and up share the layer's x).
+		b.Run(fmt.Sprintf("q4k_matvec_group8/%dx%d", rows, cols), func(b *testing.B) {
+			report(b, m.q4kGroup(b, rows, cols, 8, rows < cols, DefaultQ4KConfig(8*rows, cols, 1)))
+		})
 		// The throughput-tuned alternative (see DefaultQ4KConfig).
 		alt := Q4KConfig{WG: 64, SPR: 2, Rows: 8, Pipeline: true}
 		b.Run(fmt.Sprintf("q4k_matvec_spr2/%dx%d", rows, cols), func(b *testing.B) {
@@ -85,6 +91,16 @@ func BenchmarkGPU(b *testing.B) {
 					b.Run(fmt.Sprintf("q4k_mathonly/%dx%d/spr%d-rows%d", rows, cols, cfg.SPR, cfg.Rows), func(b *testing.B) {
 						report(b, m.q4kMathOnly(b, rows, cols, cfg))
 					})
+				}
+			}
+			for _, wg := range []int{64, 128, 256} {
+				for _, spr := range []int{1, 2, 4, 8} {
+					for _, rw := range []int{2, 4, 8} {
+						cfg := Q4KConfig{SPR: spr, Rows: rw, WG: wg, Pipeline: true}
+						b.Run(fmt.Sprintf("q4k_group8_sweep/%dx%d/wg%d-spr%d-rows%d", rows, cols, wg, spr, rw), func(b *testing.B) {
+							report(b, m.q4kGroup(b, rows, cols, 8, rows < cols, cfg))
+						})
+					}
 				}
 			}
 			for _, wg := range []int{64, 128, 256} {
@@ -321,6 +337,52 @@ func (m *meter) q4kMatVec(b *testing.B, rows, cols, n int, cfg Q4KConfig) result
 	})
 	serial := m.timeDispatches(b, func(bt *Batch, i int) error {
 		return m.k.Q4KMatMulWith(ctx, bt, cfg, ws[i%nw], x, ys[0], rows, cols, n)
+	})
+	return result{bw: bytes / per.Seconds(), serial: bytes / serial.Seconds(), per: per}
+}
+
+// q4kGroup times Q4KMatVecGroup: e products of rows x cols in one dispatch,
+// weights from two arenas of 15 slots (< 128 MiB each, the smallest storage
+// binding limit we run on) used alternately, so that a dispatch never
+// reads slots the previous one left in the L2.
+func (m *meter) q4kGroup(b *testing.B, rows, cols, e int, sharedX bool, cfg Q4KConfig) result {
+	ctx := context.Background()
+	wBytes := Q4K.Bytes(rows * cols)
+	nslots := min(15, int((128<<20)/wBytes))
+	if nslots < e {
+		b.Skipf("%d products of %d bytes do not fit a 128 MiB arena", e, wBytes)
+	}
+	blocks := benchQ4K(rows * cols / 256)
+	var arenas [2]*Buffer
+	for i := range arenas {
+		arenas[i] = m.alloc(b, uint64(nslots)*wBytes)
+		for s := range nslots {
+			if err := m.d.Upload(ctx, arenas[i].Sub(uint64(s)*wBytes, wBytes), blocks); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	nx := e
+	if sharedX {
+		nx = 1
+	}
+	x := m.alloc(b, uint64(nx*cols*4))
+	m.fill(b, x, uint64(nx*cols*4))
+	ys := m.outputs(b, uint64(e*rows*4))
+	slots := func(i int) []int {
+		out := make([]int, e)
+		for j := range out {
+			out[j] = (i*e + j) % nslots
+		}
+		return out
+	}
+	bytes := float64(e) * (float64(wBytes) + float64(rows*4))
+	bytes += float64(nx * cols * 4)
+	per := m.timeDispatches(b, func(bt *Batch, i int) error {
+		return m.k.Q4KMatVecGroupWith(ctx, bt, cfg, arenas[i%2], slots(i), x, sharedX, ys[i%len(ys)], rows, cols)
+	})
+	serial := m.timeDispatches(b, func(bt *Batch, i int) error {
+		return m.k.Q4KMatVecGroupWith(ctx, bt, cfg, arenas[i%2], slots(i), x, sharedX, ys[0], rows, cols)
 	})
 	return result{bw: bytes / per.Seconds(), serial: bytes / serial.Seconds(), per: per}
 }

@@ -146,6 +146,73 @@ func TestQ4KMatMul(t *testing.T) {
 	}
 }
 
+// A group of products in one dispatch equals each product on its own:
+// weights from arbitrary (repeated, unordered) arena slots, per-product or
+// shared x, awkward shapes.
+func TestQ4KMatVecGroup(t *testing.T) {
+	d, k := shared.d, shared.k
+	r := rng(t)
+	cases := []struct {
+		rows, cols int
+		slots      []int
+	}{
+		{1, 256, []int{0}},
+		{37, 512, []int{3, 0, 3, 4}},
+		{300, 2560, []int{1, 2}},
+		{5, 768, []int{4, 3, 2, 1, 0, 0, 1, 2, 3, 4, 4, 4, 0, 1, 2, 3}},
+	}
+	for _, c := range cases {
+		for _, sharedX := range []bool{false, true} {
+			for _, cfg := range []Q4KConfig{DefaultQ4KConfig(c.rows*len(c.slots), c.cols, 1), DefaultQ4KConfig(8*7168, 2048, 1), DefaultQ4KConfig(8*2048, 7168, 1), {SPR: 1, Rows: 1}} {
+				t.Run(fmt.Sprintf("%dx%d/%d/shared%v/%+v", c.rows, c.cols, len(c.slots), sharedX, cfg), func(t *testing.T) {
+					const nslots = 5
+					per := c.rows * c.cols / 256
+					arena := randQ4K(r, nslots*per)
+					nx := len(c.slots)
+					if sharedX {
+						nx = 1
+					}
+					x := randF32(r, nx*c.cols, 1)
+					var want, mag []float64
+					for e, s := range c.slots {
+						w64, err := ref.Q4K(arena[s*per*144 : (s+1)*per*144])
+						if err != nil {
+							t.Fatal(err)
+						}
+						xe := x
+						if !sharedX {
+							xe = x[e*c.cols : (e+1)*c.cols]
+						}
+						got, m := ref.MatMul(w64, ref.F32(xe), c.rows, c.cols, 1)
+						want = append(want, got...)
+						mag = append(mag, m...)
+					}
+					wb := upload(t, d, arena)
+					xb := uploadF32(t, d, x)
+					y := poisoned(t, d, len(c.slots)*c.rows*4)
+					run(t, d, func(b *Batch) error {
+						return k.Q4KMatVecGroupWith(ctxT(t), b, cfg, wb, c.slots, xb, sharedX, y, c.rows, c.cols)
+					})
+					if err := ref.Compare(readF32(t, d, y, len(c.slots)*c.rows), want, mag, ref.Tolerance(ref.OpMatMul)); err != nil {
+						t.Fatal(err)
+					}
+				})
+			}
+		}
+	}
+	// Slots beyond the arena, and too many products, are refused.
+	wb := upload(t, d, randQ4K(r, 2))
+	xb := uploadF32(t, d, randF32(r, 256, 1))
+	y := poisoned(t, d, 64)
+	for _, slots := range [][]int{{2}, {-1}, make([]int, MaxGroup+1)} {
+		b := d.Batch()
+		k.Q4KMatVecGroup(ctxT(t), b, wb, slots, xb, true, y, 1, 256)
+		if err := b.Submit(ctxT(t)); !errors.Is(err, ErrShape) {
+			t.Errorf("slots %v: %v; want ErrShape", slots, err)
+		}
+	}
+}
+
 func checkQ4K(t *testing.T, d *Device, k *Kernels, r *rand.Rand, rows, cols, n int, cfg Q4KConfig) {
 	t.Helper()
 	blocks := randQ4K(r, rows*cols/256)

@@ -16,6 +16,12 @@
 // block's loads before this block's arithmetic; POS 1 decodes nibbles with
 // the positional trick (see quad), 0 with shifts; CONV 1 converts small
 // integers to float with the 2^23 trick, 0 with conversion instructions.
+// GROUPED 1 makes one dispatch run up to 16 independent matrix-vector
+// products (workgroup z = product e): W of product e starts at vec4
+// slots[e] * wstride of w (an arena of equal slots, as the expert cache
+// keeps), its x at vec4 e * xstride of x (0: all share one x), its y at
+// e * rows of y. The fixed cost of a dispatch (launch, ramp-up, tail)
+// is then paid once for all of an MoE layer's expert products.
 
 struct Params {
   rows: u32,     // output rows
@@ -23,6 +29,10 @@ struct Params {
   spr: u32,      // block slots per row group (power of two, <= 32)
   n: u32,        // tokens
   gx: u32,       // workgroups along x (2-D grids for many rows)
+  wstride: u32,  // GROUPED: vec4s per weight slot
+  xstride: u32,  // GROUPED: vec4s between products' x (0: shared x)
+  _pad: u32,
+  slots: array<vec4<u32>, 4>, // GROUPED: weight slot of product e, 4 per vec4
 }
 
 @group(0) @binding(0) var<storage, read> w: array<vec4<u32>>;
@@ -36,6 +46,7 @@ override CONV: u32 = 1u;
 override PIPE: u32 = 0u;
 override POS: u32 = 1u; // positional nibble trick (see quad)
 override WG: u32 = 256u; // threads per workgroup (64, 128 or 256)
+override GROUPED: u32 = 0u;
 
 const RT: u32 = ROWS * TOK; // accumulators per thread
 const RED: u32 = WG * RT;
@@ -130,7 +141,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let slot = (tid >> 3u) & (p.spr - 1u);
   let grp = (tid >> 3u) / p.spr;
   let row0 = (wg * ((WG / 8u) / p.spr) + grp) * ROWS;
-  let tok0 = wid.z * TOK;
+  let grouped = GROUPED == 1u;
+  let e = select(0u, wid.z, grouped);            // product (GROUPED)
+  let tok0 = select(wid.z * TOK, 0u, grouped);
+  let wbase = select(0u, p.slots[e >> 2u][e & 3u] * p.wstride, grouped);
+  let xbase = select(0u, e * p.xstride, grouped);
+  let ybase = select(0u, e * p.rows, grouped);
   let j = c >> 1u;          // quant byte group: sub-blocks 2j (low), 2j+1 (high)
   let half = c & 1u;
   let sel = selector(j);
@@ -145,7 +161,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   var pre_q: array<vec4<u32>, ROWS>;
 
   for (var b = slot; b < p.nb; b += p.spr) {
-    let xb = b * 64u + j * 16u + half * 4u; // this thread's first low x (vec4)
+    let xb = xbase + b * 64u + j * 16u + half * 4u; // this thread's first low x (vec4)
     if (TOK == 1u) {
       // Matrix-vector: load the 32 x values once, reuse them for ROWS rows.
       // With PIPE, the next block's loads are issued before this block's
@@ -153,7 +169,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       if (PIPE == 1u && b == slot) {
         pre_x = load_x(xb);
         for (var r = 0u; r < ROWS; r++) {
-          let blk = (min(row0 + r, p.rows - 1u) * p.nb + b) * 9u;
+          let blk = wbase + (min(row0 + r, p.rows - 1u) * p.nb + b) * 9u;
           pre_h[r] = w[blk];
           pre_q[r] = w[blk + 1u + c];
         }
@@ -166,16 +182,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         hs = pre_h;
         qs = pre_q;
         let bn = min(b + p.spr, p.nb - 1u);
-        pre_x = load_x(bn * 64u + j * 16u + half * 4u);
+        pre_x = load_x(xbase + bn * 64u + j * 16u + half * 4u);
         for (var r = 0u; r < ROWS; r++) {
-          let blk = (min(row0 + r, p.rows - 1u) * p.nb + bn) * 9u;
+          let blk = wbase + (min(row0 + r, p.rows - 1u) * p.nb + bn) * 9u;
           pre_h[r] = w[blk];
           pre_q[r] = w[blk + 1u + c];
         }
       } else {
         xs = load_x(xb);
         for (var r = 0u; r < ROWS; r++) {
-          let blk = (min(row0 + r, p.rows - 1u) * p.nb + b) * 9u;
+          let blk = wbase + (min(row0 + r, p.rows - 1u) * p.nb + b) * 9u;
           hs[r] = w[blk];
           qs[r] = w[blk + 1u + c];
         }
@@ -257,7 +273,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       for (var t = 0u; t < TOK; t++) {
         let tt = tok0 + t;
         if (row < p.rows && tt < p.n) {
-          y[tt * p.rows + row] = red[(r * TOK + t) * WG + tid];
+          y[ybase + tt * p.rows + row] = red[(r * TOK + t) * WG + tid];
         }
       }
     }
