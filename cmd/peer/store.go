@@ -38,6 +38,15 @@ func (a *app) withStore(fn func(*cas.Store) error) error {
 	return errors.Join(err, st.Close())
 }
 
+// withBlob parses arg as a CID and runs fn with the store open.
+func (a *app) withBlob(arg string, fn func(*cas.Store, cas.CID) error) error {
+	c, err := cas.ParseCID(arg)
+	if err != nil {
+		return err
+	}
+	return a.withStore(func(st *cas.Store) error { return fn(st, c) })
+}
+
 func parseCIDs(args []string) ([]cas.CID, error) {
 	out := make([]cas.CID, len(args))
 	for i, s := range args {
@@ -165,14 +174,10 @@ func getCmd(a *app) *cobra.Command {
 		Short: "Write a blob or collection to a file, fetching it from the swarm if --signal is given",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := cas.ParseCID(args[0])
-			if err != nil {
-				return err
-			}
 			if out == "" {
 				return errors.New("get: -o <path> is required (use -o - for standard output)")
 			}
-			return a.withStore(func(st *cas.Store) error {
+			return a.withBlob(args[0], func(st *cas.Store, c cas.CID) error {
 				if !complete(st, c) {
 					if signalURL == "" {
 						return fmt.Errorf("get %s: %w here; give --signal URL to fetch it from the swarm", c, cas.ErrNotFound)
@@ -261,11 +266,7 @@ func catCmd(a *app) *cobra.Command {
 		Short: "Print a blob's bytes (verified), optionally a range",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := cas.ParseCID(args[0])
-			if err != nil {
-				return err
-			}
-			return a.withStore(func(st *cas.Store) error {
+			return a.withBlob(args[0], func(st *cas.Store, c cas.CID) error {
 				fr, err := st.OpenFile(c)
 				if err != nil {
 					return err
@@ -353,11 +354,7 @@ func statCmd(a *app) *cobra.Command {
 		Short: "Show what the store knows of a blob",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := cas.ParseCID(args[0])
-			if err != nil {
-				return err
-			}
-			return a.withStore(func(st *cas.Store) error {
+			return a.withBlob(args[0], func(st *cas.Store, c cas.CID) error {
 				inf, err := st.Stat(c)
 				if err != nil {
 					return err
