@@ -71,11 +71,12 @@ func (s *Store) outboard(c CID, size int64) ([]byte, error) {
 }
 
 // readCover reads and verifies the groups covering [off, off+n) of c into
-// rb.cover, returning the cover's start offset.
-func (s *Store) readCover(f *os.File, c CID, size, off, n int64, rb *readBuf) (int64, error) {
+// rb.cover, returning the cover's start offset and the outboard that
+// proved it.
+func (s *Store) readCover(f *os.File, c CID, size, off, n int64, rb *readBuf) (int64, []byte, error) {
 	ob, err := s.outboard(c, size)
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	start, end := bao.Cover(size, off, n)
 	if n == 0 {
@@ -84,15 +85,15 @@ func (s *Store) readCover(f *os.File, c CID, size, off, n int64, rb *readBuf) (i
 	rb.cover = rb.cover[:end-start]
 	if m, err := f.ReadAt(rb.cover, start); m != len(rb.cover) {
 		if err == io.EOF || err == nil {
-			return 0, &RangeError{CID: c, Off: start + int64(m), Len: end - start - int64(m), Reason: "blob file is truncated"}
+			return 0, nil, &RangeError{CID: c, Off: start + int64(m), Len: end - start - int64(m), Reason: "blob file is truncated"}
 		}
-		return 0, fmt.Errorf("blob %s: %w", c, err)
+		return 0, nil, fmt.Errorf("blob %s: %w", c, err)
 	}
 	if err := bao.VerifyCover([32]byte(c), ob, rb.cover, size, off, n, &rb.scratch); err != nil {
 		s.obCache.Remove(c) // maybe the outboard is what went bad; reread next time
-		return 0, s.rangeError(c, err)
+		return 0, nil, s.rangeError(c, err)
 	}
-	return start, nil
+	return start, ob, nil
 }
 
 // rangeError turns a bao verification error into a RangeError for c.
@@ -135,10 +136,7 @@ func (s *Store) AppendSlice(dst []byte, c CID, off, n int64) ([]byte, error) {
 	defer f.Close()
 	rb := readBufs.Get().(*readBuf)
 	defer readBufs.Put(rb)
-	if _, err := s.readCover(f, c, r.Size, off, n, rb); err != nil {
-		return dst, err
-	}
-	ob, err := s.outboard(c, r.Size)
+	_, ob, err := s.readCover(f, c, r.Size, off, n, rb)
 	if err != nil {
 		return dst, err
 	}
@@ -205,7 +203,7 @@ func (r *Reader) ReadAt(p []byte, off int64) (int, error) {
 	total := 0
 	for len(p) > 0 && off < r.size {
 		n := min(int64(len(p)), r.size-off, maxRead)
-		start, err := r.s.readCover(r.f, r.c, r.size, off, n, rb)
+		start, _, err := r.s.readCover(r.f, r.c, r.size, off, n, rb)
 		if err != nil {
 			return total, err
 		}
@@ -260,7 +258,7 @@ func (r *Reader) WriteTo(w io.Writer) (int64, error) {
 	var total int64
 	for r.pos < r.size {
 		n := min(r.size-r.pos, maxRead)
-		start, err := r.s.readCover(r.f, r.c, r.size, r.pos, n, rb)
+		start, _, err := r.s.readCover(r.f, r.c, r.size, r.pos, n, rb)
 		if err != nil {
 			return total, err
 		}

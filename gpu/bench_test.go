@@ -330,14 +330,20 @@ func (m *meter) q4kMatVec(b *testing.B, rows, cols, n int, cfg Q4KConfig) result
 	}
 	x := m.alloc(b, uint64(n*cols*4))
 	m.fill(b, x, uint64(n*cols*4))
-	ys := m.outputs(b, uint64(n*rows*4))
 	bytes := float64(wBytes) + float64(n*cols*4) + float64(n*rows*4)
-	per := m.timeDispatches(b, func(bt *Batch, i int) error {
-		return m.k.Q4KMatMulWith(ctx, bt, cfg, ws[i%nw], x, ys[i%len(ys)], rows, cols, n)
+	return m.independentAndSerial(b, bytes, uint64(n*rows*4), func(bt *Batch, i int, y *Buffer) error {
+		return m.k.Q4KMatMulWith(ctx, bt, cfg, ws[i%nw], x, y, rows, cols, n)
 	})
-	serial := m.timeDispatches(b, func(bt *Batch, i int) error {
-		return m.k.Q4KMatMulWith(ctx, bt, cfg, ws[i%nw], x, ys[0], rows, cols, n)
-	})
+}
+
+// independentAndSerial times record twice: with a distinct output buffer
+// (of ySize bytes) per call, so that calls may overlap, and with one shared
+// output, so that each waits for the previous one. bytes is what one call
+// must move.
+func (m *meter) independentAndSerial(b *testing.B, bytes float64, ySize uint64, record func(bt *Batch, i int, y *Buffer) error) result {
+	ys := m.outputs(b, ySize)
+	per := m.timeDispatches(b, func(bt *Batch, i int) error { return record(bt, i, ys[i%len(ys)]) })
+	serial := m.timeDispatches(b, func(bt *Batch, i int) error { return record(bt, i, ys[0]) })
 	return result{bw: bytes / per.Seconds(), serial: bytes / serial.Seconds(), per: per}
 }
 
@@ -368,7 +374,6 @@ func (m *meter) q4kGroup(b *testing.B, rows, cols, e int, sharedX bool, cfg Q4KC
 	}
 	x := m.alloc(b, uint64(nx*cols*4))
 	m.fill(b, x, uint64(nx*cols*4))
-	ys := m.outputs(b, uint64(e*rows*4))
 	slots := func(i int) []int {
 		out := make([]int, e)
 		for j := range out {
@@ -378,13 +383,9 @@ func (m *meter) q4kGroup(b *testing.B, rows, cols, e int, sharedX bool, cfg Q4KC
 	}
 	bytes := float64(e) * (float64(wBytes) + float64(rows*4))
 	bytes += float64(nx * cols * 4)
-	per := m.timeDispatches(b, func(bt *Batch, i int) error {
-		return m.k.Q4KMatVecGroupWith(ctx, bt, cfg, arenas[i%2], slots(i), x, sharedX, ys[i%len(ys)], rows, cols)
+	return m.independentAndSerial(b, bytes, uint64(e*rows*4), func(bt *Batch, i int, y *Buffer) error {
+		return m.k.Q4KMatVecGroupWith(ctx, bt, cfg, arenas[i%2], slots(i), x, sharedX, y, rows, cols)
 	})
-	serial := m.timeDispatches(b, func(bt *Batch, i int) error {
-		return m.k.Q4KMatVecGroupWith(ctx, bt, cfg, arenas[i%2], slots(i), x, sharedX, ys[0], rows, cols)
-	})
-	return result{bw: bytes / per.Seconds(), serial: bytes / serial.Seconds(), per: per}
 }
 
 // q4kProbe times testdata/q4k_probe.wgsl in one MODE: the Q4_K kernels'
@@ -431,10 +432,15 @@ func (m *meter) q4kProbe(b *testing.B, rows, cols, mode int, cfg Q4KConfig) resu
 func (m *meter) q4kMathOnly(b *testing.B, rows, cols int, cfg Q4KConfig) result {
 	ctx := context.Background()
 	spec, _ := Builtin("q4k_matmul", map[string]float64{"ROWS": float64(cfg.Rows), "TOK": 1, "CONV": 1, "PIPE": 0})
-	src := strings.Replace(spec.Source, "let blk = (min(row0 + r, p.rows - 1u) * p.nb + b) * 9u;", "let blk = ((row0 + r) & 3u) * 9u;", -1)
-	src = strings.Replace(src, "xs = load_x(xb);", "xs = load_x(xb & 63u);", 1)
-	if src == spec.Source {
-		b.Fatal("math-only probe: kernel source changed; update the replacements")
+	src := spec.Source
+	for _, r := range [][2]string{
+		{"let blk = wbase + (min(row0 + r, p.rows - 1u) * p.nb + b) * 9u;", "let blk = ((row0 + r) & 3u) * 9u;"},
+		{"xs = load_x(xb);", "xs = load_x(xb & 63u);"},
+	} {
+		if !strings.Contains(src, r[0]) {
+			b.Fatalf("math-only probe: kernel source no longer has %q; update the replacements", r[0])
+		}
+		src = strings.ReplaceAll(src, r[0], r[1])
 	}
 	spec.Name, spec.Source = "q4k_mathonly", src
 	p, err := m.d.Compile(ctx, spec)

@@ -47,6 +47,15 @@ func (a *app) withBlob(arg string, fn func(*cas.Store, cas.CID) error) error {
 	return a.withStore(func(st *cas.Store) error { return fn(st, c) })
 }
 
+// withBlobs parses args as CIDs and runs fn with the store open.
+func (a *app) withBlobs(args []string, fn func(*cas.Store, []cas.CID) error) error {
+	cids, err := parseCIDs(args)
+	if err != nil {
+		return err
+	}
+	return a.withStore(func(st *cas.Store) error { return fn(st, cids) })
+}
+
 func parseCIDs(args []string) ([]cas.CID, error) {
 	out := make([]cas.CID, len(args))
 	for i, s := range args {
@@ -376,11 +385,7 @@ func pinCmd(a *app) *cobra.Command {
 		Short: "Keep blobs from garbage collection",
 		Args:  cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			cids, err := parseCIDs(args)
-			if err != nil {
-				return err
-			}
-			return a.withStore(func(st *cas.Store) error {
+			return a.withBlobs(args, func(st *cas.Store, cids []cas.CID) error {
 				for _, c := range cids {
 					if err := st.Pin(c, reason); err != nil {
 						return err
@@ -405,11 +410,7 @@ func unpinCmd(a *app) *cobra.Command {
 		Short: "Remove a pin (all pins with --reason '')",
 		Args:  cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			cids, err := parseCIDs(args)
-			if err != nil {
-				return err
-			}
-			return a.withStore(func(st *cas.Store) error {
+			return a.withBlobs(args, func(st *cas.Store, cids []cas.CID) error {
 				var removed []cas.CID
 				for _, c := range cids {
 					ok, err := st.Unpin(c, reason)
