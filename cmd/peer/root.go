@@ -58,9 +58,9 @@ func (a *app) setup(cmd *cobra.Command) error {
 	if a.home == "" {
 		a.home = defaultHome()
 	}
-	conf := map[string]any{}
 	path := filepath.Join(a.home, "config.toml")
-	if _, err := toml.DecodeFile(path, &conf); err != nil && !os.IsNotExist(err) {
+	conf, err := loadConfig(path)
+	if err != nil {
 		return fmt.Errorf("config %s: %w", path, err)
 	}
 	var ferr error
@@ -90,6 +90,63 @@ func (a *app) setup(cmd *cobra.Command) error {
 	}
 	a.log = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: level}))
 	return nil
+}
+
+// maxConfigSize bounds config.toml: it is a handful of flag values, and a
+// file far larger than that is a mistake, not a configuration.
+const maxConfigSize = 1 << 20
+
+// loadConfig reads config.toml; a missing file is an empty configuration.
+func loadConfig(path string) (map[string]any, error) {
+	f, err := os.Open(path)
+	if os.IsNotExist(err) {
+		return map[string]any{}, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, maxConfigSize+1))
+	if err != nil {
+		return nil, err
+	}
+	return parseConfig(data)
+}
+
+// parseConfig decodes config.toml's bytes: a table of flag names (with
+// '_' for '-') to values. Only scalars and lists of scalars are flag
+// values; nested tables are refused rather than ignored.
+func parseConfig(data []byte) (map[string]any, error) {
+	if len(data) > maxConfigSize {
+		return nil, fmt.Errorf("larger than %d bytes", maxConfigSize)
+	}
+	conf := map[string]any{}
+	if _, err := toml.Decode(string(data), &conf); err != nil {
+		return nil, err
+	}
+	for k, v := range conf {
+		if !configValue(v, true) {
+			return nil, fmt.Errorf("%s: a table is not a flag value", k)
+		}
+	}
+	return conf, nil
+}
+
+func configValue(v any, listOK bool) bool {
+	switch v := v.(type) {
+	case map[string]any, []map[string]any:
+		return false
+	case []any:
+		if !listOK {
+			return false
+		}
+		for _, item := range v {
+			if !configValue(item, false) {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 func setFromConfig(f *pflag.Flag, v any) error {

@@ -132,6 +132,9 @@ func addCmd(a *app) *cobra.Command {
 			var results []addResult
 			err := a.withStore(func(st *cas.Store) error {
 				for _, path := range args {
+					if err := checkAddable(path); err != nil {
+						return fmt.Errorf("add %s: %w", path, err)
+					}
 					t0 := time.Now()
 					prog := newProgress(cmd.ErrOrStderr(), "add "+filepath.Base(path), quiet || a.jsonOut)
 					inf, err := st.AddFile(cmd.Context(), path, prog.update)
@@ -178,6 +181,7 @@ func fileSize(path string) int64 {
 
 func getCmd(a *app) *cobra.Command {
 	var out, signalURL, topic string
+	var force bool
 	cmd := &cobra.Command{
 		Use:   "get <cid> -o <path>",
 		Short: "Write a blob or collection to a file, fetching it from the swarm if --signal is given",
@@ -199,7 +203,7 @@ func getCmd(a *app) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				n, err := writeOut(out, fr)
+				n, err := writeOut(out, fr, force)
 				if err != nil {
 					return fmt.Errorf("get %s: %w", c, err)
 				}
@@ -215,7 +219,8 @@ func getCmd(a *app) *cobra.Command {
 			})
 		},
 	}
-	cmd.Flags().StringVarP(&out, "output", "o", "", "output path, or - for standard output")
+	cmd.Flags().StringVarP(&out, "output", "o", "", "output path, or - for standard output (a device or pipe is written through; a symbolic link is followed)")
+	cmd.Flags().BoolVarP(&force, "force", "f", false, "replace the file at the output path if one exists (its mode is kept)")
 	cmd.Flags().StringVar(&signalURL, "signal", "", "signaling server to find peers through when the blob is not here (ws://host:port)")
 	cmd.Flags().StringVar(&topic, "topic", "", "swarm topic to look for providers in (default: the rdrr swarm and the CID's own topic)")
 	return cmd
@@ -241,31 +246,6 @@ func complete(st *cas.Store, c cas.CID) bool {
 		}
 	}
 	return true
-}
-
-// writeOut copies r to path atomically (temporary file, sync, rename), or
-// to standard output for "-".
-func writeOut(path string, r io.WriterTo) (int64, error) {
-	if path == "-" {
-		return r.WriteTo(os.Stdout)
-	}
-	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".part-*")
-	if err != nil {
-		return 0, err
-	}
-	defer os.Remove(f.Name())
-	n, err := r.WriteTo(f)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(f.Name(), path)
-	}
-	return n, err
 }
 
 func catCmd(a *app) *cobra.Command {
