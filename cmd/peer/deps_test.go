@@ -9,7 +9,8 @@ import (
 
 // The store and the network must build without a GPU toolchain: they may
 // not import the gpu package or the packages above them (DESIGN.md's
-// dependency table), and they must build with cgo disabled.
+// dependency table), and they must build with cgo disabled, for Linux,
+// macOS and Windows.
 func TestDependencyArrows(t *testing.T) {
 	const mod = "github.com/rdrr/peer/"
 	forbidden := map[string][]string{
@@ -45,9 +46,15 @@ func TestDependencyArrows(t *testing.T) {
 			}
 		}
 	}
-	cmd := exec.Command("go", append([]string{"build"}, pure...)...)
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Errorf("%v do not build without cgo: %v\n%s", pure, err, out)
+	// Without cgo, and for the other systems the GPU targets (Metal,
+	// DX12) imply: Linux-only calls stay behind build tags.
+	for _, target := range []struct{ goos, goarch string }{
+		{"linux", "amd64"}, {"darwin", "arm64"}, {"windows", "amd64"},
+	} {
+		cmd := exec.Command("go", append([]string{"build"}, pure...)...)
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS="+target.goos, "GOARCH="+target.goarch)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Errorf("%v do not build for %s/%s without cgo: %v\n%s", pure, target.goos, target.goarch, err, out)
+		}
 	}
 }
