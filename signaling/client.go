@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -78,8 +80,8 @@ func Dial(ctx context.Context, url string, cfg ClientConfig) (*Client, error) {
 	}
 	ws, resp, err := websocket.Dial(ctx, url, &websocket.DialOptions{HTTPClient: cfg.HTTPClient})
 	if err != nil {
-		if resp != nil && resp.StatusCode == http.StatusServiceUnavailable {
-			return nil, fmt.Errorf("signaling: dial %s: %w", url, ErrServerFull)
+		if e := refusal(resp); e != nil {
+			return nil, fmt.Errorf("signaling: dial %s: %w", url, e)
 		}
 		return nil, fmt.Errorf("signaling: dial %s: %w", url, err)
 	}
@@ -113,6 +115,28 @@ func Dial(ctx context.Context, url string, cfg ClientConfig) (*Client, error) {
 	go c.readLoop()
 	go c.pingLoop(ping)
 	return c, nil
+}
+
+// refusal reads why the server refused the upgrade: its body's first line
+// is "code: reason" (PROTOCOL.md, "Errors and limits"). A 503 or 429
+// without a known code is taken as server_full or addr_full.
+func refusal(resp *http.Response) *Error {
+	if resp == nil || (resp.StatusCode != http.StatusServiceUnavailable && resp.StatusCode != http.StatusTooManyRequests) {
+		return nil
+	}
+	var body []byte
+	if resp.Body != nil {
+		body, _ = io.ReadAll(io.LimitReader(resp.Body, 1024))
+	}
+	line, _, _ := strings.Cut(string(body), "\n")
+	code, reason, _ := strings.Cut(line, ": ")
+	if _, ok := codeErr[code]; !ok {
+		code, reason = CodeServerFull, trim(line)
+		if resp.StatusCode == http.StatusTooManyRequests {
+			code = CodeAddrFull
+		}
+	}
+	return &Error{Code: code, Reason: trim(reason)}
 }
 
 func handshake(ctx context.Context, ws *websocket.Conn, id peer.ID, key crypto.PrivKey) (Limits, error) {

@@ -12,7 +12,16 @@
 // an error code before it closes, and is counted (Server.Stats, and
 // Server as a prometheus.Collector).
 //
+// Offers, answers and candidates are relayed only between peers that share
+// a topic; only Ed25519 identities log in; message keys are matched
+// exactly, and a repeated key is refused, so that every decoder reads a
+// message the same way.
+//
 // The server never blocks on a client: each client has its own reader, its
-// own writer and a bounded outbound queue; a client whose queue overflows is
-// disconnected as a slow consumer instead of stalling the others.
+// own writer and an outbound queue bounded in messages and bytes, and all
+// queues together are bounded in bytes; a client that does not read is
+// disconnected as a slow consumer instead of stalling the others. One
+// address, the sessions still logging in, and topic joins (each of which
+// notifies every member) have their own limits, so that no one client can
+// take every slot or flood a topic with events.
 package signaling

@@ -18,6 +18,8 @@ var (
 	ErrTopicFull      = errors.New("signaling: topic full")
 	ErrTooManyTopics  = errors.New("signaling: too many topics")
 	ErrServerFull     = errors.New("signaling: server full")
+	ErrAddrFull       = errors.New("signaling: too many sessions from this address")
+	ErrLoginsFull     = errors.New("signaling: too many sessions logging in")
 	ErrUnknownPeer    = errors.New("signaling: unknown peer")
 	ErrIdle           = errors.New("signaling: idle timeout")
 	ErrSlowConsumer   = errors.New("signaling: slow consumer")
@@ -42,6 +44,8 @@ const (
 	CodeTopicFull     = "topic_full"
 	CodeTooManyTopics = "too_many_topics"
 	CodeServerFull    = "server_full"
+	CodeAddrFull      = "addr_full"
+	CodeLoginsFull    = "logins_full"
 	CodeUnknownPeer   = "unknown_peer"
 	CodeIdleTimeout   = "idle_timeout"
 	CodeSlowConsumer  = "slow_consumer"
@@ -60,6 +64,8 @@ var codeErr = map[string]error{
 	CodeTopicFull:     ErrTopicFull,
 	CodeTooManyTopics: ErrTooManyTopics,
 	CodeServerFull:    ErrServerFull,
+	CodeAddrFull:      ErrAddrFull,
+	CodeLoginsFull:    ErrLoginsFull,
 	CodeUnknownPeer:   ErrUnknownPeer,
 	CodeIdleTimeout:   ErrIdle,
 	CodeSlowConsumer:  ErrSlowConsumer,

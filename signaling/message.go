@@ -61,6 +61,12 @@ type Limits struct {
 	MaxPeersPerTopic  int     `json:"max_peers_per_topic"`
 	MaxTopics         int     `json:"max_topics"`
 	IdleTimeoutMS     int64   `json:"idle_timeout_ms"`
+	// Added after the first release of version 1; a server that does not
+	// send them leaves them zero.
+	AuthTimeoutMS       int64   `json:"auth_timeout_ms"`
+	TopicJoinsPerSecond float64 `json:"topic_joins_per_second"`
+	TopicJoinBurst      int     `json:"topic_join_burst"`
+	SendQueueBytes      int64   `json:"send_queue_bytes"`
 }
 
 // Message is every signaling message; Type says which fields are set.
@@ -105,14 +111,35 @@ func (m *Message) Encode() ([]byte, error) { return json.Marshal(m) }
 
 // DecodeMessage parses and validates one message. It checks the fields that
 // m.Type requires and every bound above; it does not check signatures or
-// state (that is the server's job). The returned Data is compacted.
+// state (that is the server's job).
+//
+// The result is canonical, so that Encode and DecodeMessage round-trip: Data
+// is compacted (and nil for JSON null), and an empty binary field or peer
+// list is nil, as if absent (Encode omits both alike).
+//
+// Keys are matched exactly. encoding/json alone would match them without
+// regard to case and let a repeated key win over the first, so that
+// {"type":"ping","tYpe":"auth"} would mean different things to different
+// decoders; DecodeMessage refuses a key that differs from a known one only
+// in case, and a key given twice (PROTOCOL.md, "Transport").
 func DecodeMessage(b []byte) (*Message, error) {
 	var m Message
 	if !utf8.Valid(b) {
 		return nil, &DecodeError{Reason: "not UTF-8", Err: ErrBadMessage}
 	}
+	if err := checkKeys(b); err != nil {
+		return nil, &DecodeError{Reason: trim(err.Error()), Err: ErrBadMessage}
+	}
 	if err := json.Unmarshal(b, &m); err != nil {
 		return nil, &DecodeError{Reason: "not a JSON message: " + trim(err.Error()), Err: ErrBadMessage}
+	}
+	for _, f := range []*[]byte{&m.Nonce, &m.PubKey, &m.Sig} {
+		if len(*f) == 0 {
+			*f = nil
+		}
+	}
+	if len(m.Peers) == 0 {
+		m.Peers = nil
 	}
 	if len(m.Data) > 0 {
 		var c bytes.Buffer

@@ -1,6 +1,7 @@
 package signaling
 
 import (
+	"bytes"
 	"errors"
 	"reflect"
 	"strings"
@@ -26,6 +27,10 @@ func TestDecodeMessage(t *testing.T) {
 		{`{"type":"error","code":"rate_limited"}`, nil, ""},
 		{`{"type":"ping","future_field":[1,2]}`, nil, ""},
 		{`{"type":"bye","to":"` + idA + `","sid":"s1"}`, nil, ""},
+		// Keys that are not fields are ignored, whatever their case, and
+		// so is what data holds.
+		{`{"type":"ping","Future":1,"future":2}`, nil, ""},
+		{`{"type":"offer","to":"` + idA + `","sid":"s1","data":{"a":1,"a":2,"A":3}}`, nil, ""},
 
 		{`not json`, ErrBadMessage, "not a JSON"},
 		{`{}`, ErrBadMessage, "missing type"},
@@ -43,6 +48,19 @@ func TestDecodeMessage(t *testing.T) {
 		{`{"type":"ping","req":9007199254740992}`, ErrBadMessage, "2^53"},
 		{`{"type":"ping","req":-1}`, ErrBadMessage, "JSON"},
 		{"{\"type\":\"ping\",\"reason\":\"\xff\"}", ErrBadMessage, "UTF-8"},
+
+		// Keys are exact: no duplicates, no case variants of known keys
+		// (which encoding/json alone would fold onto them).
+		{`{"type":"ping","type":"join","topic":"t"}`, ErrBadMessage, "given twice"},
+		{`{"type":"ping","\u0074ype":"join","topic":"t"}`, ErrBadMessage, "given twice"},
+		{`{"type":"ping","tYpe":"join","topic":"t"}`, ErrBadMessage, "case-sensitive"},
+		{`{"tYpe":"ping"}`, ErrBadMessage, "case-sensitive"},
+		{`{"TYPE":"ping"}`, ErrBadMessage, "case-sensitive"},
+		{`{"type":"offer","to":"` + idA + `","ſid":"s1","data":{}}`, ErrBadMessage, "case-sensitive"},
+		{`{"type":"auth","v":1,"id":"` + idA + `","sig":"AAAA","puB":""}`, ErrBadMessage, "case-sensitive"},
+		{`{"type":"ping","x":1,"x":2}`, ErrBadMessage, "given twice"},
+		{`{"type":"challenge","v":1,"nonce":"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=","limits":{"burst":1,"burst":2}}`, ErrBadMessage, "limits.burst"},
+		{`{"type":"challenge","v":1,"nonce":"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=","limits":{"Burst":1}}`, ErrBadMessage, "limits.Burst"},
 	}
 	for _, tc := range cases {
 		m, err := DecodeMessage([]byte(tc.in))
@@ -55,6 +73,26 @@ func TestDecodeMessage(t *testing.T) {
 		if !errors.Is(err, tc.err) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("DecodeMessage(%s) = %v, %v; want %v containing %q", tc.in, m, err, tc.err, tc.want)
 		}
+	}
+}
+
+// Empty binary fields and peer lists decode as absent: Encode omits both
+// alike, so anything else would not round-trip (the FuzzDecodeMessage
+// crasher in testdata/fuzz).
+func TestDecodeEmptyIsAbsent(t *testing.T) {
+	m, err := DecodeMessage([]byte(`{"type":"auth","v":1,"id":"` + idA + `","sig":"AAAA","pub":"","nonce":""}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.PubKey != nil || m.Nonce != nil {
+		t.Fatalf("pub = %#v, nonce = %#v; want nil", m.PubKey, m.Nonce)
+	}
+	m, err = DecodeMessage([]byte(`{"type":"peers","topic":"t","peers":[]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Peers != nil {
+		t.Fatalf("peers = %#v; want nil", m.Peers)
 	}
 }
 
@@ -81,6 +119,9 @@ func FuzzDecodeMessage(f *testing.F) {
 		`{"type":"error","req":3,"code":"unknown_peer","peer":"` + idB + `","reason":"gone"}`,
 		`{"type":"ping"}`,
 		`[]`, `null`, `{"type":1}`,
+		`{"type":"auth","v":1,"id":"` + idA + `","sig":"AAAA","pub":""}`,
+		`{"type":"peers","topic":"t","peers":[]}`,
+		`{"type":"ping","tYpe":"auth"}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -103,6 +144,10 @@ func FuzzDecodeMessage(f *testing.F) {
 		}
 		if !reflect.DeepEqual(m, m2) {
 			t.Fatalf("round trip changed the message:\n%+v\n%+v", m, m2)
+		}
+		enc2, err := m2.Encode()
+		if err != nil || !bytes.Equal(enc, enc2) {
+			t.Fatalf("encoding is not stable:\n%s\n%s (%v)", enc, enc2, err)
 		}
 	})
 }

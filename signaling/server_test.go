@@ -277,6 +277,7 @@ func TestIDCannotRegisterTwice(t *testing.T) {
 	}
 	// The first session keeps its traffic.
 	b := dial(t, url, newKey(t))
+	joinAll(t, "t", first, b)
 	b.Send(ctxT(t), &Message{Type: TypeOffer, To: first.ID().String(), SID: "s", Data: json.RawMessage(`{}`)})
 	if m := next(t, first, TypeOffer); m.From != b.ID().String() {
 		t.Fatalf("offer = %+v", m)
@@ -424,7 +425,10 @@ func TestLimits(t *testing.T) {
 
 // A client that stops reading is dropped; the others are not slowed.
 func TestSlowConsumerDoesNotStallOthers(t *testing.T) {
-	s, url := newTestServer(t, Config{SendQueue: 4, MessagesPerSecond: 1e6, Burst: 1e6, WriteTimeout: time.Second})
+	// The write timeout is long: the sink reads its slow_consumer error only
+	// at the end, and a write that times out closes the connection before
+	// that error can be sent (TestWriteTimeoutIsCounted covers timeouts).
+	s, url := newTestServer(t, Config{SendQueue: 4, MessagesPerSecond: 1e6, Burst: 1e6, WriteTimeout: time.Minute})
 	flooder := dial(t, url, newKey(t))
 	bystander := dial(t, url, newKey(t))
 	// The sink authenticates and then never reads again.
@@ -435,6 +439,11 @@ func TestSlowConsumerDoesNotStallOthers(t *testing.T) {
 	if w := r.read(); w == nil || w.Type != TypeWelcome {
 		t.Fatalf("welcome = %+v", w)
 	}
+	r.send(map[string]any{"type": "join", "topic": "t"})
+	if p := r.read(); p == nil || p.Type != TypePeers {
+		t.Fatalf("join answer = %+v", p)
+	}
+	joinAll(t, "t", flooder)
 	payload := json.RawMessage(`"` + strings.Repeat("x", 60000) + `"`)
 	ctx := ctxT(t)
 	var wg sync.WaitGroup
@@ -496,6 +505,16 @@ func TestServerCloseEndsSessions(t *testing.T) {
 	}
 	if _, err := Dial(ctxT(t), url, ClientConfig{Key: newKey(t)}); err == nil {
 		t.Fatal("dial after Close succeeded")
+	}
+}
+
+// joinAll joins every client to topic.
+func joinAll(t *testing.T, topic string, cs ...*Client) {
+	t.Helper()
+	for _, c := range cs {
+		if _, err := c.Join(ctxT(t), topic); err != nil {
+			t.Fatalf("join %s: %v", topic, err)
+		}
 	}
 }
 

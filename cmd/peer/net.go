@@ -64,6 +64,11 @@ func addSignalLimits(cmd *cobra.Command, cfg *signaling.Config) {
 	f.IntVar(&cfg.MaxMessageBytes, "max-message-bytes", 0, "largest message from a client (default 65536)")
 	f.Float64Var(&cfg.MessagesPerSecond, "messages-per-second", 0, "sustained messages per second per client (default 50)")
 	f.DurationVar(&cfg.IdleTimeout, "idle-timeout", 0, "close clients silent this long (default 1m)")
+	f.IntVar(&cfg.MaxConnsPerAddr, "max-conns-per-addr", 0, "open sessions from one IPv4 address or IPv6 /64 (default 64; -1: no limit)")
+	f.IntVar(&cfg.MaxPendingLogins, "max-pending-logins", 0, "sessions not yet authenticated (default 256)")
+	f.Int64Var(&cfg.SendQueueBytes, "send-queue-bytes", 0, "bytes queued for one client before it is dropped as a slow consumer (default 1 MiB)")
+	f.Int64Var(&cfg.MaxQueuedBytes, "max-queued-bytes", 0, "bytes queued for all clients together (default 256 MiB)")
+	f.Float64Var(&cfg.TopicJoinsPerSecond, "topic-joins-per-second", 0, "sustained topic joins per second per client (default 0.2)")
 }
 
 // runningSignal is a signaling server started by this process.

@@ -11,7 +11,10 @@ import (
 )
 
 // Start runs a signaling server with cfg on 127.0.0.1 until the test ends
-// and returns its WebSocket URL.
+// and returns its WebSocket URL. cfg is used as given: the server relays
+// only between peers that share a topic unless cfg.RelayToAnyPeer is set,
+// and all test clients come from one address, so a test with more than
+// 64 clients (the default MaxConnsPerAddr) sets MaxConnsPerAddr.
 func Start(t testing.TB, cfg signaling.Config) string {
 	t.Helper()
 	s := signaling.NewServer(cfg)
