@@ -27,9 +27,10 @@ type description struct {
 type linkCaps struct {
 	// Bulk is how many bulk channels the offerer opens (offer only).
 	Bulk int `json:"bulk,omitempty"`
-	// RecvMTU is the largest SCTP packet the sender can receive on this
-	// path; 0 means pion's default (1191). The other end sends big packets
-	// only if this allows them.
+	// RecvMTU is the largest UDP datagram the sender reads (its receive
+	// buffer); 0 means unknown. The other end sends SCTP packets of at
+	// most RecvMTU - dtlsOverhead bytes, and pion's default (1191) if
+	// that is 0 or less (PROTOCOL.md 2.1).
 	RecvMTU int `json:"recv_mtu,omitempty"`
 }
 

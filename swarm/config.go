@@ -18,7 +18,8 @@ type Source interface {
 	// AppendSlice appends to dst the bao slice encoding of [off, off+n) of
 	// c, verified while read; corrupt data is an error wrapping
 	// cas.ErrCorrupt and is never returned. Safe for concurrent use; dst is
-	// not kept.
+	// not kept. A node asks for chunks of at most 256 KiB (serveChunk),
+	// at most max(2, GOMAXPROCS) at a time.
 	AppendSlice(dst []byte, c cas.CID, off, n int64) ([]byte, error)
 }
 
@@ -63,8 +64,21 @@ type Config struct {
 	MaxOutstanding int
 	// MaxLinks bounds connections in all (default 256), MaxLinksPerPeer
 	// those to one peer (default 8), MaxSetups the connection setups in
-	// progress (default 32).
-	MaxLinks, MaxLinksPerPeer, MaxSetups int
+	// progress (default 32), MaxSetupsPerPeer the setups one peer's offers
+	// hold at once (default 4, a fetch's Links).
+	MaxLinks, MaxLinksPerPeer, MaxSetups, MaxSetupsPerPeer int
+	// SetupProgress bounds how long an offer we answered may go without
+	// ICE connectivity before its setup is dropped (default 5s), so that
+	// abandoned offers free their slot long before ConnectTimeout.
+	SetupProgress time.Duration
+	// ServeBudget bounds the bytes the node holds for serving, over all
+	// connections: slice bytes read from the Source and not yet
+	// acknowledged by the peer's SCTP stack (default 64 MiB, at least
+	// 2 MiB; the read buffer and SCTP's copy overlap while a chunk is
+	// written, so the memory is at most about twice this). One peer holds
+	// at most a quarter of it. A REQUEST that finds no room for its first
+	// chunk in min(5s, RequestTimeout/2) is refused with REJECT busy.
+	ServeBudget int
 	// SocketBuffer is the UDP socket buffer size asked for (default 4 MiB;
 	// the kernel caps it at net.core.rmem_max). Small buffers drop
 	// datagrams at high rates and SCTP then backs off.
@@ -103,7 +117,10 @@ func (c Config) withDefaults() (Config, error) {
 	def(&c.MaxLinks, 256)
 	def(&c.MaxLinksPerPeer, 8)
 	def(&c.MaxSetups, 32)
+	def(&c.MaxSetupsPerPeer, 4)
 	def(&c.SocketBuffer, 4<<20)
+	def(&c.ServeBudget, 64<<20)
+	c.ServeBudget = max(c.ServeBudget, minServeBudget)
 	c.BulkChannels = min(c.BulkChannels, maxBulk)
 	c.MaxOutstanding = min(c.MaxOutstanding, 1<<15)
 	if c.PieceSize > wire.MaxRequest || c.PieceSize%cas.GroupSize != 0 {
@@ -117,6 +134,7 @@ func (c Config) withDefaults() (Config, error) {
 	defDur(&c.ConnectTimeout, 20*time.Second)
 	defDur(&c.RequestTimeout, 30*time.Second)
 	defDur(&c.BanFor, time.Hour)
+	defDur(&c.SetupProgress, 5*time.Second)
 	if c.Agent == "" {
 		c.Agent = "rdrr-peer"
 	}

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
@@ -41,6 +42,13 @@ type channel struct {
 	bulk bool
 	low  chan struct{} // signalled by OnBufferedAmountLow
 	wsem chan struct{} // one writer at a time; ctx-aware, unlike a mutex
+
+	mu      sync.Mutex
+	charged int64 // serving budget this channel pays for (serve.go)
+	holding int64 // of which in read buffers, not yet in SCTP's queue
+
+	recvReq uint32       // guarded by l.mu: the request whose PIECEs arrive here, while incomplete
+	written atomic.Int64 // bytes written (the peer acknowledged written - BufferedAmount)
 }
 
 // write sends one frame, waiting (within ctx) while the channel is over its
@@ -77,6 +85,7 @@ func (ch *channel) write(ctx context.Context, b []byte) error {
 	if _, err := ch.rw.Write(b); err != nil {
 		return fmt.Errorf("%w: write: %v", ErrLinkClosed, err)
 	}
+	ch.written.Add(int64(len(b)))
 	return nil
 }
 
@@ -85,20 +94,32 @@ func (ch *channel) write(ctx context.Context, b []byte) error {
 type call struct {
 	req   uint32
 	want  bool
-	total int      // REQUEST: slice length
-	ch    *channel // REQUEST: the bulk channel its PIECEs arrive on
+	asked []cas.CID // WANT: the CIDs asked
+	total int       // REQUEST: slice length
+	ch    *channel  // REQUEST: the bulk channel its PIECEs arrive on
 	buf   []byte
 	have  []wire.HaveEntry
 	err   error
 	done  chan struct{} // closed once, by whoever removes the call from link.calls
 }
 
-// serveJob is a REQUEST from the peer, accepted and queued.
-type serveJob struct {
-	req    uint32
-	cid    cas.CID
-	off, n int64
+// abandonedCall is a request we gave up (timeout, cancellation) whose
+// answer may still be under way: the peer may finish or stop its slice,
+// but not send more than it. Its buffer is the caller's again, so only
+// positions are kept.
+type abandonedCall struct {
+	want       bool
+	ch         *channel
+	got, total int
 }
+
+// Bounds on answers to requests that are no longer pending
+// (PROTOCOL.md, PIECE): abandoned requests remembered per link, and frames
+// tolerated for requests neither pending nor remembered.
+const (
+	maxAbandoned = 256
+	maxStale     = 64
+)
 
 // link is one WebRTC peer connection to a peer: a control channel and
 // bulk channels, speaking the wire protocol in both directions (each side
@@ -108,6 +129,7 @@ type link struct {
 	remote     peer.ID
 	pc         *webrtc.PeerConnection
 	expectBulk int
+	big        bool            // we send big SCTP packets (transport.go)
 	ctx        context.Context // cancelled when the link closes
 	cancel     context.CancelFunc
 	ready      chan struct{} // closed when the peer's HELLO arrived
@@ -121,13 +143,16 @@ type link struct {
 	started  bool
 	closed   bool
 	err      error
+	aborting *ProtocolError // set when we start closing the link for a violation
 	ctl      *channel
 	bulk     []*channel
 	hello    wire.Hello // the peer's, once ready is closed
 	nextReq  uint32
 	calls    map[uint32]*call
-	serving  map[uint32]bool // queued or running REQUESTs of the peer -> cancelled
-	labels   map[string]bool // channels the peer announced (answerer)
+	gaveUp   map[uint32]*abandonedCall // at most maxAbandoned
+	stale    int                       // frames for requests finished or forgotten
+	serving  map[uint32]bool           // queued or running REQUESTs of the peer -> cancelled
+	labels   map[string]bool           // channels the peer announced (answerer)
 }
 
 func newLink(n *Node, remote peer.ID, pc *webrtc.PeerConnection, expectBulk int) *link {
@@ -143,6 +168,7 @@ func newLink(n *Node, remote peer.ID, pc *webrtc.PeerConnection, expectBulk int)
 		done:       make(chan struct{}),
 		serveQ:     make(chan serveJob, n.cfg.MaxOutstanding),
 		calls:      make(map[uint32]*call),
+		gaveUp:     make(map[uint32]*abandonedCall),
 		serving:    make(map[uint32]bool),
 		labels:     make(map[string]bool),
 	}
@@ -262,10 +288,18 @@ func (l *link) maybeStart() {
 	l.wg.Add(2 + 2*len(bulk))
 	go l.readLoop(ctl)
 	for _, ch := range bulk {
-		go l.readLoop(ch)
+		if l.n.cfg.testHooks.noReadBulk {
+			l.wg.Done()
+		} else {
+			go l.readLoop(ch)
+		}
 		go l.serveLoop(ch)
 	}
 	go l.helloTimeout()
+	if l.big {
+		l.wg.Add(1)
+		go l.watchBigMTU()
+	}
 }
 
 func (l *link) helloTimeout() {
@@ -394,10 +428,7 @@ func (l *link) handle(ch *channel, f *wire.Frame) error {
 		l.mu.Unlock()
 		return nil
 	case wire.TypeReject:
-		if !l.finishCall(f.Req, func(c *call) { c.err = &RejectError{Peer: l.remote, Req: f.Req, Code: f.Code, Reason: f.Reason} }) {
-			return l.staleOrBogus(f)
-		}
-		return nil
+		return l.rejected(f)
 	case wire.TypeHello:
 		return protoErr(l.remote, "second HELLO")
 	}
@@ -411,6 +442,9 @@ func (l *link) finishCall(req uint32, fill func(*call)) bool {
 	c := l.calls[req]
 	if c != nil {
 		delete(l.calls, req)
+		if c.ch != nil && c.ch.recvReq == req {
+			c.ch.recvReq = 0
+		}
 		fill(c)
 	}
 	l.mu.Unlock()
@@ -420,6 +454,46 @@ func (l *link) finishCall(req uint32, fill func(*call)) bool {
 	return c != nil
 }
 
+// rejected handles REJECT for a request of ours: pending (it fails),
+// abandoned (forgotten), or neither. A server may give up a request after
+// some of its PIECEs (a read that failed midway): the channel is free again.
+func (l *link) rejected(f *wire.Frame) error {
+	if l.finishCall(f.Req, func(c *call) { c.err = &RejectError{Peer: l.remote, Req: f.Req, Code: f.Code, Reason: f.Reason} }) {
+		return nil
+	}
+	l.mu.Lock()
+	a := l.gaveUp[f.Req]
+	if a != nil {
+		l.forgetLocked(f.Req, a)
+	}
+	l.mu.Unlock()
+	if a != nil {
+		return nil
+	}
+	return l.staleOrBogus(f)
+}
+
+// forgetLocked drops an abandoned request whose answer ended. l.mu is held.
+func (l *link) forgetLocked(req uint32, a *abandonedCall) {
+	delete(l.gaveUp, req)
+	if a.ch != nil && a.ch.recvReq == req {
+		a.ch.recvReq = 0
+	}
+}
+
+// abandonLocked remembers c, just removed from l.calls, as abandoned,
+// forgetting the oldest one beyond maxAbandoned. l.mu is held.
+func (l *link) abandonLocked(c *call) {
+	if len(l.gaveUp) >= maxAbandoned {
+		oldest := ^uint32(0)
+		for id := range l.gaveUp {
+			oldest = min(oldest, id)
+		}
+		l.forgetLocked(oldest, l.gaveUp[oldest])
+	}
+	l.gaveUp[c.req] = &abandonedCall{want: c.want, ch: c.ch, got: len(c.buf), total: c.total}
+}
+
 func (l *link) have(f *wire.Frame) error {
 	if f.Req == 0 {
 		return nil // announcements: not used by this version's scheduler
@@ -427,60 +501,129 @@ func (l *link) have(f *wire.Frame) error {
 	l.mu.Lock()
 	c := l.calls[f.Req]
 	if c == nil {
+		a := l.gaveUp[f.Req]
+		if a == nil {
+			l.mu.Unlock()
+			return l.staleOrBogus(f)
+		}
+		if !a.want {
+			l.mu.Unlock()
+			return protoErr(l.remote, "HAVE answers REQUEST %d", f.Req)
+		}
+		l.forgetLocked(f.Req, a)
 		l.mu.Unlock()
-		return l.staleOrBogus(f)
+		return nil
 	}
 	if !c.want {
 		l.mu.Unlock()
 		return protoErr(l.remote, "HAVE answers REQUEST %d", f.Req)
 	}
-	delete(l.calls, f.Req)
-	// f.Have aliases the read buffer: copy it out.
-	for _, e := range f.Have {
-		e.Bitmap = slices.Clone(e.Bitmap)
-		c.have = append(c.have, e)
+	have, err := acceptHave(c.asked, f.Have)
+	if err != nil {
+		l.mu.Unlock()
+		return protoErr(l.remote, "HAVE for WANT %d: %v", f.Req, err)
 	}
+	delete(l.calls, f.Req)
+	c.have = have
 	l.mu.Unlock()
 	close(c.done)
 	return nil
 }
 
-// staleOrBogus accepts an answer to a request we abandoned (cancelled or
-// timed out) and refuses one to a request never made. Request ids only
-// grow, so the two are told apart without remembering old ids.
-func (l *link) staleOrBogus(f *wire.Frame) error {
-	l.mu.Lock()
-	issued := f.Req != 0 && f.Req <= l.nextReq
-	l.mu.Unlock()
-	if issued {
-		return nil
+// acceptHave checks the entries of a HAVE that answers a WANT for asked
+// and returns them copied out of the frame: each a blob that was asked
+// for, listed once, held whole (PROTOCOL.md, WANT). So a WANT collects at
+// most one entry per CID it asked for.
+func acceptHave(asked []cas.CID, got []wire.HaveEntry) ([]wire.HaveEntry, error) {
+	if len(got) > len(asked) {
+		return nil, fmt.Errorf("%d entries for %d CIDs asked", len(got), len(asked))
 	}
-	return protoErr(l.remote, "%v for request %d, never made", f.Type, f.Req)
+	listed := make(map[cas.CID]bool, len(asked))
+	for _, c := range asked {
+		listed[c.Raw()] = false // HAVE entries carry digests: raw CIDs
+	}
+	out := make([]wire.HaveEntry, 0, len(got))
+	for i, e := range got {
+		done, ok := listed[e.CID]
+		switch {
+		case !ok:
+			return nil, fmt.Errorf("entry %d: %s was not asked for", i, e.CID)
+		case done:
+			return nil, fmt.Errorf("entry %d: %s listed twice", i, e.CID)
+		case e.Bitmap != nil:
+			return nil, fmt.Errorf("entry %d: %s is partial; a WANT is answered with whole blobs", i, e.CID)
+		}
+		listed[e.CID] = true
+		out = append(out, wire.HaveEntry{CID: e.CID, Size: e.Size})
+	}
+	return out, nil
 }
 
+// staleOrBogus accepts, up to maxStale frames per link, an answer to a
+// request that is neither pending nor remembered as abandoned (finished,
+// or abandoned long ago), and refuses one to a request never made. Request
+// ids only grow, so the two are told apart without remembering old ids.
+func (l *link) staleOrBogus(f *wire.Frame) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if f.Req == 0 || f.Req > l.nextReq {
+		return protoErr(l.remote, "%v for request %d, never made", f.Type, f.Req)
+	}
+	if l.stale++; l.stale > maxStale {
+		return protoErr(l.remote, "more than %d frames for requests already answered (%v for request %d)", maxStale, f.Type, f.Req)
+	}
+	return nil
+}
+
+// piece takes a PIECE: the next part of the slice of a pending request (or
+// of one we abandoned), on the request's channel, at least
+// wire.MinPieceData bytes unless it ends the slice, never past its end;
+// and, on a channel whose previous answer is incomplete, only if that
+// answer was abandoned (PROTOCOL.md, PIECE).
 func (l *link) piece(ch *channel, f *wire.Frame) error {
 	l.mu.Lock()
+	if cur := ch.recvReq; cur != 0 && cur != f.Req {
+		if c := l.calls[cur]; c != nil {
+			got, total := len(c.buf), c.total
+			l.mu.Unlock()
+			return &ProtocolError{Peer: l.remote, Code: wire.CodeProtocol, Reason: fmt.Sprintf(
+				"slice of request %d ended after %d of %d bytes: PIECE of request %d followed on %s", cur, got, total, f.Req, ch.dc.Label())}
+		}
+		if a := l.gaveUp[cur]; a != nil {
+			l.forgetLocked(cur, a) // we gave up on it; so may the server
+		}
+		ch.recvReq = 0
+	}
 	c := l.calls[f.Req]
 	if c == nil {
+		a := l.gaveUp[f.Req]
+		if a == nil {
+			l.mu.Unlock()
+			return l.staleOrBogus(f)
+		}
+		if err := l.checkPiece(ch, f, a.want, a.ch, a.got, a.total); err != nil {
+			l.mu.Unlock()
+			return err
+		}
+		a.ch, a.got = ch, a.got+len(f.Data)
+		ch.recvReq = f.Req
+		if a.got == a.total {
+			l.forgetLocked(f.Req, a)
+		}
 		l.mu.Unlock()
-		return l.staleOrBogus(f)
+		return nil
 	}
-	switch {
-	case c.want:
+	if err := l.checkPiece(ch, f, c.want, c.ch, len(c.buf), c.total); err != nil {
 		l.mu.Unlock()
-		return protoErr(l.remote, "PIECE answers WANT %d", f.Req)
-	case c.ch != nil && c.ch != ch:
-		l.mu.Unlock()
-		return protoErr(l.remote, "PIECEs of request %d on two channels", f.Req)
-	case int(f.Pos) != len(c.buf) || len(c.buf)+len(f.Data) > c.total:
-		l.mu.Unlock()
-		return protoErr(l.remote, "PIECE of request %d at %d+%d; expected offset %d of a %d-byte slice", f.Req, f.Pos, len(f.Data), len(c.buf), c.total)
+		return err
 	}
 	c.ch = ch
+	ch.recvReq = f.Req
 	c.buf = append(c.buf, f.Data...)
 	complete := len(c.buf) == c.total
 	if complete {
 		delete(l.calls, f.Req)
+		ch.recvReq = 0
 	}
 	l.mu.Unlock()
 	if complete {
@@ -489,8 +632,25 @@ func (l *link) piece(ch *channel, f *wire.Frame) error {
 	return nil
 }
 
+// checkPiece checks f against what its request has received: got of total
+// slice bytes, on channel on (nil: none yet).
+func (l *link) checkPiece(ch *channel, f *wire.Frame, want bool, on *channel, got, total int) error {
+	n := len(f.Data)
+	switch {
+	case want:
+		return protoErr(l.remote, "PIECE answers WANT %d", f.Req)
+	case on != nil && on != ch:
+		return protoErr(l.remote, "PIECEs of request %d on two channels", f.Req)
+	case int64(f.Pos) != int64(got) || got+n > total:
+		return protoErr(l.remote, "PIECE of request %d at %d+%d; expected offset %d of a %d-byte slice", f.Req, f.Pos, n, got, total)
+	case n < wire.MinPieceData && got+n != total:
+		return protoErr(l.remote, "PIECE of request %d carries %d bytes; want at least %d unless it ends the slice", f.Req, n, wire.MinPieceData)
+	}
+	return nil
+}
+
 // newCall registers a call and returns it.
-func (l *link) newCall(want bool, total int, buf []byte) (*call, error) {
+func (l *link) newCall(want bool, asked []cas.CID, total int, buf []byte) (*call, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {
@@ -500,13 +660,13 @@ func (l *link) newCall(want bool, total int, buf []byte) (*call, error) {
 		return nil, ErrLinkClosed
 	}
 	l.nextReq++
-	c := &call{req: l.nextReq, want: want, total: total, buf: buf[:0], done: make(chan struct{})}
+	c := &call{req: l.nextReq, want: want, asked: asked, total: total, buf: buf[:0], done: make(chan struct{})}
 	l.calls[c.req] = c
 	return c, nil
 }
 
 // wait waits for c; on ctx's end or a timeout it abandons c (telling the
-// peer with CANCEL if cancel is set).
+// peer with CANCEL if cancel is set). A timeout is a *RequestTimeoutError.
 func (l *link) wait(ctx context.Context, c *call, cancel bool) error {
 	t := time.NewTimer(l.n.cfg.RequestTimeout)
 	defer t.Stop()
@@ -517,15 +677,21 @@ func (l *link) wait(ctx context.Context, c *call, cancel bool) error {
 	case <-ctx.Done():
 		err = ctx.Err()
 	case <-t.C:
-		err = fmt.Errorf("swarm: request %d to %s: no answer in %v", c.req, l.remote, l.n.cfg.RequestTimeout)
 	}
 	l.mu.Lock()
 	_, pending := l.calls[c.req]
-	delete(l.calls, c.req)
+	if pending {
+		delete(l.calls, c.req)
+		l.abandonLocked(c)
+	}
+	got := len(c.buf)
 	l.mu.Unlock()
 	if !pending { // finished meanwhile
 		<-c.done
 		return c.err
+	}
+	if err == nil {
+		err = &RequestTimeoutError{Peer: l.remote, Req: c.req, Got: got, Want: c.total, After: l.n.cfg.RequestTimeout}
 	}
 	if cancel {
 		cctx, stop := context.WithTimeout(l.ctx, time.Second)
@@ -535,15 +701,16 @@ func (l *link) wait(ctx context.Context, c *call, cancel bool) error {
 	return err
 }
 
-// Request fetches the bao slice of [off, off+n) of blob c (of the given
+// request fetches the bao slice of [off, off+n) of blob c (of the given
 // size) into buf (reallocated if too small) and returns it. The slice is not
-// verified here: the caller hands it to a cas.Partial.
+// verified here: the caller hands it to a cas.Partial. Errors are listed
+// in errors.go.
 func (l *link) request(ctx context.Context, c cas.CID, size, off, n int64, buf []byte) ([]byte, error) {
 	total := int(cas.SliceLen(size, off, n))
 	if cap(buf) < total {
 		buf = make([]byte, 0, total)
 	}
-	cl, err := l.newCall(false, total, buf)
+	cl, err := l.newCall(false, nil, total, buf)
 	if err != nil {
 		return nil, err
 	}
@@ -557,13 +724,22 @@ func (l *link) request(ctx context.Context, c cas.CID, size, off, n int64, buf [
 	return cl.buf, nil
 }
 
-// want asks which of cids the peer holds.
+// want asks which of cids the peer holds whole. It sends as many WANTs as
+// the peer's max_frame and ours require (wire.WantLimit) and returns at
+// most one entry per distinct CID, each one asked for.
 func (l *link) want(ctx context.Context, cids []cas.CID) ([]wire.HaveEntry, error) {
+	limit := wire.WantLimit(int(l.peerHello().MaxFrame), wire.MaxFrame)
+	seen := make(map[cas.CID]bool, len(cids))
+	cids = slices.DeleteFunc(slices.Clone(cids), func(c cas.CID) bool {
+		dup := seen[c]
+		seen[c] = true
+		return dup
+	})
 	var out []wire.HaveEntry
 	for len(cids) > 0 {
-		batch := cids[:min(len(cids), wire.MaxWant)]
+		batch := cids[:min(len(cids), limit)]
 		cids = cids[len(batch):]
-		cl, err := l.newCall(true, 0, nil)
+		cl, err := l.newCall(true, batch, 0, nil)
 		if err != nil {
 			return nil, err
 		}
@@ -579,130 +755,20 @@ func (l *link) want(ctx context.Context, cids []cas.CID) ([]wire.HaveEntry, erro
 	return out, nil
 }
 
-// serveWant answers WANT with the blobs we hold whole.
-func (l *link) serveWant(f *wire.Frame) error {
-	var have []wire.HaveEntry
-	if src := l.n.cfg.Source; src != nil {
-		for _, c := range f.Want {
-			if inf, err := src.Stat(c); err == nil && !inf.Corrupt {
-				have = append(have, wire.HaveEntry{CID: c, Size: uint64(inf.Size)})
-			}
-		}
-	}
-	return l.ctl.write(l.ctx, wire.AppendHave(nil, f.Req, have))
-}
-
-func (l *link) reject(req uint32, code wire.Code, reason string) error {
-	return l.ctl.write(l.ctx, wire.AppendReject(nil, req, code, reason))
-}
-
-// serveRequest checks a REQUEST and queues it for a serve worker.
-func (l *link) serveRequest(f *wire.Frame) error {
-	src := l.n.cfg.Source
-	if src == nil {
-		return l.reject(f.Req, wire.CodeNotFound, "this peer serves nothing")
-	}
-	inf, err := src.Stat(f.CID)
-	switch {
-	case err != nil:
-		return l.reject(f.Req, wire.CodeNotFound, "blob "+f.CID.String()+" not stored here")
-	case inf.Corrupt:
-		return l.reject(f.Req, wire.CodeCorrupt, "our copy of "+f.CID.String()+" is corrupt")
-	}
-	off, n, size := int64(f.Off), int64(f.Len), inf.Size
-	switch {
-	case off%cas.GroupSize != 0 || off >= size || n > size-off:
-		return l.reject(f.Req, wire.CodeBadRequest, fmt.Sprintf("range [%d, %d) is unaligned or outside a %d-byte blob", off, off+n, size))
-	case n%cas.GroupSize != 0 && off+n != size:
-		return l.reject(f.Req, wire.CodeBadRequest, fmt.Sprintf("length %d is not a multiple of %d and does not end the blob", n, cas.GroupSize))
-	}
-	l.mu.Lock()
-	if _, dup := l.serving[f.Req]; dup {
-		l.mu.Unlock()
-		return protoErr(l.remote, "request id %d reused while outstanding", f.Req)
-	}
-	select {
-	case l.serveQ <- serveJob{req: f.Req, cid: f.CID, off: off, n: n}:
-		l.serving[f.Req] = false
-		l.mu.Unlock()
-		return nil
-	default:
-		l.mu.Unlock()
-		return l.reject(f.Req, wire.CodeBusy, fmt.Sprintf("more than %d requests outstanding", l.n.cfg.MaxOutstanding))
-	}
-}
-
-func (l *link) cancelled(req uint32) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.serving[req]
-}
-
-// serveLoop answers queued REQUESTs, sending each slice as PIECEs on ch.
-func (l *link) serveLoop(ch *channel) {
-	defer l.wg.Done()
-	var slice []byte
-	frame := make([]byte, wire.MaxFrame)
-	for {
-		select {
-		case job := <-l.serveQ:
-			var err error
-			slice, err = l.serveOne(ch, job, slice[:0], frame)
-			l.mu.Lock()
-			delete(l.serving, job.req)
-			l.mu.Unlock()
-			if err != nil {
-				l.close(err)
-				return
-			}
-		case <-l.done:
-			return
-		}
-	}
-}
-
-func (l *link) serveOne(ch *channel, job serveJob, slice, frame []byte) ([]byte, error) {
-	if l.cancelled(job.req) {
-		return slice, nil
-	}
-	slice, err := l.n.cfg.Source.AppendSlice(slice, job.cid, job.off, job.n)
-	if err != nil {
-		code := wire.CodeInternal
-		switch {
-		case errors.Is(err, cas.ErrNotFound):
-			code = wire.CodeNotFound
-		case errors.Is(err, cas.ErrCorrupt):
-			code = wire.CodeCorrupt
-		}
-		l.n.log.Warn("swarm: cannot serve", "peer", l.remote, "cid", job.cid, "off", job.off, "len", job.n, "err", err)
-		return slice, l.reject(job.req, code, err.Error())
-	}
-	l.mu.Lock()
-	maxData := int(l.hello.MaxFrame) - wire.PieceHeaderSize
-	l.mu.Unlock()
-	for pos := 0; pos < len(slice); {
-		if pos > 0 && l.cancelled(job.req) {
-			return slice, nil // the peer drops the rest; a new request gets a new id
-		}
-		k := min(maxData, len(slice)-pos)
-		wire.PutPieceHeader(frame, job.req, uint32(pos), k)
-		copy(frame[wire.PieceHeaderSize:], slice[pos:pos+k])
-		if err := ch.write(l.ctx, frame[:wire.PieceHeaderSize+k]); err != nil {
-			return slice, err
-		}
-		pos += k
-	}
-	l.n.stats.servedBytes.Add(job.n)
-	return slice, nil
-}
-
 // abort tells the peer why the link closes (REJECT with id 0), waits
 // briefly for that frame to be acknowledged, and closes.
 func (l *link) abort(code wire.Code, reason string) {
 	l.n.record(Event{Peer: l.remote, Kind: EventProtocol, Detail: code.String() + ": " + reason})
 	l.n.log.Warn("swarm: closing connection", "peer", l.remote, "code", code, "reason", reason)
+	pe := &ProtocolError{Peer: l.remote, Code: code, Reason: reason}
+	l.mu.Lock()
+	if l.aborting == nil {
+		l.aborting = pe // the peer may hang up while we say why: the reason stays ours
+	}
+	l.mu.Unlock()
 	l.say(code, reason)
-	l.close(&ProtocolError{Peer: l.remote, Code: code, Reason: reason})
+	l.close(pe)
+	l.n.strike(l.remote, code.String()+": "+reason)
 }
 
 // say sends a connection-level REJECT and waits up to a second for SCTP to
@@ -734,6 +800,9 @@ func (l *link) close(err error) {
 		return
 	}
 	l.closed = true
+	if l.aborting != nil {
+		err = l.aborting
+	}
 	l.err = err
 	calls := l.calls
 	l.calls = map[uint32]*call{}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/rdrr/peer/cas"
 	"github.com/rdrr/peer/swarm/wire"
 )
 
@@ -141,7 +142,7 @@ func TestBadFramesCloseWithReason(t *testing.T) {
 		{"bad length prefix", false, []byte{0, 0, 0, 9, 6, 0, 0, 0, 1}, wire.CodeMalformed, "length prefix"},
 		{"oversize on control", false, make([]byte, 100<<10), wire.CodeFrameTooLarge, "larger than 65536"},
 		{"oversize on bulk", true, make([]byte, wire.MaxFrame+1), wire.CodeFrameTooLarge, "larger than 65536"},
-		{"request on bulk", true, wire.AppendRequest(nil, 1, [32]byte{}, 0, 16384), wire.CodeProtocol, "on a bulk channel"},
+		{"request on bulk", true, wire.AppendRequest(nil, 1, cas.CID{}, 0, 16384), wire.CodeProtocol, "on a bulk channel"},
 		{"piece never requested", true, wire.AppendPiece(nil, 777, 0, []byte{1}), wire.CodeProtocol, "never made"},
 		{"second hello", false, wire.AppendHello(nil, wire.Hello{Version: 1, MaxFrame: wire.MaxFrame, MaxRequest: 1 << 20, MaxOutstanding: 1}), wire.CodeProtocol, "second HELLO"},
 	}

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -32,11 +33,12 @@ type Signaler interface {
 
 // Event kinds.
 const (
-	EventBadData  = "bad_data" // a slice from the peer failed verification
-	EventProtocol = "protocol" // the peer broke the wire protocol
-	EventIdentity = "identity" // the peer's certificate or signature did not match its ID
-	EventBanned   = "banned"   // the peer was banned
-	EventRefused  = "refused"  // a connection from the peer was refused (limit, ban)
+	EventBadData  = "bad_data"   // a slice from the peer failed verification
+	EventProtocol = "protocol"   // the peer broke the wire protocol
+	EventIdentity = "identity"   // the peer's certificate or signature did not match its ID
+	EventBanned   = "banned"     // the peer was banned
+	EventRefused  = "refused"    // a connection from the peer was refused (limit, ban)
+	EventNoBigMTU = "no_big_mtu" // big SCTP packets did not reach the peer: it gets default ones
 )
 
 // Event is something a peer did that the node acted on.
@@ -54,6 +56,7 @@ type Stats struct {
 	Links         int   // open connections
 	FetchedBytes  int64 // verified bytes written to the store
 	ServedBytes   int64 // bytes of data served
+	ServingBytes  int64 // bytes held for serving now (at most Config.ServeBudget)
 	BadSlices     int64 // slices that failed verification
 	Bans          int64
 	LinksAccepted int64
@@ -83,17 +86,33 @@ type Node struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // dispatcher, setups, peer connection closers
 	stats  nodeStats
+	budget *serveBudget // bytes held for serving
+	// readSem bounds the Source reads in progress: each holds a read
+	// buffer of the store's, and reading is CPU-bound (verification).
+	readSem chan struct{}
 
-	mu      sync.Mutex
-	closed  bool
-	sig     Signaler
-	links   map[peer.ID][]*link
-	nlinks  int
-	setups  map[setupKey]*setup
-	banned  map[peer.ID]time.Time
-	events  []Event
-	allLink map[*link]struct{} // every link not yet fully stopped
+	mu       sync.Mutex
+	closed   bool
+	sig      Signaler
+	links    map[peer.ID][]*link
+	nlinks   int
+	setups   map[setupKey]*setup
+	banned   map[peer.ID]time.Time
+	events   []Event
+	allLink  map[*link]struct{}    // every link not yet fully stopped
+	strikes  map[peer.ID]strike    // protocol violations, at most maxBanned peers
+	smallMTU map[peer.ID]time.Time // peers big packets did not reach, until when
 }
+
+// strike counts a peer's protocol violations (each closed a link).
+type strike struct {
+	n     int
+	first time.Time
+}
+
+// maxStrikes protocol violations within BanFor ban a peer: one may be a
+// bug or a race at close; three are a pattern.
+const maxStrikes = 3
 
 // testHooks let tests play a dishonest peer; always zero outside tests.
 type testHooks struct {
@@ -103,6 +122,16 @@ type testHooks struct {
 	// noPionFingerprintCheck leaves the certificate check to verifyRemote
 	// alone, to show that it holds by itself.
 	noPionFingerprintCheck bool
+	// serve answers a queued REQUEST instead of serveOne (a dishonest
+	// server); its error closes the link.
+	serve func(l *link, ch *channel, job serveJob) error
+	// noReadBulk leaves the bulk channels unread: a peer that asks and
+	// never reads.
+	noReadBulk bool
+	// receiveMTU sets pion's UDP read size (and not what we announce).
+	receiveMTU uint
+	// bigMTUProbe, if set, replaces the constant bigMTUProbe.
+	bigMTUProbe time.Duration
 }
 
 type setupKey struct {
@@ -122,16 +151,20 @@ func NewNode(cfg Config) (*Node, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Node{
-		cfg:     cfg,
-		id:      cfg.Identity,
-		log:     cfg.Logger,
-		tr:      tr,
-		ctx:     ctx,
-		cancel:  cancel,
-		links:   make(map[peer.ID][]*link),
-		setups:  make(map[setupKey]*setup),
-		banned:  make(map[peer.ID]time.Time),
-		allLink: make(map[*link]struct{}),
+		cfg:      cfg,
+		id:       cfg.Identity,
+		log:      cfg.Logger,
+		tr:       tr,
+		ctx:      ctx,
+		cancel:   cancel,
+		links:    make(map[peer.ID][]*link),
+		setups:   make(map[setupKey]*setup),
+		banned:   make(map[peer.ID]time.Time),
+		allLink:  make(map[*link]struct{}),
+		strikes:  make(map[peer.ID]strike),
+		smallMTU: make(map[peer.ID]time.Time),
+		budget:   newServeBudget(cfg.ServeBudget),
+		readSem:  make(chan struct{}, max(2, runtime.GOMAXPROCS(0))),
 	}, nil
 }
 
@@ -227,10 +260,12 @@ func (n *Node) Stats() Stats {
 	n.mu.Lock()
 	nl := n.nlinks
 	n.mu.Unlock()
+	serving, _ := n.budget.held("")
 	return Stats{
 		Links:         nl,
 		FetchedBytes:  n.stats.fetchedBytes.Load(),
 		ServedBytes:   n.stats.servedBytes.Load(),
+		ServingBytes:  serving,
 		BadSlices:     n.stats.badSlices.Load(),
 		Bans:          n.stats.bans.Load(),
 		LinksAccepted: n.stats.accepted.Load(),
@@ -283,6 +318,60 @@ func (n *Node) ban(p peer.ID, ev Event) {
 	for _, l := range links {
 		l.shutdown(code, ev.Detail, fmt.Errorf("%w: %s", ErrBanned, ev.Detail))
 	}
+}
+
+// strike counts a protocol violation of p (its link is closing) and bans
+// p at the maxStrikes-th within BanFor.
+func (n *Node) strike(p peer.ID, detail string) {
+	now := n.cfg.Now()
+	n.mu.Lock()
+	st := n.strikes[p]
+	if st.n == 0 || now.Sub(st.first) > n.cfg.BanFor {
+		st = strike{first: now}
+	}
+	st.n++
+	if len(n.strikes) >= maxBanned {
+		for id := range n.strikes { // any one: a bound, not a policy
+			if id != p {
+				delete(n.strikes, id)
+				break
+			}
+		}
+	}
+	n.strikes[p] = st
+	n.mu.Unlock()
+	if st.n >= maxStrikes {
+		n.mu.Lock()
+		delete(n.strikes, p)
+		n.mu.Unlock()
+		n.ban(p, Event{Peer: p, Kind: EventBanned, Detail: fmt.Sprintf("%d protocol violations, the last: %s", st.n, detail)})
+	}
+}
+
+// bigMTUFailed remembers, for BanFor, that big SCTP packets did not reach
+// p.
+func (n *Node) bigMTUFailed(p peer.ID) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if len(n.smallMTU) >= maxBanned {
+		for id := range n.smallMTU { // any one: a bound, not a policy
+			delete(n.smallMTU, id)
+			break
+		}
+	}
+	n.smallMTU[p] = n.cfg.Now().Add(n.cfg.BanFor)
+}
+
+// bigMTUOK reports whether big packets may be tried with p.
+func (n *Node) bigMTUOK(p peer.ID) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	until, ok := n.smallMTU[p]
+	if ok && n.cfg.Now().After(until) {
+		delete(n.smallMTU, p)
+		return true
+	}
+	return !ok
 }
 
 // Links returns how many connections to p are open.

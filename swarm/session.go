@@ -23,6 +23,8 @@ type setup struct {
 	remote peer.ID
 	sid    string
 	inbox  chan *signaling.Message // answer, candidate, bye from the remote
+	// incoming: the remote offered, we answer
+	incoming bool
 
 	mu      sync.Mutex
 	sent    bool                      // our offer/answer has gone out
@@ -31,8 +33,9 @@ type setup struct {
 }
 
 // newSetup registers a setup so that route delivers the remote's messages
-// to it.
-func (n *Node) newSetup(ctx context.Context, remote peer.ID, sid string) (*setup, error) {
+// to it. An incoming one (the remote offered) counts against the remote's
+// MaxSetupsPerPeer.
+func (n *Node) newSetup(ctx context.Context, remote peer.ID, sid string, incoming bool) (*setup, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	switch {
@@ -47,11 +50,22 @@ func (n *Node) newSetup(ctx context.Context, remote peer.ID, sid string) (*setup
 		n.nlinks >= n.cfg.MaxLinks:
 		return nil, ErrLimit
 	}
+	if incoming {
+		held := 0
+		for k, s := range n.setups {
+			if k.peer == remote && s.incoming {
+				held++
+			}
+		}
+		if held >= n.cfg.MaxSetupsPerPeer {
+			return nil, fmt.Errorf("%w: %d connection setups from %s in progress", ErrLimit, held, remote)
+		}
+	}
 	k := setupKey{remote, sid}
 	if n.setups[k] != nil {
 		return nil, fmt.Errorf("swarm: session %s with %s already in progress", sid, remote)
 	}
-	s := &setup{n: n, sig: n.sig, remote: remote, sid: sid, inbox: make(chan *signaling.Message, setupInbox), ctx: ctx}
+	s := &setup{n: n, sig: n.sig, remote: remote, sid: sid, incoming: incoming, inbox: make(chan *signaling.Message, setupInbox), ctx: ctx}
 	n.setups[k] = s
 	return s, nil
 }
@@ -118,7 +132,7 @@ func (n *Node) dial(ctx context.Context, remote peer.ID) (*link, error) {
 	ctx, cancel := context.WithTimeout(ctx, n.cfg.ConnectTimeout)
 	defer cancel()
 	sid := randomSID()
-	s, err := n.newSetup(ctx, remote, sid)
+	s, err := n.newSetup(ctx, remote, sid, false)
 	if err != nil {
 		return nil, err
 	}
@@ -260,7 +274,7 @@ func (s *setup) negotiate(ctx context.Context, l *link, offerer bool) error {
 // acceptOffer answers an offer from remote, on its own goroutine.
 func (n *Node) acceptOffer(remote peer.ID, m *signaling.Message) {
 	ctx, cancel := context.WithTimeout(n.ctx, n.cfg.ConnectTimeout)
-	s, err := n.newSetup(ctx, remote, m.SID)
+	s, err := n.newSetup(ctx, remote, m.SID, true)
 	if err != nil {
 		cancel()
 		n.record(Event{Peer: remote, Kind: EventRefused, Detail: err.Error()})
@@ -305,11 +319,16 @@ func (n *Node) answer(ctx context.Context, s *setup, m *signaling.Message) error
 		s.bye(fmt.Sprintf("bulk channels must be 1..%d", maxBulk))
 		return fmt.Errorf("swarm: offer from %s asks for %d bulk channels", s.remote, d.Caps.Bulk)
 	}
-	pc, err := n.tr.api(d.Caps.RecvMTU).NewPeerConnection(n.tr.conf)
+	api := n.tr.api(d.Caps.RecvMTU)
+	if api == n.tr.big && !n.bigMTUOK(s.remote) {
+		api = n.tr.small
+	}
+	pc, err := api.NewPeerConnection(n.tr.conf)
 	if err != nil {
 		return err
 	}
 	l := newLink(n, s.remote, pc, d.Caps.Bulk)
+	l.big = api == n.tr.big
 	if !n.trackLink(l) {
 		pc.Close()
 		return ErrClosed
@@ -317,6 +336,18 @@ func (n *Node) answer(ctx context.Context, s *setup, m *signaling.Message) error
 	l.mu.Lock()
 	l.fps = fps
 	l.mu.Unlock()
+	// An offer abandoned by its sender (or by the network) frees its slot
+	// after SetupProgress, not ConnectTimeout.
+	stall := time.AfterFunc(n.cfg.SetupProgress, func() {
+		switch pc.ICEConnectionState() {
+		case webrtc.ICEConnectionStateConnected, webrtc.ICEConnectionStateCompleted:
+			return
+		}
+		err := fmt.Errorf("%w: no ICE connectivity with %s in %v", ErrLinkClosed, s.remote, n.cfg.SetupProgress)
+		l.close(err)
+		s.bye("timeout: " + err.Error())
+	})
+	defer stall.Stop()
 	pc.OnDataChannel(l.onDataChannel)
 	pc.OnICECandidate(s.onCandidate)
 	err = pc.SetRemoteDescription(webrtc.SessionDescription{Type: webrtc.SDPTypeOffer, SDP: d.SDP})

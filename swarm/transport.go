@@ -6,11 +6,13 @@ import (
 	"crypto/rand"
 	"fmt"
 	"net"
+	"time"
 
 	"github.com/pion/ice/v4"
 	piontransport "github.com/pion/transport/v4"
 	"github.com/pion/transport/v4/stdnet"
 	"github.com/pion/webrtc/v4"
+	"github.com/rdrr/peer/swarm/wire"
 )
 
 const (
@@ -21,8 +23,20 @@ const (
 	// ends accept it. pion/sctp reads packets into 8 KiB buffers.
 	loopbackBigMTU = 8000
 	// bigRecvMTU is the UDP datagram size we can receive when big packets
-	// are on: an SCTP packet plus DTLS record overhead, rounded up.
+	// are on (pion's receive buffer, SettingEngine.SetReceiveMTU), and
+	// what we announce as caps.recv_mtu. Stock pion reads 1500 bytes.
 	bigRecvMTU = 16384
+	// dtlsOverhead bounds what DTLS 1.2 adds to an SCTP packet: record
+	// header 13, explicit IV or nonce up to 16, MAC or tag up to 20, CBC
+	// padding up to 15. A peer that announces recv_mtu gets SCTP packets
+	// of at most recv_mtu - dtlsOverhead bytes.
+	dtlsOverhead = 64
+	// bigMTUProbe is how long a link that sends big packets may have
+	// bytes outstanding without any being acknowledged before the node
+	// decides they do not get through (bigMTUProven bytes acknowledged
+	// show that they do).
+	bigMTUProbe  = 10 * time.Second
+	bigMTUProven = 256 << 10
 	// maxMessage is the max-message-size we announce in SDP: 256 KiB, as
 	// Chromium does. Our frames are at most 64 KiB; a larger message is
 	// read far enough to be refused with a reason (wire.CodeFrameTooLarge).
@@ -97,6 +111,9 @@ func newTransport(cfg Config) (*transport, error) {
 		if bigMTU > 0 {
 			se.SetReceiveMTU(bigRecvMTU)
 		}
+		if m := cfg.testHooks.receiveMTU; m > 0 {
+			se.SetReceiveMTU(m) // a peer that announces more than it reads
+		}
 		se.DisableCertificateFingerprintVerification(cfg.testHooks.noPionFingerprintCheck)
 		return se, nil
 	}
@@ -118,13 +135,69 @@ func newTransport(cfg Config) (*transport, error) {
 	return t, nil
 }
 
-// api returns the API for a connection to a peer that can receive SCTP
-// packets of peerRecvMTU bytes (0: pion's default).
+// api returns the API for a connection to a peer that reads UDP datagrams
+// of up to peerRecvMTU bytes (caps.recv_mtu; 0: unknown, pion's default).
 func (t *transport) api(peerRecvMTU int) *webrtc.API {
-	if t.big != nil && peerRecvMTU >= t.bigMTU+64 {
+	if t.big != nil && peerRecvMTU >= t.bigMTU+dtlsOverhead {
 		return t.big
 	}
 	return t.small
+}
+
+// watchBigMTU runs on a link that sends big SCTP packets until they are
+// seen to arrive (bigMTUProven bytes acknowledged). If bytes stay
+// outstanding for bigMTUProbe and none is acknowledged, big packets do not
+// get through (the path drops them, or the peer reads smaller datagrams
+// than it announced): the node sends this peer default-size packets from
+// now on (Node.bigMTUFailed) and closes the link, so that the peer
+// reconnects, instead of letting every request stall.
+func (l *link) watchBigMTU() {
+	defer l.wg.Done()
+	probe := bigMTUProbe
+	if p := l.n.cfg.testHooks.bigMTUProbe; p > 0 {
+		probe = p
+	}
+	tick := time.NewTicker(probe / 20)
+	defer tick.Stop()
+	var last int64
+	since := time.Now()
+	for {
+		select {
+		case <-l.done:
+			return
+		case <-tick.C:
+		}
+		acked, queued := l.delivery()
+		switch {
+		case acked >= bigMTUProven:
+			return
+		case acked > last || queued == 0:
+			last, since = acked, time.Now()
+		case time.Since(since) >= probe:
+			reason := fmt.Sprintf("no byte of %d acknowledged in %v with %d-byte SCTP packets; reconnect: you get %d-byte packets", queued, probe, l.n.tr.bigMTU, defaultSCTPMTU)
+			l.n.bigMTUFailed(l.remote)
+			l.n.record(Event{Peer: l.remote, Kind: EventNoBigMTU, Detail: reason})
+			l.shutdown(wire.CodeTimeout, reason, fmt.Errorf("%w: %s", ErrLinkClosed, reason))
+			return
+		}
+	}
+}
+
+// delivery returns the bytes written on the link's channels that the peer
+// acknowledged, and those still queued.
+func (l *link) delivery() (acked, queued int64) {
+	l.mu.Lock()
+	chs := append([]*channel{l.ctl}, l.bulk...)
+	l.mu.Unlock()
+	for _, ch := range chs {
+		if ch == nil {
+			continue
+		}
+		q := int64(ch.dc.BufferedAmount())
+		acked += max(0, ch.written.Load()-q)
+		queued += q
+	}
+	return acked, queued
 }
 
 // bufferedNet asks for big UDP socket buffers: at 100 MB/s a default

@@ -29,6 +29,10 @@ const (
 	PieceHeaderSize = HeaderSize + 8
 	// MaxPieceData is the most slice bytes one PIECE of MaxFrame carries.
 	MaxPieceData = MaxFrame - PieceHeaderSize
+	// MinPieceData is the least slice bytes a PIECE carries unless it
+	// ends its request's slice (PROTOCOL.md, PIECE): it bounds the frames
+	// a receiver handles per request.
+	MinPieceData = 1024
 	// MaxReason bounds a REJECT's reason text.
 	MaxReason = 255
 	// MaxAgent bounds a HELLO's agent string.
@@ -82,8 +86,9 @@ type Caps uint32
 const (
 	// CapServe: the sender answers WANT and REQUEST.
 	CapServe Caps = 1 << 0
-	// CapBigMTU: the sender accepts SCTP packets up to 8 KiB on this path
-	// (native peers on loopback or a LAN that carries them).
+	// CapBigMTU: the sender reads datagrams larger than the WebRTC
+	// default on this connection (it announced caps.recv_mtu; native
+	// peers on loopback or a LAN that carries them).
 	CapBigMTU Caps = 1 << 1
 )
 
@@ -189,11 +194,25 @@ type Frame struct {
 }
 
 const (
-	haveEntryFixed = 32 + 8 + 1
+	// HaveEntrySize is the encoded size of a HAVE entry without a bitmap
+	// (a whole blob): cid, size, flags.
+	HaveEntrySize  = 32 + 8 + 1
+	haveEntryFixed = HaveEntrySize
 	flagBitmap     = 1
-	// MaxWant is the most CIDs one WANT carries.
-	MaxWant = (MaxFrame - HeaderSize - 4 - 2) / 32
+	listHeader     = HeaderSize + 4 + 2 // req, count
+	// MaxWant is the most CIDs one WANT carries: as many as the answering
+	// HAVE (whole blobs only, HaveEntrySize each) can list in one
+	// MaxFrame-byte frame, so that an answer always fits in one frame.
+	MaxWant = (MaxFrame - listHeader) / HaveEntrySize
 )
+
+// WantLimit is the most CIDs one WANT may carry between a server that
+// accepts frames of serverMaxFrame bytes and a requester that accepts
+// requesterMaxFrame: the WANT must fit the server's frame and the HAVE
+// that answers it the requester's (PROTOCOL.md, WANT).
+func WantLimit(serverMaxFrame, requesterMaxFrame int) int {
+	return max(0, min(MaxWant, (serverMaxFrame-listHeader)/32, (requesterMaxFrame-listHeader)/HaveEntrySize))
+}
 
 // Error says why a frame did not decode.
 type Error struct {
@@ -265,7 +284,7 @@ func Decode(b []byte, maxFrame int, f *Frame) error {
 				return errf(t, "entry %d truncated", i)
 			}
 			var e HaveEntry
-			copy(e.CID[:], p)
+			e.CID = cas.RawCID(cas.Digest(p))
 			e.Size = be.Uint64(p[32:])
 			flags := p[40]
 			p = p[haveEntryFixed:]
@@ -303,7 +322,7 @@ func Decode(b []byte, maxFrame int, f *Frame) error {
 			return err
 		}
 		for i := 0; i < n; i++ {
-			f.Want = append(f.Want, cas.CID(p[6+32*i:]))
+			f.Want = append(f.Want, cas.RawCID(cas.Digest(p[6+32*i:])))
 		}
 		return nil
 	case TypeRequest:
@@ -311,15 +330,12 @@ func Decode(b []byte, maxFrame int, f *Frame) error {
 			return err
 		}
 		f.Req = be.Uint32(p)
-		copy(f.CID[:], p[4:])
+		f.CID = cas.RawCID(cas.Digest(p[4:]))
 		f.Off = be.Uint64(p[36:])
 		f.Len = be.Uint32(p[44:])
-		if f.Len == 0 || f.Len > MaxRequest {
-			return errf(t, "length %d; want 1..%d", f.Len, MaxRequest)
-		}
-		if f.Off > 1<<62 {
-			return errf(t, "offset %d out of range", f.Off)
-		}
+		// Offset and length are checked against the blob and the
+		// server's max_request by the server, which answers REJECT
+		// bad_request: they are not malformed.
 		return nil
 	case TypePiece:
 		if len(p) < 8 {
@@ -420,7 +436,7 @@ func AppendHave(dst []byte, req uint32, entries []HaveEntry) []byte {
 	dst = be.AppendUint32(dst, req)
 	dst = be.AppendUint16(dst, uint16(len(entries)))
 	for _, e := range entries {
-		dst = append(dst, e.CID[:]...)
+		dst = e.CID.AppendDigest(dst)
 		dst = be.AppendUint64(dst, e.Size)
 		if e.Bitmap == nil {
 			dst = append(dst, 0)
@@ -447,7 +463,7 @@ func AppendWant(dst []byte, req uint32, cids []cas.CID) []byte {
 	dst = be.AppendUint32(dst, req)
 	dst = be.AppendUint16(dst, uint16(len(cids)))
 	for _, c := range cids {
-		dst = append(dst, c[:]...)
+		dst = c.AppendDigest(dst)
 	}
 	return dst
 }
@@ -456,7 +472,7 @@ func AppendWant(dst []byte, req uint32, cids []cas.CID) []byte {
 func AppendRequest(dst []byte, req uint32, c cas.CID, off uint64, n uint32) []byte {
 	dst = header(dst, TypeRequest, 48)
 	dst = be.AppendUint32(dst, req)
-	dst = append(dst, c[:]...)
+	dst = c.AppendDigest(dst)
 	dst = be.AppendUint64(dst, off)
 	return be.AppendUint32(dst, n)
 }

@@ -83,8 +83,6 @@ func TestDecodeRejects(t *testing.T) {
 		{"short length", corrupt(fr["cancel"], 3, 4), "length prefix"},
 		{"long length", corrupt(fr["cancel"], 3, 6), "length prefix"},
 		{"unknown type", corrupt(fr["cancel"], 4, 99), "unknown frame type"},
-		{"request len 0", AppendRequest(nil, 1, cidA, 0, 0), "length 0"},
-		{"request too long", AppendRequest(nil, 1, cidA, 0, MaxRequest+1), "length"},
 		{"request truncated", truncated(fr["request"]), "body is"},
 		{"piece without data", AppendPiece(nil, 1, 0, nil), "no data"},
 		{"hello max_frame", badHello, "max_frame"},
@@ -92,6 +90,7 @@ func TestDecodeRejects(t *testing.T) {
 		{"have bad flags", corrupt(fr["have"], HeaderSize+6+40, 7), "unknown flags"},
 		{"have bitmap tail", AppendHave(nil, 1, []HaveEntry{{CID: cidA, Size: 1 << 20, Bitmap: []byte{0b10}}}), "past the last piece"},
 		{"want none", AppendWant(nil, 1, nil), "0 CIDs"},
+		{"want more than an answer holds", AppendWant(nil, 1, make([]cas.CID, MaxWant+1)), "CIDs; want 1.."},
 		{"reject bad utf8", AppendReject(nil, 1, CodeBusy, "\xff"), "UTF-8"},
 	}
 	for _, tc := range cases {
@@ -106,6 +105,40 @@ func TestDecodeRejects(t *testing.T) {
 	var tl *TooLargeError
 	if err := Decode(big, MaxFrame, new(Frame)); !errors.As(err, &tl) || tl.Len != MaxFrame+1 {
 		t.Fatalf("oversize frame: %v; want TooLargeError", err)
+	}
+}
+
+// A REQUEST's range is the server's to judge (REJECT bad_request, with the
+// connection kept): every 48-byte REQUEST decodes.
+func TestRequestRangeIsNotMalformed(t *testing.T) {
+	for _, n := range []uint32{0, MaxRequest + 1, 1<<32 - 1} {
+		b := AppendRequest(nil, 1, cidA, 1<<63+5, n)
+		var f Frame
+		if err := Decode(b, MaxFrame, &f); err != nil || f.Len != n || f.Off != 1<<63+5 {
+			t.Errorf("REQUEST of length %d: %v, %+v; want it decoded", n, err, f)
+		}
+	}
+}
+
+// The answer to the largest WANT fits one frame, for every pair of
+// max_frame values.
+func TestWantAnswerFits(t *testing.T) {
+	for _, mf := range [][2]int{{MaxFrame, MaxFrame}, {MinFrame, MaxFrame}, {MaxFrame, MinFrame}, {MinFrame, MinFrame}, {5000, 60000}} {
+		n := WantLimit(mf[0], mf[1])
+		if n < 1 {
+			t.Fatalf("WantLimit(%d, %d) = %d", mf[0], mf[1], n)
+		}
+		cids := make([]cas.CID, n)
+		entries := make([]HaveEntry, n)
+		if got := len(AppendWant(nil, 1, cids)); got > mf[0] {
+			t.Errorf("WANT of %d CIDs is %d bytes; server max_frame %d", n, got, mf[0])
+		}
+		if got := len(AppendHave(nil, 1, entries)); got > mf[1] {
+			t.Errorf("HAVE of %d entries is %d bytes; requester max_frame %d", n, got, mf[1])
+		}
+	}
+	if got := len(AppendHave(nil, 1, make([]HaveEntry, MaxWant+1))); got <= MaxFrame {
+		t.Errorf("MaxWant %d is not the most: %d entries still fit (%d bytes)", MaxWant, MaxWant+1, got)
 	}
 }
 
