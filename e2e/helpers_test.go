@@ -181,6 +181,13 @@ type localNode struct {
 
 func newLocalNode(t testing.TB, url, home, topic string) *localNode {
 	t.Helper()
+	return newLocalNodeWith(t, url, home, topic, nil)
+}
+
+// newLocalNodeWith is newLocalNode with tweak applied to the node's
+// configuration.
+func newLocalNodeWith(t testing.TB, url, home, topic string, tweak func(*swarm.Config)) *localNode {
+	t.Helper()
 	st, err := cas.Open(home, cas.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -190,7 +197,11 @@ func newLocalNode(t testing.TB, url, home, topic string) *localNode {
 		t.Fatal(err)
 	}
 	log := slog.New(slog.NewTextHandler(tWriter{t, "local"}, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	n, err := swarm.NewNode(swarm.Config{Identity: id, Source: st, Loopback: true, Logger: log})
+	cfg := swarm.Config{Identity: id, Source: st, Loopback: true, Logger: log}
+	if tweak != nil {
+		tweak(&cfg)
+	}
+	n, err := swarm.NewNode(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
