@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -20,17 +21,23 @@ const ShardSize = 64 << 20
 // collectionMagic opens every collection blob.
 const collectionMagic = `{"rdrr":"collection/v1"`
 
-// MaxCollectionShards bounds what ParseCollection accepts (64 TiB files).
+// MaxCollectionShards bounds what ParseCollection accepts.
 const MaxCollectionShards = 1 << 20
 
-// Collection is a file stored as shards, in order. Its blob is canonical
-// JSON: {"rdrr":"collection/v1","size":N,"shards":[{"cid":..,"size":..},..]}.
+// MaxCollectionSize bounds a collection blob's bytes (about 700,000 shards,
+// some 45 TiB of file).
+const MaxCollectionSize = ShardSize
+
+// Collection is a file stored as shards, in order. Its blob is the
+// canonical JSON that Marshal writes (FORMAT.md gives it byte by byte):
+// {"rdrr":"collection/v1","size":N,"shards":[{"cid":"bafkr4i...","size":N},...]}
+// and a collection CID (codec CodecCollection) names it.
 type Collection struct {
 	Size   int64   `json:"size"`
 	Shards []Shard `json:"shards"`
 }
 
-// Shard is one piece of a collection.
+// Shard is one piece of a collection: a raw blob.
 type Shard struct {
 	CID  CID   `json:"cid"`
 	Size int64 `json:"size"`
@@ -44,16 +51,28 @@ type collectionJSON struct {
 
 // Marshal returns the collection's canonical blob bytes.
 func (col *Collection) Marshal() []byte {
-	b, _ := json.Marshal(collectionJSON{Magic: "collection/v1", Size: col.Size, Shards: col.Shards})
+	shards := col.Shards
+	if shards == nil {
+		shards = []Shard{}
+	}
+	b, _ := json.Marshal(collectionJSON{Magic: "collection/v1", Size: col.Size, Shards: shards})
 	return b
 }
 
-// IsCollection reports whether b looks like a collection blob.
+// IsCollection reports whether b starts like a collection blob. Only a
+// collection CID makes a store read bytes as a collection; this is a
+// cheap pre-check for tools.
 func IsCollection(b []byte) bool { return bytes.HasPrefix(b, []byte(collectionMagic)) }
 
-// ParseCollection parses and checks a collection blob: shard sizes must add
-// up to the total and each be at most ShardSize.
+// ParseCollection parses and checks a collection blob. It accepts only the
+// canonical bytes Marshal writes: fields in order, no white space, no
+// unknown or repeated keys, canonical raw CIDs; 1 to MaxCollectionShards
+// shards, each of 1 to ShardSize bytes, adding up to the total; at most
+// MaxCollectionSize bytes in all. Errors wrap ErrNotCollection.
 func ParseCollection(b []byte) (*Collection, error) {
+	if len(b) > MaxCollectionSize {
+		return nil, fmt.Errorf("%w: blob is %d bytes (limit %d)", ErrNotCollection, len(b), MaxCollectionSize)
+	}
 	if !IsCollection(b) {
 		return nil, fmt.Errorf("%w: missing %s header", ErrNotCollection, collectionMagic)
 	}
@@ -66,47 +85,71 @@ func ParseCollection(b []byte) (*Collection, error) {
 	if dec.More() {
 		return nil, fmt.Errorf("%w: trailing data", ErrNotCollection)
 	}
-	if len(cj.Shards) > MaxCollectionShards {
-		return nil, fmt.Errorf("%w: %d shards (limit %d)", ErrNotCollection, len(cj.Shards), MaxCollectionShards)
+	if n := len(cj.Shards); n == 0 || n > MaxCollectionShards {
+		return nil, fmt.Errorf("%w: %d shards (want 1 to %d)", ErrNotCollection, n, MaxCollectionShards)
 	}
 	var sum int64
 	for i, s := range cj.Shards {
-		if s.Size <= 0 || s.Size > ShardSize || s.CID.IsZero() {
-			return nil, fmt.Errorf("%w: shard %d has size %d", ErrNotCollection, i, s.Size)
+		if s.Size <= 0 || s.Size > ShardSize || s.CID.IsCollection() {
+			return nil, fmt.Errorf("%w: shard %d: %s of %d bytes (want a raw CID of 1 to %d bytes)", ErrNotCollection, i, s.CID, s.Size, ShardSize)
 		}
 		sum += s.Size
 	}
 	if sum != cj.Size {
 		return nil, fmt.Errorf("%w: shards add up to %d bytes; header says %d", ErrNotCollection, sum, cj.Size)
 	}
-	return &Collection{Size: cj.Size, Shards: cj.Shards}, nil
+	col := &Collection{Size: cj.Size, Shards: cj.Shards}
+	// Canonical form only: this refuses repeated keys (encoding/json keeps
+	// the last), keys in another case or order, white space, escapes and
+	// other spellings of a number or a CID, so one collection has one CID.
+	if !bytes.Equal(col.Marshal(), b) {
+		return nil, fmt.Errorf("%w: not in canonical form (see FORMAT.md)", ErrNotCollection)
+	}
+	return col, nil
 }
 
-// Collection reads and parses the collection blob c.
+// Collection reads and parses the collection c names. A raw CID is
+// refused with ErrNotCollection, whatever its bytes: only a collection
+// CID says to read a blob as a collection.
 func (s *Store) Collection(c CID) (*Collection, error) {
-	inf, err := s.Stat(c)
+	if !c.IsCollection() {
+		return nil, fmt.Errorf("%s: %w: a raw CID reads as its bytes", c, ErrNotCollection)
+	}
+	if _, err := s.statCollection(c); err != nil {
+		return nil, err
+	}
+	rd, err := s.Open(c)
 	if err != nil {
 		return nil, err
 	}
-	if !inf.Collection && inf.Size > 64<<20 {
-		return nil, fmt.Errorf("%s: %w", c, ErrNotCollection)
-	}
-	b := make([]byte, inf.Size)
-	if _, err := s.ReadAt(c, b, 0); err != nil && err != io.EOF {
-		return nil, err
-	}
-	col, err := ParseCollection(b)
+	defer rd.Close()
+	col, err := readCollection(rd, rd.Size())
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", c, err)
 	}
 	return col, nil
 }
 
-// PutCollection stores col's blob, marked as a collection and linked to its
+// statCollection is Stat, except that a collection CID whose bytes are
+// stored as raw only (a rebuilt index forgets collections) is held as a
+// collection first, if its bytes are one.
+func (s *Store) statCollection(c CID) (Info, error) {
+	inf, err := s.Stat(c)
+	if c.IsCollection() && errors.Is(err, ErrNotFound) && s.Has(c.Raw()) {
+		return s.holdAsCollection(c)
+	}
+	return inf, err
+}
+
+// PutCollection stores col's blob under its collection CID, linked to its
 // shards in the same index transaction, so GC keeps the shards while it is
-// stored.
+// stored. col must be valid (ParseCollection accepts its bytes).
 func (s *Store) PutCollection(ctx context.Context, col *Collection) (Info, error) {
-	return s.put(ctx, bytes.NewReader(col.Marshal()), flagCollection, col.children())
+	b := col.Marshal()
+	if _, err := ParseCollection(b); err != nil {
+		return Info{}, err
+	}
+	return s.put(ctx, bytes.NewReader(b), col)
 }
 
 func (col *Collection) children() []CID {
@@ -121,8 +164,9 @@ func (col *Collection) children() []CID {
 // overlap.
 type AddProgress func(done, total int64)
 
-// AddFile stores the file at path: as one blob if it is at most ShardSize,
-// else as ShardSize shards plus a collection blob that names the file.
+// AddFile stores the file at path: as one raw blob if it is at most
+// ShardSize, else as ShardSize shards plus a collection blob whose
+// collection CID names the file.
 func (s *Store) AddFile(ctx context.Context, path string, progress AddProgress) (Info, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -166,7 +210,7 @@ func (s *Store) AddFile(ctx context.Context, path string, progress AddProgress) 
 		}
 		col.Shards = append(col.Shards, Shard{CID: st.cid, Size: n})
 		g.Go(func() error {
-			if _, err := st.commit(0, nil); err != nil {
+			if _, err := st.commit(nil); err != nil {
 				return fmt.Errorf("add %s: shard at %d: %w", path, off, err)
 			}
 			if progress != nil {
@@ -194,15 +238,15 @@ type FileReader struct {
 	pos    int64
 }
 
-// OpenFile opens c as a file: a collection reads as the concatenation of
-// its shards.
+// OpenFile opens c as a file: a raw CID reads as its bytes, a collection
+// CID as the concatenation of its shards.
 func (s *Store) OpenFile(c CID) (*FileReader, error) {
-	inf, err := s.Stat(c)
+	inf, err := s.statCollection(c)
 	if err != nil {
 		return nil, err
 	}
 	fr := &FileReader{s: s, size: inf.Size, shards: []Shard{{CID: c, Size: inf.Size}}}
-	if inf.Collection {
+	if c.IsCollection() {
 		col, err := s.Collection(c)
 		if err != nil {
 			return nil, err

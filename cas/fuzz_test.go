@@ -3,6 +3,7 @@ package cas
 import (
 	"bytes"
 	"encoding/binary"
+	"strings"
 	"testing"
 
 	"github.com/rdrr/peer/cas/bao"
@@ -12,7 +13,9 @@ import (
 // and every accepted CID round-trips through both spellings.
 func FuzzParseCID(f *testing.F) {
 	c := Sum([]byte("seed"))
-	for _, s := range []string{c.String(), c.Hex(), "bafkr4i", "", "B" + c.String()[1:], "bafkreihdwdcefgh4dqkjv67uzcmw7ojee6xedzdetojuzjevtenxquvyku"} {
+	cc := CollectionCID(c.Digest())
+	for _, s := range []string{c.String(), c.Hex(), "bafkr4i", "", "B" + c.String()[1:], "bafkreihdwdcefgh4dqkjv67uzcmw7ojee6xedzdetojuzjevtenxquvyku",
+		cc.String(), "B" + cc.String()[1:], "bagaybqabdyq"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
@@ -20,10 +23,15 @@ func FuzzParseCID(f *testing.F) {
 		if err != nil {
 			return
 		}
-		for _, again := range []string{c.String(), c.Hex()} {
-			if c2, err := ParseCID(again); err != nil || c2 != c {
-				t.Fatalf("%q parsed to %v, whose spelling %q does not round-trip: %v", s, c, again, err)
-			}
+		if c2, err := ParseCID(c.String()); err != nil || c2 != c {
+			t.Fatalf("%q parsed to %v, whose spelling %q does not round-trip: %v", s, c, c.String(), err)
+		}
+		// The hex spelling names the raw CID of the same digest.
+		if c2, err := ParseCID(c.Hex()); err != nil || c2 != c.Raw() {
+			t.Fatalf("%q parsed to %v, whose hex %q does not parse to its raw CID: %v", s, c, c.Hex(), err)
+		}
+		if !strings.EqualFold(s, c.String()) && !strings.EqualFold(s, c.Hex()) {
+			t.Fatalf("%q accepted as %v, which is not one of its spellings", s, c)
 		}
 	})
 }
@@ -76,6 +84,33 @@ func FuzzParseCollection(f *testing.F) {
 		}
 		if _, err := ParseCollection(col.Marshal()); err != nil {
 			t.Fatalf("re-marshaled collection does not parse: %v", err)
+		}
+	})
+}
+
+// The partial-download record is read back from the index after crashes
+// and from damaged disks: whatever its bytes, decoding never panics,
+// allocates no more than the record's own length, and accepts only what it
+// would write back byte for byte.
+func FuzzPartialRecord(f *testing.F) {
+	f.Add(encodePartialRecord(0, []uint64{1}))
+	f.Add(encodePartialRecord(100*GroupSize+1, []uint64{^uint64(0), 0x1f}))
+	f.Add(encodePartialRecord(64*GroupSize, []uint64{1 << 63}))
+	f.Add(binary.LittleEndian.AppendUint64(nil, 1<<61))
+	f.Add([]byte{1, 2, 3})
+	f.Fuzz(func(t *testing.T, v []byte) {
+		size, have, err := decodePartialRecord(v)
+		if err != nil {
+			return
+		}
+		if 8*len(have) > len(v) {
+			t.Fatalf("record of %d bytes decoded to %d bitmap words", len(v), len(have))
+		}
+		if back := encodePartialRecord(size, have); !bytes.Equal(back, v) {
+			t.Fatalf("record %x decoded to size %d, %x, which encodes as %x", v, size, have, back)
+		}
+		if groups := bao.Groups(size); int64(countWords(have)) > groups {
+			t.Fatalf("record claims %d groups of %d", countWords(have), groups)
 		}
 	})
 }

@@ -21,7 +21,9 @@ const (
 	PinKernel   = "kernel"
 )
 
-// Pin keeps c from GC for the given reason. c must be stored.
+// Pin keeps c from GC for the given reason. c must be stored. Pinning a
+// collection CID keeps the collection blob and its shards; pinning the raw
+// CID of the same bytes keeps only the blob.
 func (s *Store) Pin(c CID, reason string) error {
 	if reason == "" || strings.ContainsAny(reason, "/\x00") || len(reason) > 64 {
 		return fmt.Errorf("pin %s: bad reason %q", c, reason)
@@ -29,12 +31,12 @@ func (s *Store) Pin(c CID, reason string) error {
 	if err := s.checkOpen(); err != nil {
 		return err
 	}
+	s.statCollection(c) // a collection whose bytes are held as raw only
 	return s.db.Update(func(tx *bolt.Tx) error {
-		if _, ok, err := getRecord(tx, c); err != nil || !ok {
+		if _, ok, err := getView(tx, c); err != nil || !ok {
 			return errors.Join(err, notFound(c))
 		}
-		key := append(c[:len(c):len(c)], reason...)
-		return tx.Bucket(bucketPins).Put(key, binary.LittleEndian.AppendUint64(nil, uint64(s.opt.Now().UnixNano())))
+		return tx.Bucket(bucketPins).Put(pinKey(c, reason), binary.LittleEndian.AppendUint64(nil, uint64(s.opt.Now().UnixNano())))
 	})
 }
 
@@ -49,7 +51,7 @@ func (s *Store) Unpin(c CID, reason string) (bool, error) {
 		b := tx.Bucket(bucketPins)
 		for _, p := range pinsOf(tx, c) {
 			if reason == "" || p.Reason == reason {
-				if err := b.Delete(append(c[:len(c):len(c)], p.Reason...)); err != nil {
+				if err := b.Delete(pinKey(c, p.Reason)); err != nil {
 					return err
 				}
 				removed = true
@@ -62,8 +64,9 @@ func (s *Store) Unpin(c CID, reason string) (bool, error) {
 
 // Link records that parent refers to children (a collection its shards, a
 // manifest its shards and kernels). Children need not be stored yet; while
-// parent is stored, GC keeps them. Linking a parent again replaces its
-// children.
+// parent is stored, GC keeps them. Links belong to the parent's bytes
+// (its digest), whatever its codec, and children are linked by digest.
+// Linking a parent again replaces its children.
 func (s *Store) Link(parent CID, children []CID) error {
 	if err := s.checkOpen(); err != nil {
 		return err
@@ -79,15 +82,15 @@ func link(tx *bolt.Tx, parent CID, children []CID) error {
 	}
 	v := make([]byte, 0, 32*len(children))
 	for _, c := range children {
-		v = append(v, c[:]...)
+		v = append(v, c.key()...)
 		if err := addRefs(tx, c, 1); err != nil {
 			return err
 		}
 	}
 	if len(children) == 0 {
-		return tx.Bucket(bucketLinks).Delete(parent[:])
+		return tx.Bucket(bucketLinks).Delete(parent.key())
 	}
-	return tx.Bucket(bucketLinks).Put(parent[:], v)
+	return tx.Bucket(bucketLinks).Put(parent.key(), v)
 }
 
 // Links returns the children recorded for parent.
@@ -97,8 +100,9 @@ func (s *Store) Links(parent CID) ([]CID, error) {
 	return out, err
 }
 
-// Delete removes c's data and index entry (its pins stay, so a re-added or
-// re-fetched copy is pinned again). Links from c are dropped.
+// Delete removes c's data and index entry, whatever c's codec: the raw and
+// the collection CID of the same bytes are one blob (its pins stay, so a
+// re-added or re-fetched copy is pinned again). Links from c are dropped.
 func (s *Store) Delete(c CID) error {
 	if err := s.checkOpen(); err != nil {
 		return err
@@ -119,7 +123,7 @@ func (s *Store) deleteLocked(c CID) error {
 		if err := link(tx, c, nil); err != nil {
 			return err
 		}
-		return tx.Bucket(bucketBlobs).Delete(c[:])
+		return tx.Bucket(bucketBlobs).Delete(c.key())
 	})
 	if err != nil {
 		return fmt.Errorf("delete %s: %w", c, err)
@@ -127,7 +131,7 @@ func (s *Store) deleteLocked(c CID) error {
 	if !found {
 		return notFound(c)
 	}
-	s.obCache.Remove(c)
+	s.obCache.Remove(c.Digest())
 	// The index no longer names the files; if removing them fails, the
 	// next Open removes them.
 	bp, op := s.blobPath(c), s.outboardPath(c)
@@ -154,8 +158,8 @@ type GCReport struct {
 }
 
 type gcItem struct {
-	c    CID
-	size int64
+	c    CID   // a raw CID: the blob goes; a collection CID: only its links go
+	size int64 // bytes removing it frees
 	acc  int64
 }
 
@@ -172,10 +176,32 @@ func (h *gcHeap) Pop() any {
 	return x
 }
 
+// gcCandidate says what GC may remove of the blob d: the whole blob if
+// nothing pins or links it; only its collection view (its links to its
+// shards) if it is held as a collection whose collection CID is unpinned
+// while its raw CID is pinned; nothing otherwise.
+func gcCandidate(tx *bolt.Tx, d Digest, r record) (gcItem, bool) {
+	raw, col := RawCID(d), CollectionCID(d)
+	if getRefs(tx, raw) > 0 {
+		return gcItem{}, false
+	}
+	rawPins, colPins := len(pinsOf(tx, raw)), len(pinsOf(tx, col))
+	switch {
+	case rawPins == 0 && colPins == 0:
+		return gcItem{c: raw, size: r.Size, acc: r.Accessed}, true
+	case colPins == 0 && r.Flags&flagCollection != 0:
+		return gcItem{c: col, size: 0, acc: r.Accessed}, true
+	}
+	return gcItem{}, false
+}
+
 // GC removes blobs that are neither pinned nor linked from a stored
 // parent, least recently used first, until the store holds at most budget
 // bytes. A negative budget removes every such blob. Removing a parent
-// (a collection) may make its children removable in the same pass.
+// (a collection) may make its children removable in the same pass. A
+// blob whose raw CID is pinned but whose collection CID is not loses its
+// collection view (Removed lists the collection CID, and no bytes are
+// freed), so its shards may go.
 func (s *Store) GC(ctx context.Context, budget int64) (GCReport, error) {
 	if err := s.flushAccess(); err != nil {
 		return GCReport{}, err
@@ -184,18 +210,16 @@ func (s *Store) GC(ctx context.Context, budget int64) (GCReport, error) {
 	defer s.commit.Unlock()
 	var rep GCReport
 	var h gcHeap
-	sizes := map[CID]gcItem{}
+	stored := map[Digest]bool{}
 	err := s.db.View(func(tx *bolt.Tx) error {
 		return tx.Bucket(bucketBlobs).ForEach(func(k, v []byte) error {
 			r, err := unmarshalRecord(v)
 			if err != nil {
 				return err
 			}
-			c := CID(k)
 			rep.Before += r.Size
-			it := gcItem{c: c, size: r.Size, acc: r.Accessed}
-			sizes[c] = it
-			if len(pinsOf(tx, c)) == 0 && getRefs(tx, c) == 0 {
+			stored[Digest(k)] = true
+			if it, ok := gcCandidate(tx, Digest(k), r); ok {
 				h = append(h, it)
 			}
 			return nil
@@ -212,8 +236,15 @@ func (s *Store) GC(ctx context.Context, budget int64) (GCReport, error) {
 		}
 		it := heap.Pop(&h).(gcItem)
 		children, _ := s.Links(it.c)
-		if err := s.deleteLocked(it.c); err != nil {
-			return rep, err
+		if it.c.IsCollection() {
+			if err := s.dropCollectionView(it.c); err != nil {
+				return rep, err
+			}
+		} else {
+			if err := s.deleteLocked(it.c); err != nil {
+				return rep, err
+			}
+			delete(stored, it.c.Digest())
 		}
 		rep.Removed = append(rep.Removed, it.c)
 		rep.Freed += it.size
@@ -222,8 +253,11 @@ func (s *Store) GC(ctx context.Context, budget int64) (GCReport, error) {
 		// candidates.
 		err := s.db.View(func(tx *bolt.Tx) error {
 			for _, ch := range children {
-				if ci, ok := sizes[ch]; ok && getRefs(tx, ch) == 0 && len(pinsOf(tx, ch)) == 0 {
-					if _, stored, _ := getRecord(tx, ch); stored && !slices.Contains(rep.Removed, ch) {
+				if !stored[ch.Digest()] || slices.Contains(rep.Removed, ch) {
+					continue
+				}
+				if r, ok, _ := getRecord(tx, ch); ok {
+					if ci, ok := gcCandidate(tx, ch.Digest(), r); ok {
 						heap.Push(&h, ci)
 					}
 				}
@@ -240,4 +274,20 @@ func (s *Store) GC(ctx context.Context, budget int64) (GCReport, error) {
 	}
 	rep.Kept += total
 	return rep, nil
+}
+
+// dropCollectionView unlinks the shards of the collection c and stops
+// holding its blob as a collection; the blob stays (as raw).
+func (s *Store) dropCollectionView(c CID) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
+		r, ok, err := getRecord(tx, c)
+		if err != nil || !ok {
+			return err
+		}
+		r.Flags &^= flagCollection
+		if err := putRecord(tx, c, &r); err != nil {
+			return err
+		}
+		return link(tx, c, nil)
+	})
 }

@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"math/bits"
 	"os"
+	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rdrr/peer/cas/bao"
@@ -35,9 +37,12 @@ const (
 // concurrent use.
 type Partial struct {
 	s    *Store
-	cid  CID
+	cid  CID // the first opener's CID; never changes
 	size int64
 	f    *os.File
+	// asCol: some opener asked for the collection CID, so Finish holds the
+	// blob as a collection. Set under s.pmu, read anywhere.
+	asCol atomic.Bool
 
 	mu       sync.Mutex
 	have     []uint64 // bitmap of verified groups
@@ -52,8 +57,10 @@ type Partial struct {
 
 // OpenPartial opens the download of blob c of the given size, resuming an
 // earlier one if there is one. If c is already stored the Partial is
-// complete from the start. Several OpenPartial calls for one CID share one
-// Partial; each must be matched by Close (or one Finish).
+// complete from the start. Several OpenPartial calls for one blob share one
+// Partial; each must be matched by Close (or one Finish). A collection CID
+// whose bytes are stored as raw is held as a collection at once (its bytes
+// parsed and its shards linked), or refused if they do not parse.
 func (s *Store) OpenPartial(c CID, size int64) (*Partial, error) {
 	if size < 0 {
 		return nil, fmt.Errorf("partial %s: negative size", c)
@@ -63,20 +70,37 @@ func (s *Store) OpenPartial(c CID, size int64) (*Partial, error) {
 	}
 	s.pmu.Lock()
 	defer s.pmu.Unlock()
-	if p := s.partials[c]; p != nil {
+	if p := s.partials[c.Digest()]; p != nil {
 		if p.size != size {
 			return nil, fmt.Errorf("partial %s: size %d; a download of it with size %d is open", c, size, p.size)
+		}
+		if c.IsCollection() {
+			// p.mu is not taken under s.pmu (Close takes them the other
+			// way round).
+			if s.Has(c.Raw()) {
+				if _, err := s.holdAsCollection(c); err != nil {
+					return nil, err
+				}
+			}
+			p.asCol.Store(true)
 		}
 		p.refs++
 		return p, nil
 	}
 	p := &Partial{s: s, cid: c, size: size, lastSync: s.opt.Now(), refs: 1}
-	if inf, err := s.Stat(c); err == nil && !inf.Corrupt {
+	p.asCol.Store(c.IsCollection())
+	inf, err := s.Stat(c.Raw())
+	if err == nil && !inf.Corrupt {
 		if inf.Size != size {
 			return nil, fmt.Errorf("partial %s: size %d; the stored blob has %d", c, size, inf.Size)
 		}
+		if c.IsCollection() {
+			if inf, err = s.holdAsCollection(c); err != nil {
+				return nil, err
+			}
+		}
 		p.done = &inf
-		s.partials[c] = p
+		s.partials[c.Digest()] = p
 		return p, nil
 	}
 	groups := bao.Groups(size)
@@ -84,26 +108,26 @@ func (s *Store) OpenPartial(c CID, size int64) (*Partial, error) {
 	p.missing = groups
 	p.ob = make([]byte, bao.OutboardSize(size))
 	var saved []byte
-	err := s.db.View(func(tx *bolt.Tx) error {
-		saved = append(saved, tx.Bucket(bucketPartial).Get(c[:])...)
+	err = s.db.View(func(tx *bolt.Tx) error {
+		saved = append(saved, tx.Bucket(bucketPartial).Get(c.key())...)
 		return nil
 	})
 	if err != nil {
 		return nil, err
 	}
-	if len(saved) >= 8 {
-		if prev := int64(binary.LittleEndian.Uint64(saved)); prev != size {
-			if countBits(saved[8:]) > 0 {
-				return nil, fmt.Errorf("partial %s: size %d, but verified groups were stored for size %d", c, size, prev)
+	if saved != nil {
+		prev, have, err := decodePartialRecord(saved)
+		switch {
+		case err != nil:
+			s.log.Warn("partial download record is corrupt; starting over", "cid", c, "err", err)
+		case prev != size && countWords(have) > 0:
+			return nil, fmt.Errorf("partial %s: size %d, but verified groups were stored for size %d", c, size, prev)
+		case prev == size && countWords(have) > 0:
+			if ob, err := os.ReadFile(s.partialPath(c, ".obao")); err == nil && len(ob) == len(p.ob) {
+				copy(p.ob, ob)
+				p.have = have
+				p.missing = groups - int64(countWords(p.have))
 			}
-		} else if ob, err := os.ReadFile(s.partialPath(c, ".obao")); err == nil && len(ob) == len(p.ob) {
-			copy(p.ob, ob)
-			for i := range p.have {
-				if 8+8*i+8 <= len(saved) {
-					p.have[i] = binary.LittleEndian.Uint64(saved[8+8*i:])
-				}
-			}
-			p.missing = groups - int64(countWords(p.have))
 		}
 	}
 	f, err := os.OpenFile(s.partialPath(c, ".data"), os.O_RDWR|os.O_CREATE, 0o644)
@@ -115,16 +139,52 @@ func (s *Store) OpenPartial(c CID, size int64) (*Partial, error) {
 		f.Close()
 		return nil, err
 	}
-	s.partials[c] = p
+	s.partials[c.Digest()] = p
 	return p, nil
 }
 
-func countBits(b []byte) int {
-	n := 0
-	for _, x := range b {
-		n += bits.OnesCount8(x)
+// maxPartialSize bounds the size a partial record may claim (the bound
+// on-disk offsets have anyway).
+const maxPartialSize = 1 << 62
+
+// encodePartialRecord is the index entry of a download: the blob's size
+// (uint64, little-endian) and one bit per 16 KiB group, set when the group
+// is verified on disk, in little-endian uint64 words (group g is bit g%64
+// of word g/64); bits past the last group are zero.
+func encodePartialRecord(size int64, have []uint64) []byte {
+	v := binary.LittleEndian.AppendUint64(make([]byte, 0, 8+8*len(have)), uint64(size))
+	for _, w := range have {
+		v = binary.LittleEndian.AppendUint64(v, w)
 	}
-	return n
+	return v
+}
+
+// decodePartialRecord decodes what encodePartialRecord wrote. Whatever v
+// holds it does not panic, and it allocates at most len(v) bytes: the size
+// it accepts is the one the bitmap's length agrees with. A record that is
+// not exactly that (wrong length, size out of range, bits set past the
+// last group) is an error; the caller starts the download over.
+func decodePartialRecord(v []byte) (size int64, have []uint64, err error) {
+	if len(v) < 8 || len(v)%8 != 0 {
+		return 0, nil, fmt.Errorf("partial record is %d bytes; want 8 + 8 per 64 groups", len(v))
+	}
+	u := binary.LittleEndian.Uint64(v)
+	if u >= maxPartialSize {
+		return 0, nil, fmt.Errorf("partial record claims size %d (limit %d)", u, int64(maxPartialSize))
+	}
+	size = int64(u)
+	groups := bao.Groups(size)
+	if words := (groups + 63) / 64; words != int64(len(v)/8-1) {
+		return 0, nil, fmt.Errorf("partial record of size %d has %d bitmap words; want %d", size, len(v)/8-1, words)
+	}
+	have = make([]uint64, len(v)/8-1)
+	for i := range have {
+		have[i] = binary.LittleEndian.Uint64(v[8+8*i:])
+	}
+	if tail := groups % 64; tail != 0 && have[len(have)-1]>>tail != 0 {
+		return 0, nil, fmt.Errorf("partial record of size %d marks groups past its last (%d)", size, groups-1)
+	}
+	return size, have, nil
 }
 
 func countWords(w []uint64) int {
@@ -136,15 +196,17 @@ func countWords(w []uint64) int {
 }
 
 func (p *Partial) saveBitmap(tx *bolt.Tx) error {
-	v := binary.LittleEndian.AppendUint64(make([]byte, 0, 8+8*len(p.have)), uint64(p.size))
-	for _, w := range p.have {
-		v = binary.LittleEndian.AppendUint64(v, w)
-	}
-	return tx.Bucket(bucketPartial).Put(p.cid[:], v)
+	return tx.Bucket(bucketPartial).Put(p.cid.key(), encodePartialRecord(p.size, p.have))
 }
 
-// CID returns the blob being downloaded.
-func (p *Partial) CID() CID { return p.cid }
+// CID returns the blob being downloaded: its collection CID if any
+// opener asked for it as a collection.
+func (p *Partial) CID() CID {
+	if p.asCol.Load() {
+		return CollectionCID(p.cid.Digest())
+	}
+	return p.cid.Raw()
+}
 
 // Size returns the blob's size.
 func (p *Partial) Size() int64 { return p.size }
@@ -212,7 +274,7 @@ func (p *Partial) WriteSlice(off, n int64, slice []byte) error {
 	done, closed := p.done != nil, p.closed
 	if !done && !closed && p.size == 0 {
 		defer p.mu.Unlock()
-		if p.cid != Sum(nil) {
+		if p.cid.Digest() != Sum(nil).Digest() {
 			return &RangeError{CID: p.cid, Reason: "empty blob does not hash to its CID"}
 		}
 		p.have[0] |= 1
@@ -233,7 +295,7 @@ func (p *Partial) WriteSlice(off, n int64, slice []byte) error {
 		rb.cover = make([]byte, end-start)
 	}
 	rb.cover = rb.cover[:end-start]
-	if err := bao.DecodeSlice(rb.cover, slice, [32]byte(p.cid), p.size, off, n, &rb.scratch); err != nil {
+	if err := bao.DecodeSlice(rb.cover, slice, p.cid.Digest(), p.size, off, n, &rb.scratch); err != nil {
 		return p.s.rangeError(p.cid, err)
 	}
 	p.mu.Lock()
@@ -290,11 +352,11 @@ func writeFileSync(s *Store, path string, b []byte) error {
 	if err != nil {
 		return err
 	}
-	if err := os.Rename(tmp, path); err != nil {
+	if err := s.fs.rename(tmp, path); err != nil {
 		os.Remove(tmp)
 		return err
 	}
-	return nil
+	return s.syncDir(filepath.Dir(path))
 }
 
 // Close makes progress durable and releases this handle. The download can
@@ -318,7 +380,7 @@ func (p *Partial) releaseLocked(all bool) error {
 	}
 	last := p.refs <= 0
 	if last {
-		delete(p.s.partials, p.cid)
+		delete(p.s.partials, p.cid.Digest())
 	}
 	p.s.pmu.Unlock()
 	if !last {
@@ -339,8 +401,17 @@ func (p *Partial) Finish(ctx context.Context) (Info, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.done != nil {
+		inf := *p.done
+		if c := p.CID(); c != inf.CID {
+			// Another opener asked for the collection CID of these bytes
+			// (OpenPartial held them as a collection).
+			var err error
+			if inf, err = p.s.Stat(c); err != nil {
+				return Info{}, err
+			}
+		}
 		p.releaseLocked(true)
-		return *p.done, nil
+		return inf, nil
 	}
 	if p.closed {
 		return Info{}, ErrClosed
@@ -351,8 +422,19 @@ func (p *Partial) Finish(ctx context.Context) (Info, error) {
 	if err := ctx.Err(); err != nil {
 		return Info{}, err
 	}
-	if err := bao.VerifyTree([32]byte(p.cid), p.ob, p.size); err != nil {
+	if err := bao.VerifyTree(p.cid.Digest(), p.ob, p.size); err != nil {
 		return Info{}, p.s.rangeError(p.cid, err)
+	}
+	c, links := p.CID(), []CID(nil)
+	if c.IsCollection() {
+		col, err := readCollection(p.f, p.size)
+		if err != nil {
+			// The bytes are the digest's, verified: no peer can send a
+			// different blob, so the download is dropped.
+			p.dropLocked()
+			return Info{}, fmt.Errorf("partial %s: %w", c, err)
+		}
+		links = col.children()
 	}
 	if err := p.s.syncFile(p.f); err != nil {
 		return Info{}, fmt.Errorf("partial %s: sync: %w", p.cid, err)
@@ -361,11 +443,11 @@ func (p *Partial) Finish(ctx context.Context) (Info, error) {
 		return Info{}, err
 	}
 	p.f = nil
-	inf, err := p.s.commitBlob(p.cid, p.size, p.s.partialPath(p.cid, ".data"), p.ob, 0, nil)
+	inf, err := p.s.commitBlob(c, p.size, p.s.partialPath(p.cid, ".data"), p.ob, links)
 	if err != nil {
 		return Info{}, err
 	}
-	err = p.s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketPartial).Delete(p.cid[:]) })
+	err = p.s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketPartial).Delete(p.cid.key()) })
 	os.Remove(p.s.partialPath(p.cid, ".data"))
 	os.Remove(p.s.partialPath(p.cid, ".obao"))
 	p.done = &inf
@@ -373,13 +455,28 @@ func (p *Partial) Finish(ctx context.Context) (Info, error) {
 	return inf, err
 }
 
-// Partials lists the downloads in progress with their sizes.
+// dropLocked closes the Partial for every holder and forgets the download.
+// p.mu must be held.
+func (p *Partial) dropLocked() {
+	if p.f != nil {
+		p.f.Close()
+		p.f = nil
+	}
+	p.s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketPartial).Delete(p.cid.key()) })
+	os.Remove(p.s.partialPath(p.cid, ".data"))
+	os.Remove(p.s.partialPath(p.cid, ".obao"))
+	p.releaseLocked(true)
+}
+
+// Partials lists the downloads in progress with their sizes, by raw CID
+// (the index keeps downloads by digest). Corrupt records are left out;
+// OpenPartial starts them over.
 func (s *Store) Partials() (map[CID]int64, error) {
 	out := map[CID]int64{}
 	err := s.db.View(func(tx *bolt.Tx) error {
 		return tx.Bucket(bucketPartial).ForEach(func(k, v []byte) error {
-			if len(k) == 32 && len(v) >= 8 {
-				out[CID(k)] = int64(binary.LittleEndian.Uint64(v))
+			if size, _, err := decodePartialRecord(v); len(k) == 32 && err == nil {
+				out[RawCID(Digest(k))] = size
 			}
 			return nil
 		})

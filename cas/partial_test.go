@@ -3,11 +3,14 @@ package cas
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"math/rand/v2"
 	"os"
 	"sync"
 	"testing"
+
+	bolt "go.etcd.io/bbolt"
 )
 
 // Random verified ranges from one store rebuild the blob in another, in
@@ -208,5 +211,43 @@ func TestFetchedCollectionIsLinked(t *testing.T) {
 	}
 	if links, _ := dst.Links(col.CID); len(links) != 1 || links[0] != sh.CID {
 		t.Fatalf("links %v", links)
+	}
+}
+
+// A damaged partial record (bits past the last group, a length that does
+// not match its size, an absurd size) starts the download over instead of
+// claiming groups that were never verified, and Partials leaves it out.
+func TestCorruptPartialRecordStartsOver(t *testing.T) {
+	data := randData(80, 100)
+	c := Sum(data)
+	for name, rec := range map[string][]byte{
+		"bit past the last group": encodePartialRecord(100, []uint64{2}),
+		"extra word":              encodePartialRecord(100, []uint64{0, 1}),
+		"no words":                encodePartialRecord(100, nil),
+		"absurd size":             binary.LittleEndian.AppendUint64(nil, 1<<62+5),
+		"torn":                    {100, 0, 0},
+	} {
+		t.Run(name, func(t *testing.T) {
+			s := newStore(t)
+			// An outboard as a flushed download leaves it.
+			os.WriteFile(s.partialPath(c, ".obao"), binary.LittleEndian.AppendUint64(nil, 100), 0o644)
+			if err := s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketPartial).Put(c.key(), rec) }); err != nil {
+				t.Fatal(err)
+			}
+			if parts, _ := s.Partials(); len(parts) != 0 && parts[c] != 100 {
+				t.Fatalf("Partials lists %v from a damaged record", parts)
+			}
+			p, err := s.OpenPartial(c, 100)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.Close()
+			if p.Complete() || p.Have(0, 100) {
+				t.Fatal("a damaged record made unverified bytes count as verified")
+			}
+			if m := p.Missing(); len(m) != 1 || m[0] != (Range{0, 100}) {
+				t.Fatalf("Missing %v; want the whole blob", m)
+			}
+		})
 	}
 }

@@ -38,7 +38,7 @@ func (s *Store) servable(c CID) (record, error) {
 	err := s.db.View(func(tx *bolt.Tx) error {
 		var ok bool
 		var err error
-		r, ok, err = getRecord(tx, c)
+		r, ok, err = getView(tx, c)
 		if err == nil && !ok {
 			err = notFound(c)
 		}
@@ -53,7 +53,7 @@ func (s *Store) servable(c CID) (record, error) {
 // outboard returns c's outboard, from the cache or the disk. It is proved
 // against the root on each use, never trusted on its own.
 func (s *Store) outboard(c CID, size int64) ([]byte, error) {
-	if ob, ok := s.obCache.Get(c); ok {
+	if ob, ok := s.obCache.Get(c.Digest()); ok {
 		return ob, nil
 	}
 	ob, err := os.ReadFile(s.outboardPath(c))
@@ -66,7 +66,7 @@ func (s *Store) outboard(c CID, size int64) ([]byte, error) {
 	if int64(len(ob)) != bao.OutboardSize(size) {
 		return nil, &RangeError{CID: c, Off: 0, Len: size, Reason: fmt.Sprintf("outboard is %d bytes; want %d", len(ob), bao.OutboardSize(size))}
 	}
-	s.obCache.Add(c, ob)
+	s.obCache.Add(c.Digest(), ob)
 	return ob, nil
 }
 
@@ -89,8 +89,8 @@ func (s *Store) readCover(f *os.File, c CID, size, off, n int64, rb *readBuf) (i
 		}
 		return 0, nil, fmt.Errorf("blob %s: %w", c, err)
 	}
-	if err := bao.VerifyCover([32]byte(c), ob, rb.cover, size, off, n, &rb.scratch); err != nil {
-		s.obCache.Remove(c) // maybe the outboard is what went bad; reread next time
+	if err := bao.VerifyCover(c.Digest(), ob, rb.cover, size, off, n, &rb.scratch); err != nil {
+		s.obCache.Remove(c.Digest()) // maybe the outboard is what went bad; reread next time
 		return 0, nil, s.rangeError(c, err)
 	}
 	return start, ob, nil

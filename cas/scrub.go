@@ -47,7 +47,12 @@ func (s *Store) Scrub(ctx context.Context, opt ScrubOptions) (ScrubReport, error
 	}
 	var all []entry
 	var total int64
+	seen := map[Digest]bool{} // List may name a blob by both its CIDs
 	err := s.List(func(inf Info) error {
+		if seen[inf.CID.Digest()] {
+			return nil
+		}
+		seen[inf.CID.Digest()] = true
 		all = append(all, entry{inf.CID, inf.Size})
 		total += inf.Size
 		return nil
@@ -116,11 +121,11 @@ func (s *Store) scrubOne(ctx context.Context, c CID, size int64, enc *bao.Encode
 			Reason: fmt.Sprintf("blob file has %d bytes; want %d", enc.Size(), size)}
 	}
 	root, ob := enc.Sum(nil)
-	if CID(root) != c {
+	if Digest(root) != c.Digest() {
 		// Name the first bad group, using the outboard if it is intact.
 		return s.locate(f, c, size)
 	}
-	s.obCache.Remove(c)
+	s.obCache.Remove(c.Digest())
 	if old, err := os.ReadFile(s.outboardPath(c)); err != nil || !bytes.Equal(old, ob) {
 		if err := writeFileSync(s, s.outboardPath(c), ob); err != nil {
 			return fmt.Errorf("scrub %s: rewrite outboard: %w", c, err)

@@ -45,8 +45,9 @@ type Store struct {
 	db  *bolt.DB
 	opt Options
 	log *slog.Logger
+	fs  fileOps
 
-	obCache *lru.Cache[CID, []byte]
+	obCache *lru.Cache[Digest, []byte]
 
 	// commit serializes the rename-and-index step of Put/Finish against
 	// deletions, so that GC never removes a file a commit is publishing.
@@ -54,10 +55,10 @@ type Store struct {
 
 	mu       sync.Mutex
 	closed   bool
-	accessed map[CID]int64 // last-access times not yet written to the index
+	accessed map[Digest]int64 // last-access times not yet written to the index
 
-	pmu      sync.Mutex // guards partials and each Partial's refs
-	partials map[CID]*Partial
+	pmu      sync.Mutex          // guards partials and each Partial's refs
+	partials map[Digest]*Partial // by digest: both codecs share one download
 }
 
 // Layout of a home.
@@ -72,7 +73,10 @@ const (
 // Open opens (creating if needed) the store in home. It removes leftovers
 // of interrupted writes: temporary files, and blob files that no index entry
 // names (a crash between rename and index commit).
-func Open(home string, opt Options) (*Store, error) {
+func Open(home string, opt Options) (*Store, error) { return open(home, opt, osFileOps()) }
+
+// open is Open with the file-system steps given (tests record them).
+func open(home string, opt Options, fs fileOps) (*Store, error) {
 	if opt.Now == nil {
 		opt.Now = time.Now
 	}
@@ -103,15 +107,16 @@ func Open(home string, opt Options) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
-	cache, _ := lru.New[CID, []byte](opt.OutboardCache)
+	cache, _ := lru.New[Digest, []byte](opt.OutboardCache)
 	s := &Store{
 		dir:      home,
 		db:       db,
 		opt:      opt,
 		log:      log,
+		fs:       fs,
 		obCache:  cache,
-		accessed: map[CID]int64{},
-		partials: map[CID]*Partial{},
+		accessed: map[Digest]int64{},
+		partials: map[Digest]*Partial{},
 	}
 	if err := s.clean(); err != nil {
 		db.Close()
@@ -195,7 +200,7 @@ func (s *Store) clean() error {
 		known := func(name string, b *bolt.Bucket) bool {
 			name, _, _ = strings.Cut(name, ".")
 			c, err := ParseCID(name)
-			return err == nil && b.Get(c[:]) != nil
+			return err == nil && b.Get(c.key()) != nil
 		}
 		err := filepath.WalkDir(filepath.Join(s.dir, dirBlobs), func(path string, e fs.DirEntry, err error) error {
 			if err == nil && !e.IsDir() && !known(e.Name(), blobs) {
@@ -242,8 +247,8 @@ func (s *Store) clean() error {
 			if err := partial.Delete(k); err != nil {
 				return err
 			}
-			os.Remove(s.partialPath(CID(k), ".data"))
-			os.Remove(s.partialPath(CID(k), ".obao"))
+			os.Remove(s.partialPath(RawCID(Digest(k)), ".data"))
+			os.Remove(s.partialPath(RawCID(Digest(k)), ".obao"))
 		}
 		return nil
 	})
@@ -258,7 +263,7 @@ func (s *Store) clean() error {
 				return err
 			}
 			name, _, _ := strings.Cut(e.Name(), ".")
-			if c, perr := ParseCID(name); perr != nil || blobs.Get(c[:]) == nil {
+			if c, perr := ParseCID(name); perr != nil || blobs.Get(c.key()) == nil {
 				s.log.Info("removing outboard of a blob that is not indexed", "file", path)
 				return os.Remove(path)
 			}
@@ -268,10 +273,13 @@ func (s *Store) clean() error {
 }
 
 // adopt indexes the unindexed blob file at path if it hashes to its name,
-// and removes it otherwise.
+// and removes it otherwise. The file stays where it is (a crash while
+// adopting leaves it to the next Open, never loses it) and is synced with
+// its directory before the index names it: the rename that put it there
+// may not have been durable yet.
 func (s *Store) adopt(path string) error {
 	c, err := ParseCID(filepath.Base(path))
-	if err != nil {
+	if err != nil || path != s.blobPath(c) {
 		s.log.Warn("removing stray file in blobs/", "file", path)
 		return os.Remove(path)
 	}
@@ -281,21 +289,20 @@ func (s *Store) adopt(path string) error {
 	}
 	var enc bao.Encoder
 	_, err = io.Copy(&enc, f)
+	if err == nil {
+		err = s.syncFile(f)
+	}
 	f.Close()
 	if err != nil {
 		return fmt.Errorf("adopt %s: %w", path, err)
 	}
 	root, ob := enc.Sum(nil)
-	if CID(root) != c {
+	if Digest(root) != c.Digest() {
 		s.log.Warn("removing unindexed blob file that does not hash to its name", "file", path)
 		return os.Remove(path)
 	}
 	s.log.Info("indexing blob file that the index did not name", "cid", c, "size", enc.Size())
-	tmp := filepath.Join(s.dir, dirTmp, "adopt-"+c.Hex())
-	if err := os.Rename(path, tmp); err != nil {
-		return err
-	}
-	_, err = s.commitBlob(c, enc.Size(), tmp, ob, 0, nil)
+	_, err = s.commitBlob(c, enc.Size(), path, ob, nil)
 	return err
 }
 
@@ -305,11 +312,13 @@ type Pin struct {
 	Time   time.Time `json:"time"`
 }
 
-// Info describes a stored blob.
+// Info describes a stored blob, as seen through one CID: Collection, Pins
+// and the CID itself are those of that CID (the raw and the collection CID
+// of the same bytes share the blob, its size, times, links and refs).
 type Info struct {
 	CID        CID       `json:"cid"`
 	Size       int64     `json:"size"`
-	Collection bool      `json:"collection,omitempty"`
+	Collection bool      `json:"collection,omitempty"` // CID is a collection CID
 	Corrupt    bool      `json:"corrupt,omitempty"`
 	Added      time.Time `json:"added"`
 	Accessed   time.Time `json:"accessed"`
@@ -321,14 +330,14 @@ type Info struct {
 func (s *Store) info(tx *bolt.Tx, c CID, r record) Info {
 	acc := r.Accessed
 	s.mu.Lock()
-	if a, ok := s.accessed[c]; ok && a > acc {
+	if a, ok := s.accessed[c.Digest()]; ok && a > acc {
 		acc = a
 	}
 	s.mu.Unlock()
 	return Info{
 		CID:        c,
 		Size:       r.Size,
-		Collection: r.Flags&flagCollection != 0,
+		Collection: c.IsCollection(),
 		Corrupt:    r.Flags&flagCorrupt != 0,
 		Added:      time.Unix(0, r.Added),
 		Accessed:   time.Unix(0, acc),
@@ -339,13 +348,16 @@ func (s *Store) info(tx *bolt.Tx, c CID, r record) Info {
 }
 
 // Stat returns what the index knows of c, or an error wrapping ErrNotFound.
+// A raw CID is stored when its bytes are; a collection CID only when its
+// bytes are held as a collection (added or fetched through that CID), never
+// merely because the bytes of a raw blob parse as one.
 func (s *Store) Stat(c CID) (Info, error) {
 	if err := s.checkOpen(); err != nil {
 		return Info{}, err
 	}
 	var inf Info
 	err := s.db.View(func(tx *bolt.Tx) error {
-		r, ok, err := getRecord(tx, c)
+		r, ok, err := getView(tx, c)
 		if err != nil {
 			return err
 		}
@@ -364,8 +376,10 @@ func (s *Store) Has(c CID) bool {
 	return err == nil && !inf.Corrupt
 }
 
-// List calls fn for every stored blob in CID order, stopping at the first
-// error fn returns. fn must not call back into the Store's write methods.
+// List calls fn for every stored blob in digest order, stopping at the
+// first error fn returns: by its collection CID if the blob is held as a
+// collection (and then by its raw CID too if that is pinned), else by its
+// raw CID. fn must not call back into the Store's write methods.
 func (s *Store) List(fn func(Info) error) error {
 	if err := s.checkOpen(); err != nil {
 		return err
@@ -376,7 +390,16 @@ func (s *Store) List(fn func(Info) error) error {
 			if err != nil {
 				return fmt.Errorf("index entry %x: %w", k, err)
 			}
-			return fn(s.info(tx, CID(k), r))
+			raw := RawCID(Digest(k))
+			if r.Flags&flagCollection != 0 {
+				if err := fn(s.info(tx, CollectionCID(raw.Digest()), r)); err != nil {
+					return err
+				}
+				if len(pinsOf(tx, raw)) == 0 {
+					return nil
+				}
+			}
+			return fn(s.info(tx, raw, r))
 		})
 	})
 }
@@ -384,7 +407,7 @@ func (s *Store) List(fn func(Info) error) error {
 // touch records an access to c, written to the index lazily.
 func (s *Store) touch(c CID) {
 	s.mu.Lock()
-	s.accessed[c] = s.opt.Now().UnixNano()
+	s.accessed[c.Digest()] = s.opt.Now().UnixNano()
 	n := len(s.accessed)
 	s.mu.Unlock()
 	if n >= 4096 {
@@ -397,13 +420,14 @@ func (s *Store) touch(c CID) {
 func (s *Store) flushAccess() error {
 	s.mu.Lock()
 	pending := s.accessed
-	s.accessed = map[CID]int64{}
+	s.accessed = map[Digest]int64{}
 	s.mu.Unlock()
 	if len(pending) == 0 {
 		return nil
 	}
 	return s.db.Update(func(tx *bolt.Tx) error {
-		for c, t := range pending {
+		for d, t := range pending {
+			c := RawCID(d)
 			r, ok, err := getRecord(tx, c)
 			if err != nil || !ok || r.Accessed >= t {
 				continue
@@ -422,17 +446,42 @@ func (s *Store) syncDir(dir string) error {
 	if s.opt.NoSync {
 		return nil
 	}
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
+	return s.fs.syncDir(dir)
 }
 
+// syncFile makes f's data durable.
 func (s *Store) syncFile(f *os.File) error {
 	if s.opt.NoSync {
 		return nil
 	}
-	return f.Sync()
+	return s.fs.syncFile(f)
+}
+
+// fileOps are the file-system steps that make a write durable. The store
+// takes them in one order (data synced, renamed into place, directory
+// synced, then the index commits); tests replace them to check that order
+// (TestDurabilityOrder).
+type fileOps struct {
+	syncFile func(f *os.File) error
+	syncDir  func(dir string) error
+	rename   func(oldpath, newpath string) error
+	// committed is called once an index transaction that publishes the
+	// blob c has committed (bbolt has synced it).
+	committed func(c CID)
+}
+
+func osFileOps() fileOps {
+	return fileOps{
+		syncFile: (*os.File).Sync,
+		syncDir: func(dir string) error {
+			d, err := os.Open(dir)
+			if err != nil {
+				return err
+			}
+			defer d.Close()
+			return d.Sync()
+		},
+		rename:    os.Rename,
+		committed: func(CID) {},
+	}
 }

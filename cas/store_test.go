@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -108,7 +109,7 @@ func TestRoundTripSizes(t *testing.T) {
 		if size > ShardSize != inf.Collection {
 			t.Errorf("size %d: collection %v", size, inf.Collection)
 		}
-		if !inf.Collection && inf.CID != CID(zeebo.Sum256(data)) {
+		if !inf.Collection && inf.CID != RawCID(zeebo.Sum256(data)) {
 			t.Errorf("size %d: CID is not the BLAKE3 of the data", size)
 		}
 		fr, err := s.OpenFile(inf.CID)
@@ -155,6 +156,22 @@ func TestCIDParse(t *testing.T) {
 	for _, bad := range []string{"", "b", "bafkqaaa", s[:len(s)-1], s + "a", "zQm", c.Hex()[:63], c.Hex() + "0", "g" + c.Hex()[1:],
 		// a raw CID with a sha2-256 multihash
 		"bafkreihdwdcefgh4dqkjv67uzcmw7ojee6xedzdetojuzjevtenxquvyku"} {
+		if _, err := ParseCID(bad); !errors.Is(err, ErrBadCID) {
+			t.Errorf("ParseCID(%q) err %v; want ErrBadCID", bad, err)
+		}
+	}
+	// Collection CIDs: their own prefix, both cases, canonical only.
+	cc := CollectionCID(c.Digest())
+	if cs := cc.String(); !strings.HasPrefix(cs, "bagaybqabdyq") || len(cs) != 64 {
+		t.Fatalf("collection CID %s: want bagaybqabdyq... of 64 characters", cs)
+	}
+	for _, in := range []string{cc.String(), "B" + string(bytes.ToUpper([]byte(cc.String()[1:])))} {
+		if got, err := ParseCID(in); err != nil || got != cc || !got.IsCollection() {
+			t.Errorf("ParseCID(%q) = %v, %v; want %v", in, got, err, cc)
+		}
+	}
+	ccs := cc.String()
+	for _, bad := range []string{ccs[:len(ccs)-1], ccs + "a", ccs[:len(ccs)-1] + "b" /* trailing bits */, "bagaybqabdyq" + s[12:]} {
 		if _, err := ParseCID(bad); !errors.Is(err, ErrBadCID) {
 			t.Errorf("ParseCID(%q) err %v; want ErrBadCID", bad, err)
 		}

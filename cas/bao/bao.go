@@ -8,6 +8,11 @@
 // This one exists for speed: it hashes each group with one 16-way SIMD call
 // straight from the caller's buffer, verifies into caller-owned memory and
 // allocates nothing per call, where the reference allocates per slice.
+// BenchmarkEncoder and BenchmarkDecodeSlice measure both in the same run
+// (x-of-lukechampine): on the 2-core dev VM, medians of 5 runs, encoding
+// 64 MiB is 1.15x the reference's speed, decoding a 1 MiB slice 1.09x and
+// a 16 KiB one 1.27x. Both compress with lukechampine.com/blake3/guts, so
+// the gap is in buffering and allocation, not in the hashing itself.
 //
 // Geometry. A blob of size bytes has max(1, ceil(size/GroupSize)) groups.
 // The tree over them splits a subtree of k > 1 groups into a left subtree of

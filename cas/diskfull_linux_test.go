@@ -1,3 +1,5 @@
+//go:build linux
+
 package cas
 
 import (
@@ -12,8 +14,6 @@ import (
 	"syscall"
 	"testing"
 )
-
-const diskFullChildEnv = "RDRR_CAS_DISKFULL_CHILD"
 
 // A full disk during add fails that add with ENOSPC, leaves no temporary
 // file, and loses nothing already stored. The test mounts an 8 MiB tmpfs in
