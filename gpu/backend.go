@@ -78,8 +78,19 @@ func backendOf(t wgpu.BackendType) Backend {
 	return BackendAuto
 }
 
-// newInstance creates a wgpu instance for every backend; adapters are
-// filtered by backend when enumerated. (The binding's CreateInstance with a
+// newInstance creates a wgpu instance. An explicit backend gets an instance
+// of that backend alone, made by shim.c: the binding's CreateInstance with a
 // descriptor leaves fields of the native extras struct uninitialized, and
-// wgpu-native aborts on the garbage, so no descriptor is passed.)
-func newInstance() *wgpu.Instance { return wgpu.CreateInstance(nil) }
+// wgpu-native aborts on the garbage. BackendAuto gets every backend, GL
+// included, and then each instance initializes EGL even where Vulkan is
+// chosen; wgpu's GL backend aborts the process (egl.rs "BadContext") when
+// two goroutines create and enumerate instances at once, so callers that
+// may open devices concurrently should name their backend.
+func newInstance(b Backend) *wgpu.Instance {
+	if b != BackendAuto {
+		if inst := createInstance(b.instanceFlags()); inst != nil {
+			return inst
+		}
+	}
+	return wgpu.CreateInstance(nil)
+}

@@ -5,8 +5,14 @@
 #   go test -c -o .gl/gpu.test ./gpu/     # on the development machine
 #   # device tool: carry [".gl"], command: bash gpu/bench-device.sh
 #
-# .gl also holds the Vulkan loader debs (see the device README). Logs go to
+# .gl also holds the debs of the Vulkan loader and of glvnd (libvulkan1
+# libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2, fetched as the device
+# README says): NVIDIA's Vulkan ICD is libGLX_nvidia, which needs glvnd;
+# with libvulkan1 alone the tests find no adapter. Logs go to
 # $OUT. BENCH_ARGS adds go test flags (e.g. -test.bench 'GPU/q4k').
+# BENCH_COUNT (default 5) runs the whole benchmark that many times;
+# median.txt then holds each metric's median over the runs (bench-median.sh),
+# which is what BENCHMARKS.md reports. BENCH_TIMEOUT (default 9m) bounds them.
 set -uo pipefail
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
@@ -24,6 +30,8 @@ cd gpu # tests read testdata/ relative to the package, as go test does
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   ../.gl/gpu.test -test.count 1 -test.timeout 5m 2>&1 | grep -v '^\[wgpu\] \[Warn\]' | tee "$out/test.log" | tail -15
 fi
-../.gl/gpu.test -test.run '^$' -test.bench . -test.benchtime 1x -test.timeout 9m ${BENCH_ARGS:-} 2>&1 \
-  | grep -v '^\[wgpu\] \[Warn\]' | tee "$out/bench.log"
+../.gl/gpu.test -test.run '^$' -test.bench . -test.benchtime 1x -test.count "${BENCH_COUNT:-5}" -test.timeout "${BENCH_TIMEOUT:-9m}" ${BENCH_ARGS:-} 2>&1 \
+  | grep --line-buffered -v '^\[wgpu\] \[Warn\]' > "$out/bench.log"
+grep -v '^Benchmark' "$out/bench.log" | grep -v '^ *bench_test.go' | tail -5
+sh bench-median.sh < "$out/bench.log" | tee "$out/median.txt"
 kill $smi 2>/dev/null

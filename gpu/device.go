@@ -120,7 +120,6 @@ type Device struct {
 	// asynchronous operations (map, work done) not yet completed
 	opsMu    sync.Mutex
 	ops      map[*asyncOp]struct{}
-	inflight []uint64 // submission indices, oldest first
 	deferred []func() // run under mu by drain; appended by callbacks
 
 	kick     chan struct{}
@@ -142,7 +141,7 @@ func Open(ctx context.Context, o Options) (*Device, error) {
 		return nil, err
 	}
 	o = o.withDefaults()
-	inst := newInstance()
+	inst := newInstance(o.Backend)
 	adapter, info, err := pickAdapter(inst, o)
 	if err != nil {
 		inst.Release()
@@ -303,10 +302,16 @@ func (d *Device) noteNative(ne *nativeError) error {
 	return wrapNative(ne)
 }
 
-// Close waits (briefly) for queued work, then frees every buffer, pipeline
-// and bind group and releases the device. Buffers and pipelines still held
-// by callers become unusable (their use returns ErrClosed). Close is
-// idempotent.
+// Close waits for the work already submitted to finish, then frees every
+// buffer, pipeline and bind group and releases the device. Buffers and
+// pipelines still held by callers become unusable (their use returns
+// ErrClosed). Close is idempotent.
+//
+// The wait has no deadline: freeing command buffers and buffers that the
+// GPU is still running crashes the driver (lavapipe's queue thread did,
+// issue 16), so a queue that is slow to drain (a CPU adapter on a loaded
+// machine) keeps Close waiting, with a warning every closeWarnAfter. Only
+// device loss ends the wait early.
 func (d *Device) Close() error {
 	d.mu.Lock()
 	if d.closed {
@@ -324,12 +329,20 @@ func (d *Device) Close() error {
 	d.closed = true
 	d.mu.Unlock()
 	if op != nil {
-		select {
-		case <-op.done:
-		case <-d.lostCh:
-		case <-time.After(10 * time.Second):
-			d.log.Warn("gpu: close: queue did not drain in 10s")
+		start := time.Now()
+		tick := time.NewTicker(closeWarnAfter)
+	wait:
+		for {
+			select {
+			case <-op.done:
+				break wait
+			case <-d.lostCh:
+				break wait
+			case <-tick.C:
+				d.log.Warn("gpu: close: still waiting for submitted work to finish", "waited", time.Since(start).Round(time.Second))
+			}
 		}
+		tick.Stop()
 	}
 	close(d.stop)
 	<-d.pollDone
@@ -567,13 +580,9 @@ func (d *Device) drainLocked() {
 	}
 }
 
-// noteSubmit records a submission so the poller can wait for it.
-func (d *Device) noteSubmit(idx uint64) {
-	d.opsMu.Lock()
-	d.inflight = append(d.inflight, idx)
-	d.opsMu.Unlock()
-	d.wake()
-}
+// noteSubmit tells the poller that work was submitted (idx is its
+// submission index; the poller only needs to know that the queue is busy).
+func (d *Device) noteSubmit(idx uint64) { d.wake() }
 
 func (d *Device) wake() {
 	select {
@@ -582,11 +591,30 @@ func (d *Device) wake() {
 	}
 }
 
-// pollLoop drives wgpu's callbacks: while operations are pending it waits
-// for the oldest submission in flight (so staging buffers come back one by
-// one, not when the whole queue drains), or polls with a backoff when only
-// non-submission work (a map of an idle buffer) is pending. It is the
-// device's only long-lived goroutine; Close stops it.
+// closeWarnAfter is how often Close logs while it waits for the queue.
+const closeWarnAfter = 10 * time.Second
+
+// Poll backoff: after a poll that changed nothing the poller sleeps
+// pollMinSleep, doubling up to pollMaxSleep; a callback that fires or a new
+// submission starts it again from the bottom.
+const (
+	pollMinSleep = 10 * time.Microsecond
+	pollMaxSleep = 500 * time.Microsecond
+)
+
+// pollLoop drives wgpu's callbacks while anything is outstanding: work on
+// the queue that has not finished, or a map or work-done callback that has
+// not fired. It is the device's only long-lived goroutine; Close stops it.
+//
+// It never makes wgpu wait (Device.Poll(true, ...)): wgpu-native v22 waits
+// at most 5 s for a submission and then treats it as finished whether or
+// not the GPU is done (gfx-rs/wgpu#3601 and #4589, fixed in wgpu 25 by
+// #7030). It then recycles the submission's command buffers and frees the
+// buffers it used while the GPU still runs them. On a loaded machine
+// lavapipe takes longer than 5 s for one submission, and its queue thread
+// crashed walking a freed command list (issue 16). A non-blocking poll
+// reads the fence and frees only what has really finished, so the loop
+// polls without waiting and sleeps between polls with a short backoff.
 func (d *Device) pollLoop() {
 	defer close(d.pollDone)
 	for {
@@ -595,46 +623,36 @@ func (d *Device) pollLoop() {
 			return
 		case <-d.kick:
 		}
-		backoff := time.Duration(0)
+		sleep := time.Duration(0)
 		for {
-			select {
-			case <-d.stop:
-				return
-			default:
-			}
-			d.opsMu.Lock()
-			pending := len(d.ops)
-			var idx uint64
-			hasIdx := len(d.inflight) > 0
-			if hasIdx {
-				idx = d.inflight[0]
-				d.inflight = d.inflight[1:]
-			}
-			d.opsMu.Unlock()
-			if !hasIdx && pending == 0 {
-				break
-			}
 			if d.lost.Load() != nil {
 				d.failOps(statusLost)
 				break
 			}
 			before := d.progress.Load()
-			if hasIdx {
-				d.dev.Poll(true, &wgpu.WrappedSubmissionIndex{Queue: d.queue, SubmissionIndex: wgpu.SubmissionIndex(idx)})
-				backoff = 0
-				continue
+			queueEmpty := d.dev.Poll(false, nil)
+			d.opsMu.Lock()
+			pending := len(d.ops)
+			d.opsMu.Unlock()
+			// Work submitted or registered after the poll kicks again,
+			// so stopping here loses nothing.
+			if queueEmpty && pending == 0 {
+				break
 			}
-			d.dev.Poll(false, nil)
 			if d.progress.Load() != before {
-				backoff = 0
+				sleep = 0
 				continue
 			}
-			backoff = min(max(2*backoff, 20*time.Microsecond), time.Millisecond)
+			sleep = min(max(2*sleep, pollMinSleep), pollMaxSleep)
+			t := time.NewTimer(sleep)
 			select {
 			case <-d.stop:
+				t.Stop()
 				return
 			case <-d.kick:
-			case <-time.After(backoff):
+				t.Stop()
+				sleep = 0
+			case <-t.C:
 			}
 		}
 	}

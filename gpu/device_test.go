@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
 	"runtime"
 	"strings"
 	"sync"
@@ -485,4 +486,218 @@ func TestNoLeaks(t *testing.T) {
 		buf := make([]byte, 1<<16)
 		t.Errorf("%d goroutines after Close; %d before Open\n%s", n, g0, buf[:runtime.Stack(buf, true)])
 	}
+}
+
+// TestConcurrentOpen lists adapters and opens, uses and closes devices
+// from two goroutines at once, on the backend the shared device runs on.
+// When every instance included the GL backend, EGL aborted the process
+// within a second of this (issue 16); an instance of the named backend
+// alone leaves GL out.
+func TestConcurrentOpen(t *testing.T) {
+	b := shared.d.Info().Backend
+	if b == BackendGL {
+		t.Skip("wgpu's GL backend does not take several devices in one process")
+	}
+	var wg sync.WaitGroup
+	errc := make(chan error, 2)
+	for w := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 5 {
+				if _, err := ListAdapters(ctxT(t), Options{Backend: b}); err != nil {
+					errc <- err
+					return
+				}
+				d, err := Open(ctxT(t), Options{Backend: b})
+				if err != nil {
+					errc <- err
+					return
+				}
+				src := []byte(fmt.Sprintf("worker %d, device %d", w, i))
+				x, err := d.Alloc(64)
+				if err == nil {
+					err = d.Upload(ctxT(t), x, src)
+				}
+				got := make([]byte, len(src))
+				if err == nil {
+					err = d.Read(ctxT(t), x, got)
+				}
+				if err == nil && !bytes.Equal(got, src) {
+					err = fmt.Errorf("worker %d, device %d: read %q; wrote %q", w, i, got, src)
+				}
+				d.Close()
+				if err != nil {
+					errc <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errc)
+	for err := range errc {
+		t.Error(err)
+	}
+}
+
+// TestSubmissionOutlastsWgpuWait runs one submission that takes longer
+// than the 5 s that wgpu-native v22 waits in a blocking poll before it
+// treats a submission as finished regardless (gfx-rs/wgpu#3601). The old
+// poller blocked there, and under load wgpu then recycled a command buffer
+// that lavapipe was still running (issue 16's crash). This checks that a
+// submission that long completes, reads back exactly (an exact reference,
+// so an early read fails) and leaves the device usable. On an idle machine
+// the old poller passed it too: there its blocking poll returned only when
+// the submission finished (after 11.5 s, not 5 s); the early returns, and
+// the crash, came under load.
+func TestSubmissionOutlastsWgpuWait(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a kernel for about 8 s")
+	}
+	src, err := os.ReadFile("testdata/spin.wgsl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := shared.d
+	p, err := d.Compile(ctxT(t), Kernel{Name: "spin", Source: string(src), Bindings: []Access{ReadWrite}, Params: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Release()
+	// The reference against a plain loop.
+	x := uint32(7)
+	for range 1000 {
+		x ^= x << 13
+		x ^= x >> 17
+		x ^= x << 5
+	}
+	if got := xorshiftPow(1000).apply(7); got != x {
+		t.Fatalf("reference: %#x after 1000 steps; the loop says %#x", got, x)
+	}
+	for n, acc := uint64(1), uint32(0); n <= 1000; n++ {
+		if acc ^= uint32(n); xorUpTo(n) != acc {
+			t.Fatalf("xorUpTo(%d) = %d; want %d", n, xorUpTo(n), acc)
+		}
+	}
+	const iters = 60000 // under llvmpipe's loop limit
+	const dispatches = 5
+	// A loaded machine may stretch the long run well past its ~8 s.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	spin := func(groups uint64) (time.Duration, uint32) {
+		gx := min(groups, 65535)
+		gy := (groups + gx - 1) / gx
+		out, err := d.Alloc(4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer out.Release()
+		start := time.Now()
+		b := d.Batch()
+		if err := b.Clear(out); err != nil {
+			t.Fatal(err)
+		}
+		// Several dispatches, so that commands remain to be read after
+		// wgpu's wait gives up.
+		for range dispatches {
+			if err := b.Dispatch(p, [3]uint32{uint32(gx), uint32(gy), 1}, Params{}.U32(iters).U32(uint32(gx)), out); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := b.Submit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		got := make([]uint32, 1)
+		if err := d.Read(ctx, out, Bytes(got)); err != nil {
+			t.Fatal(err)
+		}
+		// The n-step map applied to the XOR of the seeds 1..n (an even
+		// number of dispatches would cancel out).
+		seeds := xorUpTo(gx * gy * 64)
+		if dispatches%2 == 0 {
+			seeds = 0
+		}
+		if want := xorshiftPow(8 * iters).apply(seeds); got[0] != want {
+			t.Errorf("%d workgroups: got %#x; want %#x (read before the kernel finished?)", gx*gy, got[0], want)
+		}
+		return time.Since(start), got[0]
+	}
+	spin(1) // compile
+	// Calibrate with short runs, then size the long one to about 8 s.
+	groups := uint64(16)
+	for {
+		el, _ := spin(groups)
+		if el >= 250*time.Millisecond || groups >= 1<<28 {
+			groups = uint64(min(float64(groups)*8/el.Seconds(), 1<<30))
+			break
+		}
+		groups *= 4
+	}
+	el, _ := spin(groups)
+	t.Logf("one submission of %d dispatches of %d workgroups took %v", dispatches, groups, el.Round(time.Millisecond))
+	if el < 6*time.Second {
+		t.Logf("it finished within wgpu's 5 s wait (plus margin): this run did not exercise the timeout")
+	}
+	if err := d.Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// xorUpTo returns the low 32 bits of 1 ^ 2 ^ ... ^ n, which are the XOR of
+// those numbers' low 32 bits (the kernel's u32 indices wrap the same way).
+func xorUpTo(n uint64) uint32 {
+	switch n % 4 {
+	case 0:
+		return uint32(n)
+	case 1:
+		return 1
+	case 2:
+		return uint32(n + 1)
+	}
+	return 0
+}
+
+// gf2 is a linear map on 32-bit words over GF(2): column j is the image
+// of bit j.
+type gf2 [32]uint32
+
+func (m *gf2) apply(x uint32) uint32 {
+	var y uint32
+	for j := 0; x != 0; j, x = j+1, x>>1 {
+		if x&1 != 0 {
+			y ^= m[j]
+		}
+	}
+	return y
+}
+
+// then returns the map "m, then n".
+func (m *gf2) then(n *gf2) *gf2 {
+	var r gf2
+	for j := range r {
+		r[j] = n.apply(m[j])
+	}
+	return &r
+}
+
+// xorshiftPow returns the map of n steps of xorshift32 (13, 17, 5).
+func xorshiftPow(n uint64) *gf2 {
+	var step, acc gf2
+	for j := range step {
+		x := uint32(1) << j
+		x ^= x << 13
+		x ^= x >> 17
+		x ^= x << 5
+		step[j] = x
+		acc[j] = 1 << j
+	}
+	r, s := &acc, &step
+	for ; n > 0; n >>= 1 {
+		if n&1 != 0 {
+			r = r.then(s)
+		}
+		s = s.then(s)
+	}
+	return r
 }

@@ -36,7 +36,10 @@
 // instance descriptor with uninitialized native fields, and error scopes
 // that never capture out-of-memory errors, which wgpu-native turns into an
 // abort. wgpu-native also aborts on any invalid queue submission, so Batch
-// checks buffer and pipeline lifetimes before it submits.
+// checks buffer and pipeline lifetimes before it submits; and its blocking
+// poll gives up after 5 s and then frees what the GPU may still be running
+// (gfx-rs/wgpu#3601), so the device's poller never blocks in wgpu and Close
+// waits for the queue without a deadline (device.go).
 //
 // The package owns no model logic, no tiers and no kernel search: those are
 // experts/, tiers/ and kernels/, which build on it. It imports nothing else

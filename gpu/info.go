@@ -153,7 +153,7 @@ func ListAdapters(ctx context.Context, o Options) ([]AdapterInfo, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	inst := newInstance()
+	inst := newInstance(o.Backend)
 	defer inst.Release()
 	var out []AdapterInfo
 	for _, a := range inst.EnumerateAdapters(&wgpu.InstanceEnumerateAdapterOptons{Backends: o.Backend.instanceFlags()}) {

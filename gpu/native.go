@@ -54,6 +54,23 @@ func checkLayout(dev *wgpu.Device, probe *wgpu.Buffer, size uint64) error {
 	return nil
 }
 
+// createInstance creates an instance for the backends in flags alone, or
+// returns nil if it cannot (the binding's Instance no longer a lone handle,
+// or wgpu-native refused).
+func createInstance(flags wgpu.InstanceBackend) *wgpu.Instance {
+	var probe wgpu.Instance
+	if unsafe.Sizeof(probe) != unsafe.Sizeof(uintptr(0)) {
+		return nil
+	}
+	p := C.rdrr_create_instance(C.uint32_t(flags))
+	if p == nil {
+		return nil
+	}
+	inst := new(wgpu.Instance)
+	*(*unsafe.Pointer)(unsafe.Pointer(inst)) = p
+	return inst
+}
+
 // nativeError is an error that a wgpu error scope captured.
 type nativeError struct {
 	typ uint32 // WGPUErrorType

@@ -13,6 +13,27 @@ extern void wgpuBufferMapAsync(void *buffer, uint32_t mode, size_t offset, size_
 extern void wgpuQueueOnSubmittedWorkDone(void *queue, rdrr_status_cb cb, void *userdata) __attribute__((weak));
 extern uint64_t wgpuQueueSubmitForIndex(void *queue, size_t n, void *const *cmds) __attribute__((weak));
 extern uint64_t wgpuBufferGetSize(void *buffer) __attribute__((weak));
+extern void *wgpuCreateInstance(void const *descriptor) __attribute__((weak));
+
+// WGPUChainedStruct and WGPUInstanceExtras of wgpu.h, WGPUInstanceDescriptor
+// of webgpu.h.
+typedef struct rdrr_chained {
+	struct rdrr_chained const *next;
+	uint32_t sType;
+} rdrr_chained;
+typedef struct {
+	rdrr_chained chain;
+	uint32_t backends;
+	uint32_t flags;
+	uint32_t dx12ShaderCompiler;
+	uint32_t gles3MinorVersion;
+	char const *dxilPath;
+	char const *dxcPath;
+} rdrr_instance_extras;
+typedef struct {
+	rdrr_chained const *nextInChain;
+} rdrr_instance_descriptor;
+enum { STYPE_INSTANCE_EXTRAS = 0x00030006 };
 
 // Implemented in Go (callback.go).
 extern void rdrrMapDone(uint32_t status, uintptr_t handle);
@@ -67,3 +88,14 @@ uint64_t rdrr_submit(void *device, void *queue, size_t n, void **cmds, rdrr_erro
 }
 
 uint64_t rdrr_buffer_size(void *buffer) { return wgpuBufferGetSize(buffer); }
+
+// rdrr_create_instance creates an instance for the given backends only
+// (WGPUInstanceBackend flags), every other field zero: the defaults.
+void *rdrr_create_instance(uint32_t backends) {
+	rdrr_instance_extras extras;
+	memset(&extras, 0, sizeof extras);
+	extras.chain.sType = STYPE_INSTANCE_EXTRAS;
+	extras.backends = backends;
+	rdrr_instance_descriptor desc = {&extras.chain};
+	return wgpuCreateInstance(&desc);
+}

@@ -24,5 +24,6 @@ void rdrr_map_async(void *device, void *buffer, uint32_t mode, size_t offset, si
 void rdrr_on_done(void *device, void *queue, uintptr_t handle, rdrr_error *err);
 uint64_t rdrr_submit(void *device, void *queue, size_t n, void **cmds, rdrr_error *err);
 uint64_t rdrr_buffer_size(void *buffer);
+void *rdrr_create_instance(uint32_t backends);
 
 #endif
