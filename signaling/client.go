@@ -269,13 +269,26 @@ func (c *Client) Send(ctx context.Context, m *Message) error {
 	return c.write(ctx, m)
 }
 
+// clientWriteTimeout bounds one write to the server. A write that takes
+// longer means the connection is gone.
+const clientWriteTimeout = 10 * time.Second
+
+// write sends m. The caller's ctx is checked first but never reaches the
+// websocket: coder/websocket closes the whole connection when a write's
+// context ends (even one already ended), so one offer abandoned at its
+// deadline would cut this client off from the server and every exchange
+// on it. A write is bounded by clientWriteTimeout instead.
 func (c *Client) write(ctx context.Context, m *Message) error {
 	select {
 	case <-c.done:
 		return c.closedErr()
+	case <-ctx.Done():
+		return ctx.Err()
 	default:
 	}
-	return writeMessage(ctx, c.ws, m)
+	wctx, cancel := context.WithTimeout(c.ctx, clientWriteTimeout)
+	defer cancel()
+	return writeMessage(wctx, c.ws, m)
 }
 
 func (c *Client) closedErr() error {

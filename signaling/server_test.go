@@ -528,3 +528,23 @@ func waitUntil(t *testing.T, cond func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// A caller's context that ends around a send must not close the client:
+// coder/websocket closes the connection when a write's context ends, and a
+// fetch abandons offers at its connect deadline all the time.
+func TestEndedContextDoesNotCloseClient(t *testing.T) {
+	_, url := newTestServer(t, Config{})
+	a, b := dial(t, url, newKey(t)), dial(t, url, newKey(t))
+	joinAll(t, "t", a, b)
+	for range 20 {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		err := a.Send(ctx, &Message{Type: TypeOffer, To: b.ID().String(), SID: "s", Data: []byte(`{}`)})
+		if err != nil && !errors.Is(err, context.Canceled) {
+			t.Fatalf("send with an ended context: %v", err)
+		}
+	}
+	if _, err := a.Peers(ctxT(t), "t"); err != nil {
+		t.Fatalf("client after sends with ended contexts: %v", err)
+	}
+}

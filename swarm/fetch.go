@@ -4,50 +4,165 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/rdrr/peer/cas"
+	"github.com/rdrr/peer/cas/bao"
 	"github.com/rdrr/peer/swarm/wire"
 )
 
-// FetchOptions says where a fetch looks for a blob.
+// ErrStalled: a fetch wrote no verified byte for FetchOptions.StallTimeout.
+var ErrStalled = errors.New("swarm: fetch made no progress")
+
+// Defaults of FetchOptions.
+const (
+	// DefaultMaxBlobSize bounds the size a peer may announce for the blob
+	// a fetch starts from. Files become 64 MiB shards and a collection of
+	// at most cas.MaxCollectionShards entries (under 100 MiB), so honest
+	// roots are far below it; its outboard (1/256 of it) is what a liar
+	// can make us allocate.
+	DefaultMaxBlobSize = 1 << 30
+	defaultOpenBlobs   = 16
+	defaultMaxStrikes  = 3
+	defaultStall       = 2 * time.Minute
+	defaultFindTimeout = 30 * time.Second
+	defaultMaxPeers    = 8
+	// wantBatch is how many CIDs are asked under one RequestTimeout (the
+	// link splits them further into WANTs whose HAVE fits a frame).
+	wantBatch = 1024
+)
+
+// FetchOptions says where a fetch looks for a blob and how long it keeps
+// trying. Zero values take the documented defaults.
 type FetchOptions struct {
-	// Peers to ask (connected ones are asked too).
+	// Peers to ask first (connected and discovered ones are asked too).
 	Peers []peer.ID
-	// Discover, if set, is called for more peers when nobody asked so far
-	// has what is missing (for example: the members of a signaling topic).
+	// Discover, if set, is called for more peers each round (for example:
+	// the members of a signaling topic).
 	Discover func(ctx context.Context) ([]peer.ID, error)
 	// FindTimeout bounds how long a fetch waits without progress for a
-	// peer that has what is missing (default 30s).
+	// peer that has what is missing (default 30s). Without Discover, a
+	// fetch whose given and connected peers were all dropped or banned
+	// fails at once.
 	FindTimeout time.Duration
-	// MaxPeers bounds the peers a fetch connects to (default 8).
+	// MaxPeers bounds the peers asked in one round (default 8). Beyond the
+	// given Peers they are chosen at random among those not asked yet, so
+	// that peers which sort first in a topic cannot hide a blob; while
+	// nobody asked has what is missing, each round asks others, until
+	// every candidate was asked (then all may be asked again).
 	MaxPeers int
+	// MaxBlobSize bounds the size a peer may announce for a blob whose size
+	// nothing verified says (the CID the fetch starts from; shards' sizes
+	// come from their collection) (default DefaultMaxBlobSize). A claimed
+	// size is proven by the blob's last group before anything is
+	// allocated for it.
+	MaxBlobSize int64
+	// OpenBlobs bounds the blobs downloaded at once: each holds a file and
+	// its outboard (1/256 of its size) in memory (default 16).
+	OpenBlobs int
+	// RequestTimeout bounds one request (default: the node's
+	// Config.RequestTimeout).
+	RequestTimeout time.Duration
+	// MaxStrikes: a peer whose requests fail this many times in a row
+	// (timeouts, short or malformed answers, refusals of what it
+	// announced) gets no more requests in this fetch (default 3). Requests
+	// that were in flight together count once, and a peer with a strike
+	// gets one request at a time until one succeeds.
+	MaxStrikes int
+	// StallTimeout: the fetch fails with ErrStalled when it wrote no
+	// verified byte for this long (default 2m), whatever peers promise.
+	StallTimeout time.Duration
 	// Progress, if set, is called after each verified piece with the bytes
-	// written so far and the bytes this fetch had to get. Calls come one at
-	// a time from the fetch's goroutines; it must not block.
+	// written so far and the bytes this round of the fetch has to get
+	// (which shrinks as resumed blobs are opened). Calls come one at a
+	// time from the fetch's goroutines; it must not block.
 	Progress func(done, total int64)
+
+	hooks *fetchHooks // tests only
+}
+
+// fetchHooks let tests watch a fetch; nil outside tests.
+type fetchHooks struct {
+	// opened and closed are called, concurrently, when a Partial is
+	// opened and when it is closed or finished.
+	opened func(c cas.CID, size int64)
+	closed func(c cas.CID)
+	// requested is called before each REQUEST, from the fetch's
+	// goroutines, concurrently.
+	requested func(p peer.ID, c cas.CID, off, n int64)
+}
+
+func (h *fetchHooks) request(p peer.ID, c cas.CID, off, n int64) {
+	if h != nil && h.requested != nil {
+		h.requested(p, c, off, n)
+	}
+}
+
+func (o FetchOptions) withDefaults(cfg Config) FetchOptions {
+	if o.FindTimeout <= 0 {
+		o.FindTimeout = defaultFindTimeout
+	}
+	if o.MaxPeers <= 0 {
+		o.MaxPeers = defaultMaxPeers
+	}
+	if o.MaxBlobSize <= 0 {
+		o.MaxBlobSize = DefaultMaxBlobSize
+	}
+	if o.OpenBlobs <= 0 {
+		o.OpenBlobs = defaultOpenBlobs
+	}
+	if o.RequestTimeout <= 0 {
+		o.RequestTimeout = cfg.RequestTimeout
+	}
+	if o.MaxStrikes <= 0 {
+		o.MaxStrikes = defaultMaxStrikes
+	}
+	if o.StallTimeout <= 0 {
+		o.StallTimeout = defaultStall
+	}
+	return o
 }
 
 // Fetch makes blob c present in st, and if c is a collection, every shard
-// it lists too. Pieces come from whichever connected peers have them, each
-// 16 KiB group verified against its CID before it is written; a peer that
-// sends a bad group is banned and its pieces are fetched from others. An
-// interrupted fetch resumes from the groups already verified in st.
+// it lists too. Pieces come from whichever peers have them, each 16 KiB
+// group verified against its CID before it is written; a peer that sends
+// a bad group is banned, one that stalls or answers badly is dropped from
+// the fetch, and their pieces are fetched from others. An interrupted
+// fetch resumes from the groups already verified in st.
 func (n *Node) Fetch(ctx context.Context, st *cas.Store, c cas.CID, opt FetchOptions) (cas.Info, error) {
-	if opt.FindTimeout <= 0 {
-		opt.FindTimeout = 30 * time.Second
+	opt = opt.withDefaults(n.cfg)
+	f := &fetcher{n: n, st: st, opt: opt, peers: map[peer.ID]*peerScore{}}
+	f.touch()
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	stopWatch := f.watchStall(ctx, c, cancel)
+	defer stopWatch()
+
+	info, err := f.fetchAll(ctx, c)
+	if cause := context.Cause(ctx); err != nil && errors.Is(cause, ErrStalled) {
+		return cas.Info{}, cause
 	}
-	if opt.MaxPeers <= 0 {
-		opt.MaxPeers = 8
+	return info, err
+}
+
+func (f *fetcher) fetchAll(ctx context.Context, c cas.CID) (cas.Info, error) {
+	root := &want{cid: c, size: -1, resume: -1}
+	if sizes, err := f.st.Partials(); err == nil {
+		if s, ok := sizes[c.Raw()]; ok && s <= f.opt.MaxBlobSize {
+			// A download in progress: its size was proven when it began
+			// (it is proven again before it is used).
+			root.resume = s
+		}
 	}
-	f := &fetcher{n: n, st: st, opt: opt}
-	if err := f.fetch(ctx, []want{{cid: c, size: -1}}); err != nil {
+	if err := f.fetch(ctx, []*want{root}); err != nil {
 		return cas.Info{}, err
 	}
-	info, err := st.Stat(c)
+	info, err := f.st.Stat(c)
 	if err != nil {
 		return cas.Info{}, err
 	}
@@ -55,15 +170,21 @@ func (n *Node) Fetch(ctx context.Context, st *cas.Store, c cas.CID, opt FetchOpt
 		return info, nil
 	}
 	// The store recognizes a collection when it completes and links its
-	// shards, so GC keeps them while the shards are fetched.
-	col, err := st.Collection(c)
+	// shards, so GC keeps them while the shards are fetched. The shards'
+	// sizes come from the collection, which was verified against c.
+	col, err := f.st.Collection(c)
 	if err != nil {
 		return cas.Info{}, err
 	}
-	var missing []want
+	var missing []*want
+	listed := make(map[cas.CID]bool, len(col.Shards))
 	for _, sh := range col.Shards {
-		if inf, err := st.Stat(sh.CID); err != nil || inf.Corrupt {
-			missing = append(missing, want{cid: sh.CID, size: sh.Size})
+		if listed[sh.CID] {
+			continue // a file with a repeated 64 MiB region
+		}
+		listed[sh.CID] = true
+		if inf, err := f.st.Stat(sh.CID); err != nil || inf.Corrupt {
+			missing = append(missing, &want{cid: sh.CID, size: sh.Size})
 		}
 	}
 	if err := f.fetch(ctx, missing); err != nil {
@@ -72,86 +193,253 @@ func (n *Node) Fetch(ctx context.Context, st *cas.Store, c cas.CID, opt FetchOpt
 	return info, nil
 }
 
-type want struct {
-	cid  cas.CID
-	size int64 // -1: unknown, ask the providers
+// watchStall cancels ctx with ErrStalled when no verified byte was written
+// for StallTimeout. The returned func stops the watch.
+func (f *fetcher) watchStall(ctx context.Context, c cas.CID, cancel context.CancelCauseFunc) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		tick := time.NewTicker(min(f.opt.StallTimeout/4, time.Second))
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+				if idle := f.n.cfg.Now().Sub(time.Unix(0, f.lastProgress.Load())); idle > f.opt.StallTimeout {
+					cancel(fmt.Errorf("swarm: fetch %s: %w: no verified data for %v (%s)", c, ErrStalled, idle.Round(time.Millisecond), f.dropSummary()))
+					return
+				}
+			}
+		}
+	}()
+	return func() { close(done); wg.Wait() }
 }
 
+// want is a blob to fetch.
+type want struct {
+	cid  cas.CID
+	size int64 // -1: unknown until a peer's claim is proven
+	// resume is the size of a download of cid in progress, or -1.
+	resume int64
+	// proof is the verified slice of the last group that proved size,
+	// written once the blob is opened.
+	proof []byte
+}
+
+// fetcher is one Fetch: the peers' scores last for all of it.
 type fetcher struct {
 	n   *Node
 	st  *cas.Store
 	opt FetchOptions
+
+	lastProgress atomic.Int64 // unix nanos of the last verified write
+
+	mu    sync.Mutex
+	peers map[peer.ID]*peerScore
+	sched *scheduler // the round's, while it runs
 }
+
+// touch records progress (verified bytes written) for the stall deadline.
+func (f *fetcher) touch() { f.lastProgress.Store(f.n.cfg.Now().UnixNano()) }
 
 // fetch gets every wanted blob, looking for providers again (and waiting
 // up to FindTimeout without progress) while some are missing.
-func (f *fetcher) fetch(ctx context.Context, wants []want) error {
-	var lastErr error
+func (f *fetcher) fetch(ctx context.Context, wants []*want) error {
 	idle := time.Now()
 	for {
-		wants = slices.DeleteFunc(wants, func(w want) bool {
+		wants = slices.DeleteFunc(wants, func(w *want) bool {
 			inf, err := f.st.Stat(w.cid)
 			return err == nil && !inf.Corrupt
 		})
 		if len(wants) == 0 {
 			return nil
 		}
-		progressed, err := f.round(ctx, wants)
-		if err != nil {
-			return err
-		}
+		r, err := f.round(ctx, wants)
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		if progressed {
+		if err != nil {
+			return err
+		}
+		if r.progressed {
 			idle = time.Now()
 			continue
 		}
-		if time.Since(idle) > f.opt.FindTimeout {
-			if lastErr == nil {
-				lastErr = ErrNoProviders
+		if time.Since(idle) > f.opt.FindTimeout || r.asked == 0 && f.opt.Discover == nil {
+			// Out of time, or out of peers: every one given or connected
+			// was dropped or banned, and none can be discovered.
+			return fmt.Errorf("swarm: fetch %s (and %d more): %w (%s)", wants[0].cid, len(wants)-1, ErrNoProviders, f.dropSummary())
+		}
+		if r.found || r.fresh == 0 {
+			// Someone had something (and failed), or every candidate was
+			// asked: give them a moment before asking everyone again.
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(500 * time.Millisecond):
 			}
-			return fmt.Errorf("swarm: fetch %s (and %d more): %w", wants[0].cid, len(wants)-1, lastErr)
 		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(500 * time.Millisecond):
-		}
+		// Otherwise nobody asked had anything: widen the search at once.
 	}
 }
 
-// candidates returns the peers to ask: given, connected and discovered.
-func (f *fetcher) candidates(ctx context.Context) []peer.ID {
-	ps := append(append([]peer.ID(nil), f.opt.Peers...), f.n.Peers()...)
+// candidates returns the peers to ask this round: the given ones not asked
+// yet, then others not asked yet, at random, up to MaxPeers. fresh is how
+// many were never asked before; when none is left, everyone becomes
+// eligible again.
+func (f *fetcher) candidates(ctx context.Context) (out []peer.ID, fresh int) {
+	given := slices.Clone(f.opt.Peers)
+	others := f.n.Peers()
 	if f.opt.Discover != nil {
 		if more, err := f.opt.Discover(ctx); err == nil {
-			ps = append(ps, more...)
+			others = append(others, more...)
+		} else {
+			f.n.log.Debug("swarm: fetch: discover", "err", err)
 		}
 	}
+	rand.Shuffle(len(others), func(i, j int) { others[i], others[j] = others[j], others[i] })
+	all := append(given, others...)
 	seen := map[peer.ID]bool{f.n.ID(): true}
-	out := ps[:0]
-	for _, p := range ps {
-		if !seen[p] && !f.n.Banned(p) {
+	eligible := all[:0]
+	for _, p := range all {
+		if !seen[p] && !f.n.Banned(p) && !f.dropped(p) {
 			seen[p] = true
-			out = append(out, p)
+			eligible = append(eligible, p)
 		}
 	}
-	return out[:min(len(out), f.opt.MaxPeers)]
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	pick := func() {
+		for _, p := range eligible {
+			if len(out) == f.opt.MaxPeers {
+				return
+			}
+			if ps := f.peers[p]; ps == nil || !ps.asked {
+				out = append(out, p)
+			}
+		}
+	}
+	pick()
+	fresh = len(out)
+	if len(out) == 0 {
+		for _, ps := range f.peers {
+			ps.asked = false
+		}
+		pick()
+	}
+	for _, p := range out {
+		f.score(p).asked = true
+	}
+	return out, fresh
 }
 
-// round connects to the candidates, asks who has what, and runs one
-// scheduler over everything someone has. It reports whether any piece was
-// written.
-func (f *fetcher) round(ctx context.Context, wants []want) (progressed bool, err error) {
-	peers := f.candidates(ctx)
+type roundResult struct {
+	progressed bool // verified bytes were written
+	found      bool // someone had something wanted
+	fresh      int  // peers asked for the first time
+	asked      int  // peers asked
+}
+
+// answer is what one peer said in the ask phase.
+type answer struct {
+	p     peer.ID
+	links []*link
+	have  []wire.HaveEntry
+}
+
+// round asks the candidates who has what, proves unknown sizes, and runs
+// one scheduler over everything someone has.
+func (f *fetcher) round(ctx context.Context, wants []*want) (roundResult, error) {
+	peers, fresh := f.candidates(ctx)
+	res := roundResult{fresh: fresh, asked: len(peers)}
+	answers := f.ask(ctx, peers, wants)
+
+	// Who has what. Every number in a HAVE is the peer's word: a size must
+	// be the one the collection gave (shards) or at most MaxBlobSize and
+	// proven by the last group (the root), or the entry is not used.
+	byCID := make(map[cas.CID]*want, len(wants))
+	for _, w := range wants {
+		byCID[w.cid.Raw()] = w // HAVE entries carry digests: raw CIDs
+	}
+	claims := map[*want]map[int64][]peer.ID{}
+	for _, a := range answers {
+		seen := map[cas.CID]bool{}
+		for _, e := range a.have {
+			w := byCID[e.CID]
+			if w == nil || seen[e.CID] || e.Bitmap != nil {
+				continue // not asked (the link refuses those), repeated, or partial
+			}
+			seen[e.CID] = true
+			switch {
+			case w.size >= 0 && e.Size != uint64(w.size):
+				f.liar(a.p, e.CID, fmt.Sprintf("announced %d bytes for %s; its collection says %d", e.Size, e.CID, w.size))
+				continue
+			case e.Size > 1<<62:
+				// Past any size a store can hold (and past int64).
+				f.liar(a.p, e.CID, fmt.Sprintf("announced %d bytes for %s", e.Size, e.CID))
+				continue
+			}
+			if claims[w] == nil {
+				claims[w] = map[int64][]peer.ID{}
+			}
+			claims[w][int64(e.Size)] = append(claims[w][int64(e.Size)], a.p)
+		}
+	}
+	linksOf := map[peer.ID][]*link{}
+	for _, a := range answers {
+		linksOf[a.p] = a.links
+	}
+	s := newScheduler(f, int64(f.n.cfg.PieceSize), f.opt.OpenBlobs)
+	for _, w := range wants {
+		cl := claims[w]
+		if len(cl) == 0 {
+			continue
+		}
+		if w.size < 0 {
+			f.proveSize(ctx, w, cl, linksOf)
+			if w.size < 0 {
+				continue
+			}
+		}
+		var provs []peer.ID
+		for _, p := range cl[w.size] {
+			if !f.n.Banned(p) && !f.dropped(p) {
+				provs = append(provs, p)
+			}
+		}
+		if len(provs) > 0 {
+			s.add(w, provs)
+			res.found = true
+		}
+	}
+	for _, a := range answers {
+		if s.hasPeer(a.p) {
+			s.addLinks(a.p, a.links)
+			// A provider stays eligible for the next round.
+			f.mu.Lock()
+			f.score(a.p).asked = false
+			f.mu.Unlock()
+		}
+	}
+	if ctx.Err() != nil {
+		return res, ctx.Err()
+	}
+	wrote, err := s.run(ctx)
+	res.progressed = wrote
+	return res, err
+}
+
+// ask connects to each peer (one connection, more if it has something)
+// and asks which of wants it has, all peers at once.
+func (f *fetcher) ask(ctx context.Context, peers []peer.ID, wants []*want) []answer {
 	cids := make([]cas.CID, len(wants))
 	for j, w := range wants {
 		cids[j] = w.cid
-	}
-	type answer struct {
-		links []*link
-		have  []wire.HaveEntry
 	}
 	answers := make([]answer, len(peers))
 	var wg sync.WaitGroup
@@ -159,288 +447,178 @@ func (f *fetcher) round(ctx context.Context, wants []want) (progressed bool, err
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			// One connection to ask; the rest only to peers that have
-			// something.
 			ls, err := f.n.connectN(ctx, p, 1)
 			if err != nil {
 				f.n.log.Debug("swarm: fetch: connect", "peer", p, "err", err)
 				return
 			}
-			have, err := ls[0].want(ctx, cids)
-			if err != nil {
-				f.n.log.Debug("swarm: fetch: want", "peer", p, "err", err)
-				return
+			var have []wire.HaveEntry
+			for rest := cids; len(rest) > 0; {
+				batch := rest[:min(len(rest), wantBatch)]
+				rest = rest[len(batch):]
+				start := time.Now()
+				rctx, cancel := context.WithTimeout(ctx, f.opt.RequestTimeout)
+				h, err := ls[0].want(rctx, batch)
+				cancel()
+				if err != nil {
+					f.n.log.Debug("swarm: fetch: want", "peer", p, "err", err)
+					if strike, _ := judge(err); strike && ctx.Err() == nil {
+						f.strike(p, start, fmt.Errorf("swarm: WANT to %s: %w", p, err))
+					}
+					return
+				}
+				have = append(have, h...)
 			}
 			if len(have) > 0 {
 				if more, err := f.n.connect(ctx, p); err == nil {
 					ls = more
 				}
 			}
-			answers[i] = answer{ls, have}
+			answers[i] = answer{p: p, links: ls, have: have}
 		}()
 	}
 	wg.Wait()
-
-	// Who has what, at which size. Sizes come from untrusted peers; the
-	// CID commits to the size, so a liar's slices fail verification and it
-	// is banned. Until then the most common claim wins.
-	// Pieces no larger than any provider serves.
-	step := int64(f.n.cfg.PieceSize)
-	for _, a := range answers {
-		for _, l := range a.links {
-			step = min(step, int64(l.peerHello().MaxRequest)/cas.GroupSize*cas.GroupSize)
-		}
-	}
-	s := newScheduler(f, step)
-	for _, w := range wants {
-		sizes := map[int64][]peer.ID{}
-		for i, a := range answers {
-			for _, e := range a.have {
-				if e.CID == w.cid && e.Bitmap == nil && e.Size < 1<<62 && (w.size < 0 || int64(e.Size) == w.size) {
-					sizes[int64(e.Size)] = append(sizes[int64(e.Size)], peers[i])
-				}
-			}
-		}
-		best, provs := int64(-1), []peer.ID(nil)
-		for sz, ps := range sizes {
-			if len(ps) > len(provs) || len(ps) == len(provs) && sz < best {
-				best, provs = sz, ps
-			}
-		}
-		if len(provs) == 0 {
-			continue
-		}
-		if err := s.add(w.cid, best, provs); err != nil {
-			s.closeAll()
-			return false, err
-		}
-	}
-	for i, a := range answers {
-		if len(a.have) > 0 {
-			s.links[peers[i]] = a.links
-		}
-	}
-	return s.run(ctx)
+	return slices.DeleteFunc(answers, func(a answer) bool { return a.links == nil })
 }
 
-// piece is one REQUEST's range of a blob.
-type piece struct {
-	b      *blobJob
-	off, n int64
-}
-
-// blobJob is one blob being fetched.
-type blobJob struct {
-	cid  cas.CID
-	size int64
-	part *cas.Partial
-	left int              // pieces not yet written
-	has  map[peer.ID]bool // providers still believed to have it
-}
-
-// scheduler hands pieces to workers, Window per link, pieces in order
-// (blobs in order), failed pieces first again. Every field after mu is
-// guarded by it.
-type scheduler struct {
-	f     *fetcher
-	step  int64 // piece size
-	links map[peer.ID][]*link
-
-	mu       sync.Mutex
-	cond     *sync.Cond
-	blobs    []*blobJob
-	queue    []*piece
-	inflight int
-	err      error
-	done     int64 // bytes written
-	total    int64 // bytes this round had to get
-	wrote    bool
-}
-
-func newScheduler(f *fetcher, step int64) *scheduler {
-	s := &scheduler{f: f, step: step, links: map[peer.ID][]*link{}}
-	s.cond = sync.NewCond(&s.mu)
-	return s
-}
-
-// add opens (or resumes) the download of c and queues what is missing.
-func (s *scheduler) add(c cas.CID, size int64, providers []peer.ID) error {
-	part, err := s.f.st.OpenPartial(c, size)
-	if err != nil {
-		return fmt.Errorf("swarm: fetch %s: %w", c, err)
+// proveSize finds which claimed size of w is true: for each claim, most
+// claimants first, it asks a claimant for the blob's last group at that
+// size and verifies it against the CID. The last group's chunk counter and
+// length, and the tree nodes above it, commit to the size, so only the
+// true size verifies; claimants of any other size are banned. Nothing is
+// allocated from a claim but that one group's slice.
+func (f *fetcher) proveSize(ctx context.Context, w *want, claims map[int64][]peer.ID, links map[peer.ID][]*link) {
+	sizes := make([]int64, 0, len(claims))
+	for sz := range claims {
+		sizes = append(sizes, sz)
 	}
-	b := &blobJob{cid: c, size: size, part: part, has: map[peer.ID]bool{}}
-	for _, p := range providers {
-		b.has[p] = true
-	}
-	s.blobs = append(s.blobs, b)
-	step := s.step
-	for _, r := range part.Missing() {
-		for off := r.Off; off < r.Off+r.Len; off += step {
-			s.queue = append(s.queue, &piece{b: b, off: off, n: min(step, r.Off+r.Len-off)})
-			s.total += min(step, r.Off+r.Len-off)
-			b.left++
+	slices.SortFunc(sizes, func(a, b int64) int {
+		switch {
+		case a == w.resume: // a download in progress first
+			return -1
+		case b == w.resume:
+			return 1
+		case len(claims[a]) != len(claims[b]):
+			return len(claims[b]) - len(claims[a])
+		case a < b:
+			return -1
+		case a > b:
+			return 1
 		}
-	}
-	return nil
-}
-
-// closeAll releases the partials of blobs not finished (their progress is
-// kept for a later resume).
-func (s *scheduler) closeAll() {
-	for _, b := range s.blobs {
-		if b.part != nil {
-			b.part.Close()
-		}
-	}
-}
-
-func (s *scheduler) run(ctx context.Context) (bool, error) {
-	defer s.closeAll()
-	// Blobs already complete (resumed to the end, or empty) only need
-	// finishing.
-	for _, b := range s.blobs {
-		if b.left == 0 {
-			if b.size == 0 {
-				if err := b.part.WriteSlice(0, 0, nil); err != nil {
-					return false, err
-				}
-			}
-			if err := s.finish(ctx, b); err != nil {
-				return false, err
-			}
-		}
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	stop := context.AfterFunc(ctx, func() {
-		s.mu.Lock()
-		s.cond.Broadcast()
-		s.mu.Unlock()
+		return 0
 	})
-	defer stop()
-	var wg sync.WaitGroup
-	for _, ls := range s.links {
-		for _, l := range ls {
-			window := min(s.f.n.cfg.Window, int(l.peerHello().MaxOutstanding))
-			for range window {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					s.worker(ctx, l)
-				}()
-			}
-		}
-	}
-	wg.Wait()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.wrote, s.err
-}
-
-func (s *scheduler) finish(ctx context.Context, b *blobJob) error {
-	part := b.part
-	b.part = nil
-	if _, err := part.Finish(ctx); err != nil {
-		return fmt.Errorf("swarm: finish %s: %w", b.cid, err)
-	}
-	return nil
-}
-
-// next blocks until a piece that l's peer has is queued (and returns it),
-// or until nothing is left that it could get.
-func (s *scheduler) next(ctx context.Context, l *link) *piece {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for {
-		if s.err != nil || ctx.Err() != nil || l.isClosed() || s.f.n.Banned(l.remote) {
-			return nil
-		}
-		for i, p := range s.queue {
-			if p.b.has[l.remote] {
-				s.queue = slices.Delete(s.queue, i, i+1)
-				s.inflight++
-				return p
-			}
-		}
-		if s.inflight == 0 {
-			return nil
-		}
-		s.cond.Wait()
-	}
-}
-
-// requeue puts p back at the front; lost reports that l's peer no longer
-// has p's blob.
-func (s *scheduler) requeue(p *piece, l *link, lost bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if lost {
-		delete(p.b.has, l.remote)
-	}
-	s.queue = slices.Insert(s.queue, 0, p)
-	s.inflight--
-	s.cond.Broadcast()
-}
-
-func (s *scheduler) fail(err error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.err == nil {
-		s.err = err
-	}
-	s.cond.Broadcast()
-}
-
-func (s *scheduler) worker(ctx context.Context, l *link) {
-	var buf []byte
-	for {
-		p := s.next(ctx, l)
-		if p == nil {
-			return
-		}
-		slice, err := l.request(ctx, p.b.cid, p.b.size, p.off, p.n, buf)
-		if err != nil {
-			var rej *RejectError
-			lost := errors.As(err, &rej) && rej.Req != 0 && rej.Code != wire.CodeBusy && rej.Code != wire.CodeShuttingDown
-			s.requeue(p, l, lost)
-			if errors.As(err, &rej) && rej.Code == wire.CodeBusy {
-				select {
-				case <-time.After(50 * time.Millisecond):
-				case <-ctx.Done():
-				}
+	for _, sz := range sizes {
+		if sz > f.opt.MaxBlobSize {
+			// Nothing is allocated for a size past the limit, not even a
+			// probe: it is not believed unless another size is proven.
+			for _, p := range claims[sz] {
+				f.strike(p, time.Time{}, fmt.Errorf("swarm: peer %s announced %d bytes for %s, over the limit of %d", p, sz, w.cid, f.opt.MaxBlobSize))
 			}
 			continue
 		}
-		buf = slice
-		if err := p.b.part.WriteSlice(p.off, p.n, slice); err != nil {
-			var re *cas.RangeError
-			if errors.As(err, &re) {
-				s.f.n.punish(l.remote, re)
-				s.requeue(p, l, true)
+		for _, p := range claims[sz] {
+			if ctx.Err() != nil {
 				return
 			}
-			s.requeue(p, l, false)
-			s.fail(fmt.Errorf("swarm: write %s: %w", p.b.cid, err))
-			return
-		}
-		s.f.n.stats.fetchedBytes.Add(p.n)
-		s.mu.Lock()
-		s.inflight--
-		s.done += p.n
-		s.wrote = true
-		p.b.left--
-		last := p.b.left == 0
-		if s.f.opt.Progress != nil {
-			s.f.opt.Progress(s.done, s.total)
-		}
-		s.cond.Broadcast()
-		s.mu.Unlock()
-		if last {
-			if err := s.finish(ctx, p.b); err != nil {
-				s.fail(err)
+			if f.n.Banned(p) || f.dropped(p) || len(links[p]) == 0 {
+				continue
+			}
+			if f.probe(ctx, w, sz, p, links[p][0]) {
+				w.size = sz
+				for other, ps := range claims {
+					if other == sz {
+						continue
+					}
+					for _, q := range ps {
+						f.liar(q, w.cid, fmt.Sprintf("announced %d bytes for %s; its last group proves %d", other, w.cid, sz))
+					}
+				}
 				return
 			}
 		}
 	}
+}
+
+// probe asks p for the last group of w.cid as if it had size bytes and
+// reports whether the slice verified. A slice that fails bans p.
+func (f *fetcher) probe(ctx context.Context, w *want, size int64, p peer.ID, l *link) bool {
+	if size == 0 {
+		if w.cid.Digest() == cas.Sum(nil).Digest() {
+			return true
+		}
+		f.liar(p, w.cid, fmt.Sprintf("announced %s as empty; it is not the empty blob", w.cid))
+		return false
+	}
+	off := (bao.Groups(size) - 1) * bao.GroupSize
+	n := size - off
+	start := time.Now()
+	f.opt.hooks.request(p, w.cid, off, n)
+	rctx, cancel := context.WithTimeout(ctx, f.opt.RequestTimeout)
+	slice, err := l.request(rctx, w.cid, size, off, n, nil)
+	cancel()
+	if err != nil {
+		if ctx.Err() == nil {
+			f.requestFailed(p, start, w.cid, err)
+		}
+		return false
+	}
+	var dst, scratch [bao.GroupSize]byte
+	if err := bao.DecodeSlice(dst[:], slice, cidDigest(w.cid), size, off, n, &scratch); err != nil {
+		re := &cas.RangeError{CID: w.cid, Off: off, Len: n, Reason: "size proof: " + err.Error()}
+		var be *bao.Error
+		if errors.As(err, &be) {
+			re.Off, re.Len, re.Reason = be.Off, be.Len, "size proof: "+be.Reason
+		}
+		f.n.punish(p, re)
+		return false
+	}
+	w.proof = slice
+	f.success(p)
+	return true
+}
+
+// cidDigest is the BLAKE3 root a CID names.
+func cidDigest(c cas.CID) [32]byte { return c.Digest() }
+
+// liar bans p for a claim that verified data contradicts.
+func (f *fetcher) liar(p peer.ID, c cas.CID, detail string) {
+	f.n.log.Warn("swarm: fetch: peer lied", "peer", p, "cid", c, "detail", detail)
+	f.n.ban(p, Event{Peer: p, Kind: EventProtocol, CID: c, Detail: "peer " + p.String() + " " + detail})
+}
+
+// requestFailed scores a failed request to p (started at start) for blob
+// c. It reports whether p is believed to no longer have c.
+func (f *fetcher) requestFailed(p peer.ID, start time.Time, c cas.CID, err error) (lost bool) {
+	strike, lost := judge(err)
+	if strike {
+		f.strike(p, start, fmt.Errorf("swarm: %s of %s: %w", p, c, err))
+	}
+	return lost
+}
+
+// judge says what a failed request (or WANT) tells of the peer: strike,
+// that it stalled or misbehaved; lost, that it no longer has the blob.
+// See errors.go for what link requests fail with.
+func judge(err error) (strike, lost bool) {
+	var rej *RejectError
+	switch {
+	case errors.As(err, &rej) && rej.Req != 0:
+		switch rej.Code {
+		case wire.CodeBusy:
+			return false, false
+		case wire.CodeNotFound, wire.CodeCorrupt, wire.CodeShuttingDown:
+			// It may have lost or be leaving it: honest, but no provider.
+			return false, true
+		}
+		// bad_request for a range inside a blob whose size was proven,
+		// or internal: it refuses what it announced.
+		return true, true
+	case errors.Is(err, ErrProtocol), errors.Is(err, ErrRequestTimeout), errors.Is(err, context.DeadlineExceeded):
+		// Timed out (ours: context.DeadlineExceeded, or the link's), or
+		// a short or malformed answer that closed the link.
+		return true, false
+	case errors.Is(err, ErrLinkClosed), errors.Is(err, ErrBanned), errors.Is(err, context.Canceled):
+		return false, false // the link's own fate; its workers stop
+	}
+	return true, false
 }

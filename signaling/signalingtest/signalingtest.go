@@ -3,7 +3,9 @@
 package signalingtest
 
 import (
+	"log/slog"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"testing"
 
@@ -17,6 +19,10 @@ import (
 // 64 clients (the default MaxConnsPerAddr) sets MaxConnsPerAddr.
 func Start(t testing.TB, cfg signaling.Config) string {
 	t.Helper()
+	if cfg.Logger == nil && os.Getenv("RDRR_TEST_DEBUG") != "" {
+		// The server's view, to stderr, when a test is debugged.
+		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
 	s := signaling.NewServer(cfg)
 	hs := httptest.NewServer(s)
 	t.Cleanup(func() {
