@@ -3,8 +3,8 @@ GO       ?= go
 BIN      ?= bin/peer
 # wgpu-native warns without a writable runtime dir.
 export XDG_RUNTIME_DIR ?= /tmp/rdrr-xdg-$(shell id -u)
-# Fuzz time per target for `make fuzz` (bounded).
-FUZZTIME ?= 10s
+# Executions per fuzz target for `make fuzz` (a count: see scripts/fuzz.sh).
+FUZZEXECS ?= 200000
 # Every go command builds with the patched dependencies of .build/go.mod
 # (made by `make deps`; see scripts/patched-deps.sh). A plain `go build`
 # without make uses upstream modules and works too, minus those patches.
@@ -36,14 +36,15 @@ test: deps vet
 	RDRR_EXPECT_BIG_PACKETS=1 $(GO) test -count=1 -timeout 15m ./...
 	GOFLAGS= RDRR_EXPECT_BIG_PACKETS=0 $(GO) test -count=1 -short -timeout 10m ./swarm/...
 	$(GO) test -count=1 -race -short -timeout 15m $(RACEPKGS)
-	@$(MAKE) --no-print-directory fuzz FUZZTIME=3s
+	@$(MAKE) --no-print-directory fuzz FUZZEXECS=50000
 
 race: deps
 	$(GO) test -count=1 -race -timeout 20m $(RACEPKGS)
 
-# Every fuzz target, each for FUZZTIME (go test -fuzz takes one target at a time).
+# Every fuzz target, each for FUZZEXECS executions (go test -fuzz takes one
+# target at a time).
 fuzz: deps
-	@./scripts/fuzz.sh $(FUZZTIME)
+	@./scripts/fuzz.sh $(FUZZEXECS)
 
 bench: build
 	@./scripts/bench.sh
