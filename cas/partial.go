@@ -263,8 +263,6 @@ func (p *Partial) Complete() bool {
 	return p.done != nil || p.missing == 0
 }
 
-var coverBufs = sync.Pool{New: func() any { return new(readBuf) }}
-
 // WriteSlice verifies slice, the bao slice encoding of [off, off+n), against
 // the CID, then writes the data of its covering groups. On a bad group it
 // returns a *RangeError naming that group, and nothing of the slice is
@@ -289,12 +287,9 @@ func (p *Partial) WriteSlice(off, n int64, slice []byte) error {
 		return ErrClosed
 	}
 	start, end := bao.Cover(p.size, off, n)
-	rb := coverBufs.Get().(*readBuf)
-	defer coverBufs.Put(rb)
-	if int64(cap(rb.cover)) < end-start {
-		rb.cover = make([]byte, end-start)
-	}
-	rb.cover = rb.cover[:end-start]
+	rb := readBufs.Get().(*readBuf)
+	defer readBufs.Put(rb)
+	rb.setCover(end - start)
 	if err := bao.DecodeSlice(rb.cover, slice, p.cid.Digest(), p.size, off, n, &rb.scratch); err != nil {
 		return p.s.rangeError(p.cid, err)
 	}

@@ -27,7 +27,18 @@ type readBuf struct {
 	scratch [bao.GroupSize]byte
 }
 
-var readBufs = sync.Pool{New: func() any { return &readBuf{cover: make([]byte, 0, maxRead+2*GroupSize)} }}
+// readBufs holds the buffers of verified reads and slice writes. A buffer
+// grows to the largest cover it has held (at most maxRead plus two groups),
+// so a 256 KiB read never pays for a 4 MiB one.
+var readBufs = sync.Pool{New: func() any { return new(readBuf) }}
+
+// setCover sizes rb.cover to n bytes, growing it if needed.
+func (rb *readBuf) setCover(n int64) {
+	if int64(cap(rb.cover)) < n {
+		rb.cover = make([]byte, n)
+	}
+	rb.cover = rb.cover[:n]
+}
 
 // servable returns c's record if c is stored and not known to be corrupt.
 func (s *Store) servable(c CID) (record, error) {
@@ -82,7 +93,7 @@ func (s *Store) readCover(f *os.File, c CID, size, off, n int64, rb *readBuf) (i
 	if n == 0 {
 		start, end = 0, min(size, GroupSize)
 	}
-	rb.cover = rb.cover[:end-start]
+	rb.setCover(end - start)
 	if m, err := f.ReadAt(rb.cover, start); m != len(rb.cover) {
 		if err == io.EOF || err == nil {
 			return 0, nil, &RangeError{CID: c, Off: start + int64(m), Len: end - start - int64(m), Reason: "blob file is truncated"}
