@@ -79,6 +79,13 @@ type Config struct {
 	RopeTheta           float64 `json:"rope_theta"`
 }
 
+// UnmarshalJSON decodes a config leniently: a HuggingFace config.json
+// carries many fields this package does not use, and they are ignored.
+func (c *Config) UnmarshalJSON(b []byte) error {
+	type plain Config
+	return json.Unmarshal(b, (*plain)(c))
+}
+
 // Experts returns the number of routed experts per MoE layer.
 func (c *Config) Experts() int { return max(c.NumExperts, c.NumRoutedExperts) }
 
