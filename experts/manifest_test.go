@@ -27,9 +27,9 @@ func TestValidateErrorsNameTheField(t *testing.T) {
 	emb := "model.embed_tokens.weight"
 	norm := "model.norm.weight"
 	for _, tc := range []struct {
-		name  string
+		name   string
 		break_ func(m *Manifest)
-		field string
+		field  string
 	}{
 		{"hash algorithm", func(m *Manifest) { m.HashAlgorithm = "sha256" }, "hashAlgorithm"},
 		{"unknown dtype", func(m *Manifest) { m.Tensors[norm].DType = "Q8_0" }, `tensors["model.norm.weight"].dtype`},

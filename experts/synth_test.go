@@ -3,11 +3,13 @@ package experts
 import (
 	"context"
 	"encoding/hex"
+	"encoding/json"
 	"math"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/rdrr/peer/cas"
 	"github.com/rdrr/peer/gpu/q4k"
@@ -165,3 +167,65 @@ func TestWriteModelHashesMatch(t *testing.T) {
 }
 
 func sqrt(x float64) float64 { return math.Sqrt(x) }
+
+func TestMountPlan(t *testing.T) {
+	p, _ := PresetByName("deepseek-v3-671b")
+	lo, _ := NewLayout(p, 1)
+	m := lo.Manifest
+	const gib = 1 << 30
+	plan := Mount(m, Budgets{VRAM: 80 * gib, RAM: 100 * gib, Disk: 100 * gib})
+	if got, want := plan.ExpertsPerToken, 58*8; got != want {
+		t.Errorf("%d routed experts per token; want %d", got, want)
+	}
+	if got, want := plan.Experts, 58*256; got != want {
+		t.Errorf("%d experts; want %d", got, want)
+	}
+	if plan.Resident["shared_experts"] != 58*3*7168*2048/256*144 {
+		t.Errorf("shared experts resident: %d bytes", plan.Resident["shared_experts"])
+	}
+	if plan.Resident["dense_ffn"] != 3*3*7168*18432/256*144 {
+		t.Errorf("dense FFN resident: %d bytes", plan.Resident["dense_ffn"])
+	}
+	sum := plan.ResidentBytes + plan.PagedBytes
+	if sum != m.TotalSize {
+		t.Errorf("resident %d + paged %d != total %d", plan.ResidentBytes, plan.PagedBytes, m.TotalSize)
+	}
+	if n := plan.ExpertSlots + plan.InRAM + plan.OnDisk + plan.FromSwarm; n != plan.Experts {
+		t.Errorf("levels hold %d experts; want %d", n, plan.Experts)
+	}
+	if want := int((80*gib - plan.ResidentBytes) / plan.ExpertBytes); plan.ExpertSlots != want {
+		t.Errorf("%d VRAM slots; want %d", plan.ExpertSlots, want)
+	}
+	if plan.FromSwarm == 0 || plan.OnDisk != int(100*gib/plan.ExpertBytes) {
+		t.Errorf("disk %d, swarm %d", plan.OnDisk, plan.FromSwarm)
+	}
+	small := Mount(m, Budgets{VRAM: gib})
+	if len(small.Warnings) == 0 || small.ExpertSlots != 0 {
+		t.Errorf("a 1 GiB VRAM budget: %d slots, warnings %v", small.ExpertSlots, small.Warnings)
+	}
+}
+
+// BenchmarkMount671B decodes and plans the 671B-shaped manifest, the work
+// of `peer mount`; the baseline is reading the same bytes as plain JSON
+// into an empty interface, measured in the same run.
+func BenchmarkMount671B(b *testing.B) {
+	p, _ := PresetByName("deepseek-v3-671b")
+	lo, _ := NewLayout(p, 1)
+	fakeHashes(lo.Manifest)
+	mb, _ := lo.Manifest.Encode()
+	b.SetBytes(int64(len(mb)))
+	var base time.Duration
+	for i := 0; i < b.N; i++ {
+		t0 := time.Now()
+		var v any
+		json.Unmarshal(mb, &v)
+		base += time.Since(t0)
+		m, err := Decode(mb)
+		if err != nil {
+			b.Fatal(err)
+		}
+		Mount(m, Budgets{VRAM: 80 << 30})
+	}
+	b.ReportMetric(float64(len(mb))/1e6, "manifest-MB")
+	b.ReportMetric(float64(b.Elapsed()-base)/float64(base), "x-json-unmarshal")
+}
