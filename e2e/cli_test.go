@@ -100,6 +100,17 @@ func TestCLI(t *testing.T) {
 	}
 	cid := added[0].CID
 
+	// A synthetic model, stored as one collection.
+	modelDir := filepath.Join(dir, "tiny")
+	run("--home", homeA, "synth", "--preset", "tiny-moe", "--seed", "11", "-o", modelDir)
+	var model []struct {
+		CID string `json:"cid"`
+	}
+	out = run("--home", homeA, "add", "--json", modelDir)
+	if err := json.Unmarshal(out, &model); err != nil || len(model) != 1 || !strings.HasPrefix(model[0].CID, "bagaybqab") {
+		t.Fatalf("peer add of a model printed %s", out)
+	}
+
 	srv := background("--home", homeA, "serve", "--signal", url)
 	if !srv.Scan() || !strings.Contains(srv.Text(), "serving as") {
 		t.Fatalf("peer serve printed %q", srv.Text())
@@ -112,6 +123,25 @@ func TestCLI(t *testing.T) {
 	b, _ := os.ReadFile(got)
 	if !bytes.Equal(a, b) {
 		t.Fatal("peer get wrote different bytes")
+	}
+
+	// The model over the swarm, then mounted from B's store: the bytes are
+	// the manifest then the shards, and the plan is the model's.
+	gotModel := filepath.Join(dir, "got-model")
+	run("--home", homeB, "get", model[0].CID, "-o", gotModel, "--signal", url)
+	mb, _ := os.ReadFile(filepath.Join(modelDir, "manifest.json"))
+	sb, _ := os.ReadFile(filepath.Join(modelDir, "shard-00000.bin"))
+	if g, _ := os.ReadFile(gotModel); !bytes.Equal(g, append(mb, sb...)) {
+		t.Fatal("the fetched model is not the manifest and shard written by synth")
+	}
+	var plan struct {
+		ModelID string `json:"modelId"`
+		Experts int    `json:"experts"`
+		Slots   int    `json:"vramExpertSlots"`
+	}
+	out = run("--home", homeB, "mount", "--json", "--vram", "2MiB", model[0].CID)
+	if err := json.Unmarshal(out, &plan); err != nil || plan.ModelID != "synth/tiny-moe" || plan.Experts != 32 || plan.Slots != 6 {
+		t.Fatalf("peer mount printed %s", out)
 	}
 }
 

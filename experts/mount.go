@@ -9,7 +9,9 @@ import (
 
 // Budgets are the bytes a model may use at each level.
 type Budgets struct {
-	VRAM, RAM, Disk int64
+	VRAM int64 `json:"vram"`
+	RAM  int64 `json:"ram"`
+	Disk int64 `json:"disk"`
 }
 
 // Plan is what mounting a model means, computed from its manifest alone:

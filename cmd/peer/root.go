@@ -48,6 +48,7 @@ variable RDRR_FOO_BAR.`,
 	root.AddCommand(storeCommands(a)...)
 	root.AddCommand(gpuCommands(a)...)
 	root.AddCommand(netCommands(a)...)
+	root.AddCommand(modelCommands(a)...)
 	return root
 }
 

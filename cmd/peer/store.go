@@ -125,13 +125,21 @@ func addCmd(a *app) *cobra.Command {
 	var pin string
 	var quiet bool
 	cmd := &cobra.Command{
-		Use:   "add <file>...",
-		Short: "Store files (files over 64 MiB become 64 MiB shards plus a collection)",
+		Use:   "add <file | model dir>...",
+		Short: "Store files (files over 64 MiB become 64 MiB shards plus a collection) or a model directory (manifest.json and its shards: one collection)",
 		Args:  cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var results []addResult
 			err := a.withStore(func(st *cas.Store) error {
 				for _, path := range args {
+					if isModelDir(path) {
+						r, err := a.addModel(cmd, st, path, pin, quiet)
+						if err != nil {
+							return fmt.Errorf("add %s: %w", path, err)
+						}
+						results = append(results, r)
+						continue
+					}
 					if err := checkAddable(path); err != nil {
 						return fmt.Errorf("add %s: %w", path, err)
 					}
