@@ -111,7 +111,21 @@ func TestCLI(t *testing.T) {
 		t.Fatalf("peer add of a model printed %s", out)
 	}
 
-	srv := background("--home", homeA, "serve", "--signal", url)
+	// A procedural model: only its manifest is on disk; A regenerates the
+	// shards it serves.
+	procDir := filepath.Join(dir, "proc")
+	var proc struct {
+		CID string `json:"cid"`
+	}
+	out = run("--home", homeA, "synth", "--json", "--preset", "tiny-moe", "--seed", "12", "--procedural", "-o", procDir)
+	if err := json.Unmarshal(out, &proc); err != nil || proc.CID == "" {
+		t.Fatalf("peer synth --procedural printed %s", out)
+	}
+	if ents, _ := os.ReadDir(procDir); len(ents) != 1 {
+		t.Fatalf("synth --procedural wrote %d files; want the manifest only", len(ents))
+	}
+
+	srv := background("--home", homeA, "serve", "--signal", url, "--procedural", procDir)
 	if !srv.Scan() || !strings.Contains(srv.Text(), "serving as") {
 		t.Fatalf("peer serve printed %q", srv.Text())
 	}
@@ -134,6 +148,18 @@ func TestCLI(t *testing.T) {
 	if g, _ := os.ReadFile(gotModel); !bytes.Equal(g, append(mb, sb...)) {
 		t.Fatal("the fetched model is not the manifest and shard written by synth")
 	}
+	// The procedural model, fetched: the same bytes a written model of
+	// that seed has.
+	gotProc := filepath.Join(dir, "got-proc")
+	run("--home", homeB, "get", proc.CID, "-o", gotProc, "--signal", url)
+	fullDir := filepath.Join(dir, "full")
+	run("--home", homeB, "synth", "--preset", "tiny-moe", "--seed", "12", "-o", fullDir)
+	mb, _ = os.ReadFile(filepath.Join(fullDir, "manifest.json"))
+	sb, _ = os.ReadFile(filepath.Join(fullDir, "shard-00000.bin"))
+	if g, _ := os.ReadFile(gotProc); !bytes.Equal(g, append(mb, sb...)) {
+		t.Fatal("the procedural model served is not the model synth writes")
+	}
+
 	var plan struct {
 		ModelID string `json:"modelId"`
 		Experts int    `json:"experts"`

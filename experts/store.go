@@ -33,6 +33,21 @@ func (e *ShardError) Error() string {
 	return fmt.Sprintf("shard %d (%s): %s", e.Shard, e.Filename, e.Reason)
 }
 
+// ModelCollection returns the collection of a model whose manifest bytes
+// are mb: the manifest blob, then the shards. Its CID names the model.
+func ModelCollection(mb []byte, m *Manifest) *cas.Collection {
+	col := &cas.Collection{Size: int64(len(mb)) + m.TotalSize, Shards: []cas.Shard{{CID: cas.Sum(mb), Size: int64(len(mb))}}}
+	for _, s := range m.Shards {
+		col.Shards = append(col.Shards, cas.Shard{CID: s.CID(), Size: s.Size})
+	}
+	return col
+}
+
+// ModelCID returns the CID a model with manifest bytes mb has in a store.
+func ModelCID(mb []byte, m *Manifest) cas.CID {
+	return cas.CollectionCID(cas.Sum(ModelCollection(mb, m).Marshal()).Digest())
+}
+
 // ReadManifestFile reads and validates dir/manifest.json (or a manifest
 // file named directly).
 func ReadManifestFile(path string) (*Manifest, error) {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/rdrr/peer/cas"
 	"github.com/rdrr/peer/experts"
+	"github.com/rdrr/peer/swarm"
 	"github.com/spf13/cobra"
 )
 
@@ -70,14 +71,19 @@ generated once to hash it.`,
 				return err
 			}
 			m := lo.Manifest
+			mb, err := m.Encode()
+			if err != nil {
+				return err
+			}
+			cid := experts.ModelCID(mb, m)
 			res := map[string]any{
-				"dir": out, "preset": preset, "seed": seed, "procedural": procedural,
+				"cid": cid, "dir": out, "preset": preset, "seed": seed, "procedural": procedural,
 				"shards": len(m.Shards), "bytes": m.TotalSize, "tensors": len(m.Tensors), "experts": len(m.Experts),
 				"seconds": time.Since(t0).Seconds(),
 			}
 			return a.print(res, func(w io.Writer) {
-				fmt.Fprintf(w, "%s: %s in %d shards, %d tensors, %d experts (%.1f s)\n",
-					filepath.Join(out, experts.ManifestFile), formatBytes(m.TotalSize), len(m.Shards), len(m.Tensors), len(m.Experts), time.Since(t0).Seconds())
+				fmt.Fprintf(w, "%s  %s: %s in %d shards, %d tensors, %d experts (%.1f s)\n",
+					cid, filepath.Join(out, experts.ManifestFile), formatBytes(m.TotalSize), len(m.Shards), len(m.Tensors), len(m.Experts), time.Since(t0).Seconds())
 			})
 		},
 	}
@@ -155,4 +161,56 @@ func (a *app) addModel(cmd *cobra.Command, st *cas.Store, dir, pin string, quiet
 		fmt.Fprintf(a.out, "%s  %s  %s (model %s, %d shards)\n", inf.CID, formatBytes(r.Size), dir, m.ModelID, len(m.Shards))
 	}
 	return r, nil
+}
+
+func (nf *netFlags) addProcedural(cmd *cobra.Command) {
+	cmd.Flags().StringSliceVar(&nf.procedural, "procedural", nil, "also serve the synthetic model of this manifest (from peer synth --procedural), regenerating its shards on demand (repeatable)")
+}
+
+// sources is what a serving peer offers: the store, then each procedural
+// model.
+func (a *app) sources(st *cas.Store, manifests []string) (swarm.Source, error) {
+	srcs := multiSource{st}
+	for _, path := range manifests {
+		if isModelDir(path) {
+			path = filepath.Join(path, experts.ManifestFile)
+		}
+		mb, err := os.ReadFile(path)
+		if err != nil {
+			return nil, err
+		}
+		ps, err := experts.NewProceduralSource(mb)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		a.log.Info("serving a procedural model", "model", ps.Manifest().ModelID, "cid", ps.CID(), "bytes", ps.Manifest().TotalSize)
+		srcs = append(srcs, ps)
+	}
+	if len(srcs) == 1 {
+		return st, nil
+	}
+	return srcs, nil
+}
+
+// multiSource serves from the first source that has a blob.
+type multiSource []swarm.Source
+
+func (ms multiSource) Stat(c cas.CID) (cas.Info, error) {
+	var err error
+	for _, s := range ms {
+		var inf cas.Info
+		if inf, err = s.Stat(c); err == nil {
+			return inf, nil
+		}
+	}
+	return cas.Info{}, err
+}
+
+func (ms multiSource) AppendSlice(dst []byte, c cas.CID, off, n int64) ([]byte, error) {
+	for _, s := range ms {
+		if _, err := s.Stat(c); err == nil {
+			return s.AppendSlice(dst, c, off, n)
+		}
+	}
+	return dst, fmt.Errorf("%s: %w", c, cas.ErrNotFound)
 }

@@ -111,6 +111,7 @@ type netFlags struct {
 	topics     []string
 	loopback   bool
 	iceServers []string
+	procedural []string // manifests of synthetic models served without storing them
 }
 
 func (nf *netFlags) add(cmd *cobra.Command) {
@@ -178,6 +179,7 @@ func serveCmd(a *app) *cobra.Command {
 		},
 	}
 	nf.add(cmd)
+	nf.addProcedural(cmd)
 	return cmd
 }
 
@@ -207,6 +209,7 @@ func daemonCmd(a *app) *cobra.Command {
 		},
 	}
 	nf.add(cmd)
+	nf.addProcedural(cmd)
 	cmd.Flags().StringVar(&listen, "signal-listen", "", "also run a signaling server (with /metrics) on this address")
 	addSignalLimits(cmd, &cfg)
 	return cmd
@@ -221,6 +224,10 @@ func (a *app) serve(cmd *cobra.Command, nf *netFlags) error {
 	}
 	return a.withStore(func(st *cas.Store) error {
 		ctx := cmd.Context()
+		src, err := a.sources(st, nf.procedural)
+		if err != nil {
+			return err
+		}
 		if err := a.print(map[string]string{"peer": id.ID.String()}, func(w io.Writer) { fmt.Fprintln(w, "serving as", id.ID) }); err != nil {
 			return err
 		}
@@ -228,7 +235,7 @@ func (a *app) serve(cmd *cobra.Command, nf *netFlags) error {
 		// drops, backing off up to 30 s.
 		backoff := time.Second
 		for ctx.Err() == nil {
-			node, sc, err := a.join(ctx, cmd, nf, id, st)
+			node, sc, err := a.join(ctx, cmd, nf, id, src)
 			if err == nil {
 				backoff = time.Second
 				select {
