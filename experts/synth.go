@@ -124,31 +124,7 @@ func NewLayout(p Preset, seed uint64) (*Layout, error) {
 		ModelID: "synth/" + p.Name, Version: 1, Quantization: "Q4_K", HashAlgorithm: "blake3",
 		Config: c, Tensors: map[string]*Tensor{}, Synth: &SynthInfo{Preset: p.Name, Seed: seed},
 	}}
-	var shards []int64 // sizes
-	var at int64       // bytes used in the last shard
-	newShard := func() { shards = append(shards, 0); at = 0 }
-	newShard()
-	// reserve places size bytes: inside the current shard when it fits,
-	// else at a new shard's start; returns the shard and offset.
-	reserve := func(size int64) (int, int64) {
-		if at > 0 && (size > ShardSize || at+size > ShardSize) {
-			newShard()
-		}
-		sh, off := len(shards)-1, at
-		for left := size; left > 0; {
-			n := min(left, ShardSize-at)
-			at += n
-			shards[len(shards)-1] = at
-			left -= n
-			if left > 0 {
-				newShard()
-			}
-		}
-		if at == ShardSize {
-			newShard()
-		}
-		return sh, off
-	}
+	var pk Packer
 	add := func(name string, kind tensorKind, layer int, dt DType, rows, cols int64) *Tensor {
 		shape := []int64{rows, cols}
 		if rows == 1 {
@@ -156,7 +132,7 @@ func NewLayout(p Preset, seed uint64) (*Layout, error) {
 		}
 		size, _ := dt.Bytes(rows*cols, cols)
 		t := &Tensor{Size: size, Shape: shape, DType: dt}
-		t.Shard, t.Offset = reserve(size)
+		t.Shard, t.Offset = pk.Place(size)
 		lo.Manifest.Tensors[name] = t
 		lo.placed = append(lo.placed, placed{name: name, id: uint64(len(lo.placed)), t: t, kind: kind, layer: layer, rows: rows, cols: cols})
 		return t
@@ -203,10 +179,7 @@ func NewLayout(p Preset, seed uint64) (*Layout, error) {
 		for e := 0; e < c.Experts(); e++ {
 			pre := fmt.Sprintf("model.layers.%d.mlp.experts.%d.", l, e)
 			names := []string{pre + "gate_proj.weight", pre + "up_proj.weight", pre + "down_proj.weight"}
-			// Start a shard unless the whole expert fits in this one.
-			if at > 0 && at+3*mat > ShardSize {
-				newShard()
-			}
+			pk.Group(3 * mat) // the whole expert in one shard, or from a shard's start
 			ts := []*Tensor{
 				add(names[0], kindWeight, l, Q4K, ffn, h),
 				add(names[1], kindWeight, l, Q4K, ffn, h),
@@ -215,20 +188,14 @@ func NewLayout(p Preset, seed uint64) (*Layout, error) {
 			lo.Manifest.Experts = append(lo.Manifest.Experts, Expert{Layer: l, Index: e, Tensors: names, Shard: ts[0].Shard, Offset: ts[0].Offset, Size: 3 * mat})
 		}
 	}
-	if shards[len(shards)-1] == 0 {
-		shards = shards[:len(shards)-1]
-	}
-	for i, s := range shards {
-		lo.Manifest.Shards = append(lo.Manifest.Shards, ShardInfo{Filename: fmt.Sprintf("shard-%05d.bin", i), Size: s})
-		lo.Manifest.TotalSize += s
-	}
+	lo.Manifest.Shards, lo.Manifest.TotalSize = pk.Shards()
 	lo.expertRanks()
 	starts := lo.Manifest.shardStarts()
-	lo.byShard = make([][]int, len(shards))
+	lo.byShard = make([][]int, len(lo.Manifest.Shards))
 	for i := range lo.placed {
 		pl := &lo.placed[i]
 		pl.start = starts[pl.t.Shard] + pl.t.Offset
-		for s := pl.t.Shard; s < len(shards) && starts[s] < pl.start+pl.t.Size; s++ {
+		for s := pl.t.Shard; s < len(lo.Manifest.Shards) && starts[s] < pl.start+pl.t.Size; s++ {
 			lo.byShard[s] = append(lo.byShard[s], i)
 		}
 	}
