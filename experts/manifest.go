@@ -51,6 +51,42 @@ type Manifest struct {
 	// Synth says how a synthetic model's bytes are made, so that a seeder
 	// can regenerate any shard instead of storing it (absent for real models).
 	Synth *SynthInfo `json:"synth,omitempty"`
+	// Tokenizer is the model's own tokenizer, when it came with one (GGUF);
+	// synthetic models use bytes as tokens.
+	Tokenizer *Tokenizer `json:"tokenizer,omitempty"`
+}
+
+// Tokenizer is a GGUF tokenizer's data (tokenizer.ggml.*).
+type Tokenizer struct {
+	Model  string    `json:"model"` // llama (SentencePiece), gpt2 (BPE), ...
+	Tokens []string  `json:"tokens"`
+	Scores []float32 `json:"scores,omitempty"`
+	Types  []int32   `json:"types,omitempty"`
+	Merges []string  `json:"merges,omitempty"`
+	BOS    int       `json:"bos"`
+	EOS    int       `json:"eos"`
+}
+
+// MaxVocab bounds a tokenizer's tokens.
+const MaxVocab = 1 << 20
+
+func (t *Tokenizer) validate() error {
+	n := len(t.Tokens)
+	switch {
+	case n == 0 || n > MaxVocab:
+		return fieldErr("tokenizer.tokens", "%d tokens (want 1 to %d)", n, MaxVocab)
+	case t.Scores != nil && len(t.Scores) != n:
+		return fieldErr("tokenizer.scores", "%d scores for %d tokens", len(t.Scores), n)
+	case t.Types != nil && len(t.Types) != n:
+		return fieldErr("tokenizer.types", "%d types for %d tokens", len(t.Types), n)
+	case len(t.Merges) > MaxVocab:
+		return fieldErr("tokenizer.merges", "%d merges", len(t.Merges))
+	case t.BOS < -1 || t.BOS >= n:
+		return fieldErr("tokenizer.bos", "%d (the vocabulary has %d tokens)", t.BOS, n)
+	case t.EOS < -1 || t.EOS >= n:
+		return fieldErr("tokenizer.eos", "%d (the vocabulary has %d tokens)", t.EOS, n)
+	}
+	return nil
 }
 
 // Config holds the model's hyperparameters under HuggingFace's names.
@@ -252,6 +288,11 @@ func (m *Manifest) Validate() error {
 	}
 	if err := m.Config.validate(); err != nil {
 		return err
+	}
+	if m.Tokenizer != nil {
+		if err := m.Tokenizer.validate(); err != nil {
+			return err
+		}
 	}
 	if len(m.Shards) == 0 || len(m.Shards) > MaxShards {
 		return fieldErr("shards", "%d shards (want 1 to %d)", len(m.Shards), MaxShards)

@@ -10,13 +10,53 @@ import (
 
 	"github.com/rdrr/peer/cas"
 	"github.com/rdrr/peer/experts"
+	"github.com/rdrr/peer/experts/convert"
 	"github.com/rdrr/peer/swarm"
 	"github.com/spf13/cobra"
 )
 
-// modelCommands returns synth and mount.
+// modelCommands returns synth, convert and mount.
 func modelCommands(a *app) []*cobra.Command {
-	return []*cobra.Command{synthCmd(a), mountCmd(a)}
+	return []*cobra.Command{synthCmd(a), convertCmd(a), mountCmd(a)}
+}
+
+func convertCmd(a *app) *cobra.Command {
+	var out, quant string
+	var quiet bool
+	cmd := &cobra.Command{
+		Use:   "convert <model.gguf | dir with *.safetensors and config.json> -o <dir> [--quantize Q4_K]",
+		Short: "Convert a GGUF file or a safetensors model into an RDRR model (manifest.json and 64 MiB shards, experts never split)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if out == "" {
+				return errors.New("convert: -o <dir> is required")
+			}
+			if quant != "" && quant != "Q4_K" {
+				return fmt.Errorf("convert: --quantize %q (only Q4_K)", quant)
+			}
+			t0 := time.Now()
+			prog := newProgress(cmd.ErrOrStderr(), "convert "+filepath.Base(args[0]), quiet || a.jsonOut)
+			m, err := convert.Convert(cmd.Context(), args[0], out, convert.Options{Quantize: quant != "", Progress: prog.update})
+			prog.done()
+			if err != nil {
+				return err
+			}
+			mb, err := m.Encode()
+			if err != nil {
+				return err
+			}
+			cid := experts.ModelCID(mb, m)
+			res := map[string]any{"cid": cid, "dir": out, "model": m.ModelID, "shards": len(m.Shards), "bytes": m.TotalSize,
+				"tensors": len(m.Tensors), "experts": len(m.Experts), "seconds": time.Since(t0).Seconds()}
+			return a.print(res, func(w io.Writer) {
+				fmt.Fprintf(w, "%s  %s: %s in %d shards, %d tensors, %d experts (%.1f s)\n", cid, out, formatBytes(m.TotalSize), len(m.Shards), len(m.Tensors), len(m.Experts), time.Since(t0).Seconds())
+			})
+		},
+	}
+	cmd.Flags().StringVarP(&out, "out", "o", "", "directory to write")
+	cmd.Flags().StringVar(&quant, "quantize", "", "quantize F32/F16/BF16 matrices: Q4_K")
+	cmd.Flags().BoolVarP(&quiet, "quiet", "q", false, "no progress output")
+	return cmd
 }
 
 // byteSize is a flag holding a size like 8GiB.
