@@ -1,6 +1,7 @@
-// Package experts will own the RDRR manifest, the Q4_K codec's use in model
-// conversion (GGUF/safetensors import), deterministic synthetic models, and
-// the MoE decode loop whose experts are paged in through tiers. See
-// DESIGN.md, "RDRR model format" and "Experts". Not built yet: this file
-// only fixes the package's place in the layout.
+// Package experts owns RDRR models: the manifest (FORMAT.md) and its strict
+// validation, a model as one collection in the store, deterministic
+// synthetic models with real shapes (and a source that serves them without
+// storing them), and the mount plan. Sub-packages gguf, safetensors and
+// convert import the model files people have. The MoE decode loop and the
+// expert pager are planned (DESIGN.md, "Experts").
 package experts
