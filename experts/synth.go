@@ -434,6 +434,9 @@ func writeFileAtomic(path string, b []byte) error {
 	tmp := f.Name()
 	_, err = f.Write(b)
 	if err == nil {
+		err = f.Chmod(0o644) // CreateTemp makes 0600; a model is not a secret
+	}
+	if err == nil {
 		err = f.Sync()
 	}
 	if cerr := f.Close(); err == nil {

@@ -35,9 +35,17 @@ step "5. Repair by adding the good bytes again"
 run $peer add -q "$work/model.bin"
 run $peer scrub --rate 0
 
-step "6. A swarm on loopback: this peer seeds (daemon with an embedded signaling server), a second peer fetches over WebRTC"
+step "6. Models: a synthetic MoE with a real shape (tiny-moe: 4 layers, 8 experts top-2), stored as one collection; another only as a manifest (procedural)"
+run $peer synth --preset tiny-moe --seed 1 -o "$work/tiny"
+model=$($peer add -q --json "$work/tiny" | sed -n 's/.*"cid": "\(.*\)".*/\1/p' | head -1)
+echo "stored as $model"
+proc=$($peer synth --preset tiny-moe --seed 2 --procedural -o "$work/proc" --json | sed -n 's/.*"cid": "\(.*\)".*/\1/p')
+ls -la "$work/proc"
+run $peer mount "$model" --vram 2MiB
+
+step "7. A swarm on loopback: this peer seeds (daemon with an embedded signaling server), a second peer fetches over WebRTC"
 port=$((20000 + RANDOM % 20000))
-RDRR_HOME=$RDRR_HOME $peer daemon --signal-listen 127.0.0.1:$port --log-level warn > "$work/daemon.log" 2>&1 &
+RDRR_HOME=$RDRR_HOME $peer daemon --signal-listen 127.0.0.1:$port --procedural "$work/proc" --log-level warn > "$work/daemon.log" 2>&1 &
 daemon=$!
 trap 'kill $daemon 2>/dev/null || true; cleanup' EXIT
 for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null && break; sleep 0.1; done
@@ -49,15 +57,19 @@ run $peer get "$cid" -o "$work/model.fetched" --signal ws://127.0.0.1:$port --lo
 end=$(date +%s.%N)
 cmp "$work/model.bin" "$work/model.fetched" && echo "byte-exact over the swarm: yes"
 awk -v s="$start" -v e="$end" 'BEGIN { printf "200 MiB fetched and verified (every 16 KiB group) in %.1f s: %.0f MB/s\n", e-s, 200*1.048576/(e-s) }'
+echo "the models: one stored by the seeder, one it regenerates on demand (checked against the manifest's hashes)"
+run $peer get "$model" -o /dev/null --signal ws://127.0.0.1:$port --log-level warn
+run $peer get "$proc" -o /dev/null --signal ws://127.0.0.1:$port --log-level warn
+run $peer mount "$proc" --vram 2MiB
 run $peer ls
 kill $daemon; wait $daemon 2>/dev/null || true
 export RDRR_HOME=$work/home
 
-step "7. The GPU: adapters, then the built-in kernels checked against their CPU references (lavapipe without a GPU)"
+step "8. The GPU: adapters, then the built-in kernels checked against their CPU references (lavapipe without a GPU)"
 run $peer gpu info
 run $peer gpu selftest
 
-step "8. Garbage-collect what is no longer pinned"
+step "9. Garbage-collect what is no longer pinned"
 run $peer unpin "$cid"
 run $peer gc
 
