@@ -1,0 +1,193 @@
+package tiers
+
+import (
+	"container/heap"
+	"fmt"
+	"io"
+	"math"
+)
+
+// evictHeap orders entries by score, lowest first; an entry whose score
+// changed is pushed again, and stale items are skipped when popped.
+type evictHeap struct {
+	items []heapItem
+}
+
+type heapItem struct {
+	score float64
+	id    int
+	ver   uint64
+}
+
+func (h *evictHeap) Len() int           { return len(h.items) }
+func (h *evictHeap) Less(i, j int) bool { return h.items[i].score < h.items[j].score }
+func (h *evictHeap) Swap(i, j int)      { h.items[i], h.items[j] = h.items[j], h.items[i] }
+func (h *evictHeap) Push(x any)         { h.items = append(h.items, x.(heapItem)) }
+func (h *evictHeap) Pop() any {
+	it := h.items[len(h.items)-1]
+	h.items = h.items[:len(h.items)-1]
+	return it
+}
+
+// SimResult is a policy's replay of a trace at one budget.
+type SimResult struct {
+	Policy     string  `json:"policy"`
+	Budget     int64   `json:"budget"`
+	Hits       int     `json:"hits"`
+	Misses     int     `json:"misses"`
+	HitRate    float64 `json:"hitRate"`
+	MissBytes  int64   `json:"missBytes"`
+	ToBelady   float64 `json:"ofBelady,omitempty"` // hit rate / Belady's at the same budget
+	Evictions  int     `json:"evictions"`
+	Prefetches int     `json:"prefetches,omitempty"`
+}
+
+// Simulate replays t's accesses against policy p with budget bytes of
+// cache. Demand accesses count as hits or misses; prefetch requests
+// insert their key without counting.
+func Simulate(t *Trace, p Policy, budget int64) SimResult {
+	res := SimResult{Policy: p.Name(), Budget: budget}
+	in := make([]bool, len(t.Keys))
+	ver := make([]uint64, len(t.Keys))
+	var used int64
+	var h evictHeap
+	push := func(id int) {
+		ver[id]++
+		heap.Push(&h, heapItem{p.Score(id), id, ver[id]})
+	}
+	for now, a := range t.Accesses {
+		k := t.Keys[a.Key]
+		if in[a.Key] {
+			if !a.Prefetch {
+				res.Hits++
+				p.Access(a.Key, k.Size, int64(now), true)
+				push(a.Key)
+			}
+			continue
+		}
+		if !a.Prefetch {
+			res.Misses++
+			res.MissBytes += k.Size
+		} else {
+			res.Prefetches++
+		}
+		if k.Size > budget {
+			continue // never fits: served from below each time
+		}
+		for used+k.Size > budget {
+			it := heap.Pop(&h).(heapItem)
+			if !in[it.id] || it.ver != ver[it.id] {
+				continue
+			}
+			in[it.id] = false
+			used -= t.Keys[it.id].Size
+			p.Remove(it.id)
+			res.Evictions++
+		}
+		in[a.Key] = true
+		used += k.Size
+		p.Access(a.Key, k.Size, int64(now), false)
+		push(a.Key)
+	}
+	if n := res.Hits + res.Misses; n > 0 {
+		res.HitRate = float64(res.Hits) / float64(n)
+	}
+	return res
+}
+
+// Belady replays t's demand accesses with Belady's MIN: on a miss with the
+// cache full, evict the entry whose next use is farthest away. For keys of
+// one size (the experts of one model) no policy can hit more often at the
+// same budget. Prefetch requests are ignored.
+func Belady(t *Trace, budget int64) SimResult {
+	res := SimResult{Policy: "belady", Budget: budget}
+	var demand []Access
+	for _, a := range t.Accesses {
+		if !a.Prefetch {
+			demand = append(demand, a)
+		}
+	}
+	next := make([]int, len(demand))
+	last := make(map[int]int, len(t.Keys))
+	for i := len(demand) - 1; i >= 0; i-- {
+		if j, ok := last[demand[i].Key]; ok {
+			next[i] = j
+		} else {
+			next[i] = math.MaxInt
+		}
+		last[demand[i].Key] = i
+	}
+	in := make([]bool, len(t.Keys))
+	nextUse := make([]int, len(t.Keys))
+	var used int64
+	var h evictHeap // by -next use: the farthest first
+	for i, a := range demand {
+		k := t.Keys[a.Key]
+		if in[a.Key] {
+			res.Hits++
+		} else {
+			res.Misses++
+			res.MissBytes += k.Size
+			if k.Size > budget {
+				continue
+			}
+			for used+k.Size > budget {
+				it := heap.Pop(&h).(heapItem)
+				if !in[it.id] || uint64(nextUse[it.id]) != it.ver {
+					continue
+				}
+				in[it.id] = false
+				used -= t.Keys[it.id].Size
+				res.Evictions++
+			}
+			in[a.Key] = true
+			used += k.Size
+		}
+		nextUse[a.Key] = next[i]
+		heap.Push(&h, heapItem{score: -float64(next[i]), id: a.Key, ver: uint64(next[i])})
+	}
+	if n := res.Hits + res.Misses; n > 0 {
+		res.HitRate = float64(res.Hits) / float64(n)
+	}
+	return res
+}
+
+// Report replays t against every policy and Belady's MIN at each budget
+// (a fraction of all keys' bytes).
+func Report(t *Trace, fractions []float64) []SimResult {
+	var total int64
+	for _, k := range t.Keys {
+		total += k.Size
+	}
+	var out []SimResult
+	for _, f := range fractions {
+		budget := int64(f * float64(total))
+		b := Belady(t, budget)
+		out = append(out, b)
+		for _, name := range PolicyNames {
+			p, _ := NewPolicy(name)
+			r := Simulate(t, p, budget)
+			if b.HitRate > 0 {
+				r.ToBelady = r.HitRate / b.HitRate
+			}
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// PrintReport writes a report as a table.
+func PrintReport(w io.Writer, t *Trace, rs []SimResult) {
+	var total int64
+	for _, k := range t.Keys {
+		total += k.Size
+	}
+	fmt.Fprintf(w, "%-8s %8s %8s %9s %9s\n", "budget", "policy", "hit rate", "of MIN", "evictions")
+	for _, r := range rs {
+		of := "-"
+		if r.Policy != "belady" {
+			of = fmt.Sprintf("%.3f", r.ToBelady)
+		}
+		fmt.Fprintf(w, "%7.0f%% %8s %8.3f %9s %9d\n", 100*float64(r.Budget)/float64(total), r.Policy, r.HitRate, of, r.Evictions)
+	}
+}
