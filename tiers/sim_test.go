@@ -51,9 +51,7 @@ func TestBeladyIsAnUpperBound(t *testing.T) {
 // The policy report: on the DeepSeek-shaped trace the best shipped policy
 // reaches 0.9 of Belady's hit rate with 25% of the experts cached.
 func TestPolicyReport(t *testing.T) {
-	p := DeepSeekMoETrace
-	p.Tokens = 300
-	tr, err := SyntheticMoETrace(p)
+	tr, err := SyntheticMoETrace(DeepSeekMoETrace)
 	if err != nil {
 		t.Fatal(err)
 	}
