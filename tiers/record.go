@@ -1,0 +1,44 @@
+package tiers
+
+import (
+	"fmt"
+	"sync"
+)
+
+// TraceRecorder records the accesses of a cache in the trace format, to be
+// replayed by Simulate and Belady. Safe for concurrent use.
+type TraceRecorder struct {
+	mu    sync.Mutex
+	trace Trace
+	token int
+}
+
+// SetToken sets the token that the next accesses belong to (the pager
+// calls it once per generated token).
+func (r *TraceRecorder) SetToken(t int) {
+	r.mu.Lock()
+	r.token = t
+	r.mu.Unlock()
+}
+
+func (r *TraceRecorder) key(id int, k Key) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for len(r.trace.Keys) <= id {
+		r.trace.Keys = append(r.trace.Keys, TraceKey{})
+	}
+	r.trace.Keys[id] = TraceKey{Size: k.Len, Label: fmt.Sprintf("%s:%d+%d", k.Blob, k.Off, k.Len)}
+}
+
+func (r *TraceRecorder) access(id int, prefetch bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.trace.Accesses = append(r.trace.Accesses, Access{Token: r.token, Key: id, Prefetch: prefetch})
+}
+
+// Trace returns a copy of what was recorded.
+func (r *TraceRecorder) Trace() *Trace {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return &Trace{Keys: append([]TraceKey(nil), r.trace.Keys...), Accesses: append([]Access(nil), r.trace.Accesses...)}
+}

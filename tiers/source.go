@@ -1,0 +1,63 @@
+package tiers
+
+import (
+	"context"
+	"fmt"
+	"io"
+
+	"github.com/rdrr/peer/cas"
+	"github.com/rdrr/peer/cas/bao"
+)
+
+// DiskSource is the disk level: the cas store, which verifies every group
+// it reads against the blob's CID.
+type DiskSource struct{ Store *cas.Store }
+
+// Has reports whether the store holds the whole blob.
+func (d DiskSource) Has(k Key) bool { return d.Store.Has(k.Blob) }
+
+// Read reads k from the store, verified.
+func (d DiskSource) Read(ctx context.Context, k Key, dst []byte) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	n, err := d.Store.ReadAt(k.Blob, dst[:k.Len], k.Off)
+	if err == io.EOF && int64(n) == k.Len {
+		err = nil
+	}
+	return err
+}
+
+// SliceFetcher fetches the bao slice encoding of a byte range of a blob
+// from the swarm (the swarm's range fetch). The bytes are untrusted: the
+// swarm level verifies them against the CID itself.
+type SliceFetcher interface {
+	// FetchSlice returns the bao slice of [off, off+n) of blob c of size
+	// bytes. Safe for concurrent use; ctx cancels the fetch.
+	FetchSlice(ctx context.Context, c cas.CID, size, off, n int64) ([]byte, error)
+}
+
+// SwarmSource is the swarm level: ranges fetched from peers, each verified
+// against the blob's CID with its bao proof before a byte is used.
+type SwarmSource struct{ Fetcher SliceFetcher }
+
+// Has is true: the swarm is the last resort.
+func (s SwarmSource) Has(Key) bool { return true }
+
+// Read fetches k and verifies it. A slice that fails verification is an
+// error wrapping cas.ErrCorrupt; dst is then left cleared.
+func (s SwarmSource) Read(ctx context.Context, k Key, dst []byte) error {
+	slice, err := s.Fetcher.FetchSlice(ctx, k.Blob, k.Size, k.Off, k.Len)
+	if err != nil {
+		return err
+	}
+	start, end := bao.Cover(k.Size, k.Off, k.Len)
+	cover := make([]byte, end-start)
+	var scratch [bao.GroupSize]byte
+	if err := bao.DecodeSlice(cover, slice, k.Blob.Digest(), k.Size, k.Off, k.Len, &scratch); err != nil {
+		clear(dst)
+		return fmt.Errorf("%w: swarm slice of %v: %v", cas.ErrCorrupt, k, err)
+	}
+	copy(dst, cover[k.Off-start:k.Off-start+k.Len])
+	return nil
+}
