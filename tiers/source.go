@@ -4,6 +4,9 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"runtime"
+
+	"golang.org/x/sync/errgroup"
 
 	"github.com/rdrr/peer/cas"
 	"github.com/rdrr/peer/cas/bao"
@@ -16,13 +19,37 @@ type DiskSource struct{ Store *cas.Store }
 // Has reports whether the store holds the whole blob.
 func (d DiskSource) Has(k Key) bool { return d.Store.Has(k.Blob) }
 
-// Read reads k from the store, verified.
+// diskPart is the least a verified read gives one goroutine.
+const diskPart = 4 << 20
+
+// Read reads k from the store, verified. A large key is read in parts
+// (whole 16 KiB groups each) by up to GOMAXPROCS goroutines: one core
+// verifies about 2.8 GB/s, less than a page-cache or NVMe read.
 func (d DiskSource) Read(ctx context.Context, k Key, dst []byte) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	n, err := d.Store.ReadAt(k.Blob, dst[:k.Len], k.Off)
-	if err == io.EOF && int64(n) == k.Len {
+	r, err := d.Store.Open(k.Blob)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	parts := min(int64(runtime.GOMAXPROCS(0)), k.Len/diskPart)
+	if parts <= 1 {
+		return readFull(r, dst[:k.Len], k.Off)
+	}
+	part := (k.Len/parts + bao.GroupSize - 1) / bao.GroupSize * bao.GroupSize
+	g, _ := errgroup.WithContext(ctx)
+	for lo := int64(0); lo < k.Len; lo += part {
+		hi := min(lo+part, k.Len)
+		g.Go(func() error { return readFull(r, dst[lo:hi], k.Off+lo) })
+	}
+	return g.Wait()
+}
+
+func readFull(r io.ReaderAt, p []byte, off int64) error {
+	n, err := r.ReadAt(p, off)
+	if err == io.EOF && n == len(p) {
 		err = nil
 	}
 	return err
