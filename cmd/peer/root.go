@@ -49,6 +49,7 @@ variable RDRR_FOO_BAR.`,
 	root.AddCommand(gpuCommands(a)...)
 	root.AddCommand(netCommands(a)...)
 	root.AddCommand(modelCommands(a)...)
+	root.AddCommand(tiersCommands(a)...)
 	return root
 }
 
