@@ -56,13 +56,22 @@ func readFull(r io.ReaderAt, p []byte, off int64) error {
 }
 
 // SliceFetcher fetches the bao slice encoding of a byte range of a blob
-// from the swarm (the swarm's range fetch). The bytes are untrusted: the
-// swarm level verifies them against the CID itself.
+// from the swarm (swarm.Ranges). The bytes are untrusted: the swarm level
+// verifies them against the CID itself.
 type SliceFetcher interface {
 	// FetchSlice returns the bao slice of [off, off+n) of blob c of size
-	// bytes. Safe for concurrent use; ctx cancels the fetch.
+	// bytes: whole 16 KiB groups (off a multiple of 16 KiB, n too unless
+	// the range ends the blob), at most MaxSlice bytes. Safe for
+	// concurrent use; ctx cancels the fetch.
 	FetchSlice(ctx context.Context, c cas.CID, size, off, n int64) ([]byte, error)
 }
+
+// MaxSlice is the most bytes SwarmSource asks of one FetchSlice (the wire
+// protocol's largest request).
+const MaxSlice = 4 << 20
+
+// swarmParallel bounds the slices of one key in flight at once.
+const swarmParallel = 4
 
 // SwarmSource is the swarm level: ranges fetched from peers, each verified
 // against the blob's CID with its bao proof before a byte is used.
@@ -71,19 +80,32 @@ type SwarmSource struct{ Fetcher SliceFetcher }
 // Has is true: the swarm is the last resort.
 func (s SwarmSource) Has(Key) bool { return true }
 
-// Read fetches k and verifies it. A slice that fails verification is an
-// error wrapping cas.ErrCorrupt; dst is then left cleared.
+// Read fetches the groups that cover k, in slices of at most MaxSlice
+// bytes (up to swarmParallel at once), and verifies each. A slice that
+// fails verification is an error wrapping cas.ErrCorrupt; dst is then left
+// cleared.
 func (s SwarmSource) Read(ctx context.Context, k Key, dst []byte) error {
-	slice, err := s.Fetcher.FetchSlice(ctx, k.Blob, k.Size, k.Off, k.Len)
-	if err != nil {
-		return err
-	}
 	start, end := bao.Cover(k.Size, k.Off, k.Len)
 	cover := make([]byte, end-start)
-	var scratch [bao.GroupSize]byte
-	if err := bao.DecodeSlice(cover, slice, k.Blob.Digest(), k.Size, k.Off, k.Len, &scratch); err != nil {
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(swarmParallel)
+	for lo := start; lo < end; lo += MaxSlice {
+		n := min(MaxSlice, end-lo)
+		g.Go(func() error {
+			slice, err := s.Fetcher.FetchSlice(gctx, k.Blob, k.Size, lo, n)
+			if err != nil {
+				return err
+			}
+			var scratch [bao.GroupSize]byte
+			if err := bao.DecodeSlice(cover[lo-start:lo-start+n], slice, k.Blob.Digest(), k.Size, lo, n, &scratch); err != nil {
+				return fmt.Errorf("%w: swarm slice [%d, +%d) of %v: %v", cas.ErrCorrupt, lo, n, k, err)
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
 		clear(dst)
-		return fmt.Errorf("%w: swarm slice of %v: %v", cas.ErrCorrupt, k, err)
+		return err
 	}
 	copy(dst, cover[k.Off-start:k.Off-start+k.Len])
 	return nil

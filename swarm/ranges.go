@@ -1,0 +1,158 @@
+package swarm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/rdrr/peer/cas"
+	"github.com/rdrr/peer/cas/bao"
+	"github.com/rdrr/peer/swarm/wire"
+)
+
+// Ranges fetches verified byte ranges of blobs (one expert inside a
+// shard) from whichever peers hold the blob, without fetching the rest of
+// it: the swarm level of the tiers cache. Safe for concurrent use.
+type Ranges struct {
+	Node *Node
+	// Discover returns peers that may hold blobs (e.g. the members of a
+	// signaling topic). Required.
+	Discover func(ctx context.Context) ([]peer.ID, error)
+	// RequestTimeout bounds one WANT or REQUEST (default 30 s).
+	RequestTimeout time.Duration
+
+	mu      sync.Mutex
+	holders map[cas.CID]map[peer.ID]int64 // size each peer claimed
+	asked   map[cas.CID]time.Time
+}
+
+// MaxSlice is the most bytes FetchSlice fetches in one call (one REQUEST).
+const MaxSlice = wire.MaxRequest
+
+// holdersTTL is how long the answers to a WANT are reused.
+const holdersTTL = 30 * time.Second
+
+// FetchSlice returns the bao slice encoding of [off, off+n) of blob c of
+// size bytes, verified against c. A peer whose slice does not verify is
+// banned (and its bytes dropped) and the next holder is tried; a peer that
+// claims another size for c is not asked. The range is whole 16 KiB
+// groups (off a multiple of cas.GroupSize, n too unless it ends the blob),
+// as the wire protocol serves them, and at most MaxSlice bytes.
+func (r *Ranges) FetchSlice(ctx context.Context, c cas.CID, size, off, n int64) ([]byte, error) {
+	if off < 0 || n <= 0 || off+n > size || n > MaxSlice || size > 1<<50 || off%cas.GroupSize != 0 || (n%cas.GroupSize != 0 && off+n != size) {
+		return nil, fmt.Errorf("swarm: range [%d, +%d) of a %d-byte blob (want whole %d-byte groups, at most %d bytes)", off, n, size, cas.GroupSize, MaxSlice)
+	}
+	timeout := r.RequestTimeout
+	if timeout <= 0 {
+		timeout = 30 * time.Second
+	}
+	holders, err := r.findHolders(ctx, c, size, timeout)
+	if err != nil {
+		return nil, err
+	}
+	start, end := bao.Cover(size, off, n)
+	cover := make([]byte, end-start)
+	var scratch [bao.GroupSize]byte
+	var errs []error
+	for _, p := range holders {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		ls, err := r.Node.connectN(ctx, p, 1)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		rctx, cancel := context.WithTimeout(ctx, timeout)
+		slice, err := ls[0].request(rctx, c, size, off, n, nil)
+		cancel()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", p, err))
+			r.forget(c, p)
+			continue
+		}
+		if err := bao.DecodeSlice(cover, slice, c.Digest(), size, off, n, &scratch); err != nil {
+			var be *bao.Error
+			re := &cas.RangeError{CID: c, Off: off, Len: n, Reason: err.Error()}
+			if errors.As(err, &be) {
+				re.Off, re.Len, re.Reason = be.Off, be.Len, be.Reason
+			}
+			r.Node.punish(p, re)
+			r.forget(c, p)
+			errs = append(errs, fmt.Errorf("%s: %w", p, &BadDataError{Peer: p, Err: re}))
+			continue
+		}
+		r.Node.stats.fetchedBytes.Add(n)
+		return slice, nil
+	}
+	return nil, fmt.Errorf("swarm: no peer served [%d, +%d) of %s: %w", off, n, c, errors.Join(append(errs, cas.ErrNotFound)...))
+}
+
+// findHolders returns the peers that said they hold c at size, in random
+// order, asking the discovered peers (WANT) when the last answers are
+// older than holdersTTL.
+func (r *Ranges) findHolders(ctx context.Context, c cas.CID, size int64, timeout time.Duration) ([]peer.ID, error) {
+	r.mu.Lock()
+	if r.holders == nil {
+		r.holders, r.asked = map[cas.CID]map[peer.ID]int64{}, map[cas.CID]time.Time{}
+	}
+	fresh := time.Since(r.asked[c]) < holdersTTL && len(r.holders[c]) > 0
+	r.mu.Unlock()
+	if !fresh {
+		peers, err := r.Discover(ctx)
+		if err != nil && len(peers) == 0 {
+			return nil, err
+		}
+		got := map[peer.ID]int64{}
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		for _, p := range peers {
+			if p == r.Node.ID() || r.Node.Banned(p) {
+				continue
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				ls, err := r.Node.connectN(ctx, p, 1)
+				if err != nil {
+					return
+				}
+				rctx, cancel := context.WithTimeout(ctx, timeout)
+				have, err := ls[0].want(rctx, []cas.CID{c})
+				cancel()
+				if err == nil && len(have) == 1 {
+					mu.Lock()
+					got[p] = int64(have[0].Size)
+					mu.Unlock()
+				}
+			}()
+		}
+		wg.Wait()
+		r.mu.Lock()
+		r.holders[c], r.asked[c] = got, time.Now()
+		r.mu.Unlock()
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []peer.ID
+	for p, s := range r.holders[c] {
+		if s == size && !r.Node.Banned(p) {
+			out = append(out, p)
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("swarm: no peer holds %s of %d bytes: %w", c, size, cas.ErrNotFound)
+	}
+	rand.Shuffle(len(out), func(i, j int) { out[i], out[j] = out[j], out[i] })
+	return out, nil
+}
+
+func (r *Ranges) forget(c cas.CID, p peer.ID) {
+	r.mu.Lock()
+	delete(r.holders[c], p)
+	r.mu.Unlock()
+}
