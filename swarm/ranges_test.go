@@ -71,7 +71,8 @@ func TestRangesBanLiar(t *testing.T) {
 			break
 		}
 		r.mu.Lock()
-		r.asked = nil; r.holders = nil
+		r.asked = nil
+		r.holders = nil
 		r.mu.Unlock()
 	}
 	if liarSrc.flips.Load() == 0 {

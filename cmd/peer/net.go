@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
@@ -185,7 +186,7 @@ func serveCmd(a *app) *cobra.Command {
 
 func daemonCmd(a *app) *cobra.Command {
 	var nf netFlags
-	var listen string
+	var listen, apiListen string
 	var cfg signaling.Config
 	cmd := &cobra.Command{
 		Use:   "daemon [--signal-listen 127.0.0.1:7777] [--signal URL]",
@@ -205,19 +206,54 @@ func daemonCmd(a *app) *cobra.Command {
 			if nf.signal == "" {
 				return errors.New("daemon: give --signal URL, or --signal-listen to embed a signaling server")
 			}
-			return a.serve(cmd, &nf)
+			var hooks serveHooks
+			if apiListen != "" {
+				stop, err := a.startAPI(apiListen, &hooks, &nf)
+				if err != nil {
+					return err
+				}
+				defer stop()
+			}
+			return a.serveWith(cmd, &nf, &hooks)
 		},
 	}
 	nf.add(cmd)
 	nf.addProcedural(cmd)
+	cmd.Flags().StringVar(&apiListen, "api-listen", "127.0.0.1:7780", "HTTP listener of the JSON API, /metrics and the status page (empty: none); its address is written to api.addr in the home")
 	cmd.Flags().StringVar(&listen, "signal-listen", "", "also run a signaling server (with /metrics) on this address")
 	addSignalLimits(cmd, &cfg)
 	return cmd
 }
 
+// serveHooks let the daemon's API see the node of the moment (a new one
+// after each reconnection) and the store.
+type serveHooks struct {
+	mu    sync.Mutex
+	node  *swarm.Node
+	sig   *signaling.Client
+	store *cas.Store
+	ready chan struct{} // closed once the store is open
+}
+
+func (h *serveHooks) set(n *swarm.Node, sc *signaling.Client) {
+	h.mu.Lock()
+	h.node, h.sig = n, sc
+	h.mu.Unlock()
+}
+
+func (h *serveHooks) get() (*swarm.Node, *signaling.Client) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.node, h.sig
+}
+
 // serve keeps this peer in the swarm, answering requests for stored blobs,
 // until the command's context ends.
 func (a *app) serve(cmd *cobra.Command, nf *netFlags) error {
+	return a.serveWith(cmd, nf, nil)
+}
+
+func (a *app) serveWith(cmd *cobra.Command, nf *netFlags, hooks *serveHooks) error {
 	id, err := swarm.LoadIdentity(a.home)
 	if err != nil {
 		return err
@@ -227,6 +263,14 @@ func (a *app) serve(cmd *cobra.Command, nf *netFlags) error {
 		src, err := a.sources(st, nf.procedural)
 		if err != nil {
 			return err
+		}
+		if hooks != nil {
+			hooks.mu.Lock()
+			hooks.store = st
+			hooks.mu.Unlock()
+			if hooks.ready != nil {
+				close(hooks.ready)
+			}
 		}
 		if err := a.print(map[string]string{"peer": id.ID.String()}, func(w io.Writer) { fmt.Fprintln(w, "serving as", id.ID) }); err != nil {
 			return err
@@ -238,10 +282,16 @@ func (a *app) serve(cmd *cobra.Command, nf *netFlags) error {
 			node, sc, err := a.join(ctx, cmd, nf, id, src)
 			if err == nil {
 				backoff = time.Second
+				if hooks != nil {
+					hooks.set(node, sc)
+				}
 				select {
 				case <-ctx.Done():
 				case <-sc.Done():
 					a.log.Warn("signaling session ended; reconnecting", "err", sc.Err())
+				}
+				if hooks != nil {
+					hooks.set(nil, nil)
 				}
 				node.Close()
 				sc.Close()

@@ -50,6 +50,7 @@ variable RDRR_FOO_BAR.`,
 	root.AddCommand(netCommands(a)...)
 	root.AddCommand(modelCommands(a)...)
 	root.AddCommand(tiersCommands(a)...)
+	root.AddCommand(apiCommands(a)...)
 	return root
 }
 

@@ -1,0 +1,235 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// daemon is a `peer daemon` process.
+type daemon struct {
+	home string
+	cmd  *exec.Cmd
+	api  string
+}
+
+func startDaemon(t *testing.T, peer, home string, args ...string) *daemon {
+	t.Helper()
+	cmd := exec.Command(peer, append([]string{"--home", home, "daemon", "--api-listen", "127.0.0.1:0", "--log-level", "info"}, args...)...)
+	stderr, _ := cmd.StderrPipe()
+	cmd.Stdout = io.Discard
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	d := &daemon{home: home, cmd: cmd}
+	lines := make(chan string, 100)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			t.Log("daemon:", sc.Text())
+			select {
+			case lines <- sc.Text():
+			default:
+			}
+		}
+	}()
+	t.Cleanup(func() { d.stop(t) })
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		if b, err := os.ReadFile(filepath.Join(home, "api.addr")); err == nil {
+			d.api = strings.TrimSpace(string(b))
+			return d
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatal("the daemon wrote no api.addr")
+	return nil
+}
+
+// stop sends SIGTERM and expects exit status 0.
+func (d *daemon) stop(t *testing.T) {
+	if d.cmd.ProcessState != nil {
+		return
+	}
+	d.cmd.Process.Signal(os.Interrupt)
+	done := make(chan error, 1)
+	go func() { done <- d.cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("daemon exit: %v; want status 0", err)
+		}
+	case <-time.After(15 * time.Second):
+		d.cmd.Process.Kill()
+		<-done
+		t.Error("the daemon did not exit within 15 s of SIGTERM")
+	}
+}
+
+func (d *daemon) do(t *testing.T, method, path, token string, body any) (int, []byte) {
+	t.Helper()
+	var rd io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		rd = bytes.NewReader(b)
+	}
+	req, _ := http.NewRequest(method, d.api+path, rd)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b
+}
+
+// The daemon's API: status, peers, blobs, metrics and the status page read
+// freely; fetch and pin need the token; a fetch through the API of one
+// daemon brings a blob from another; SIGTERM exits 0.
+func TestDaemonAPI(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the peer binary")
+	}
+	peer := peerBinary(t)
+	dir := t.TempDir()
+	path := writeRandomFile(t, dir, 31, 5<<20)
+	seedHome, leechHome := filepath.Join(dir, "seed"), filepath.Join(dir, "leech")
+	for _, h := range []string{seedHome, leechHome} {
+		if out, err := exec.Command(peer, "--home", h, "init").CombinedOutput(); err != nil {
+			t.Fatalf("peer init: %v %s", err, out)
+		}
+	}
+	out, err := exec.Command(peer, "--home", seedHome, "add", "--json", "-q", path).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var added []struct {
+		CID string `json:"cid"`
+	}
+	json.Unmarshal(out, &added)
+	// The seeder embeds the signaling server; its URL is in its log, but
+	// a fixed free port is simpler to pass on.
+	sigAddr := freeAddr(t)
+	seed := startDaemon(t, peer, seedHome, "--signal-listen", sigAddr)
+	leech := startDaemon(t, peer, leechHome, "--signal", "ws://"+sigAddr)
+
+	token, err := os.ReadFile(filepath.Join(leech.home, "api.token"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi, _ := os.Stat(filepath.Join(leech.home, "api.token")); fi.Mode().Perm() != 0o600 {
+		t.Errorf("api.token mode %v; want 0600", fi.Mode().Perm())
+	}
+	tok := strings.TrimSpace(string(token))
+	// State changes need the token.
+	if code, _ := leech.do(t, "POST", "/api/v1/fetch", "", map[string]string{"cid": added[0].CID}); code != http.StatusUnauthorized {
+		t.Fatalf("fetch without the token: %d; want 401", code)
+	}
+	if code, _ := leech.do(t, "POST", "/api/v1/pin", "not-the-token", map[string]string{"cid": added[0].CID}); code != http.StatusUnauthorized {
+		t.Fatalf("pin with a wrong token: %d; want 401", code)
+	}
+	// Fetch through the API, then watch the job.
+	var code int
+	var body []byte
+	for i := 0; i < 100; i++ { // the daemons sign in within a few seconds
+		if code, body = leech.do(t, "POST", "/api/v1/fetch", tok, map[string]string{"cid": added[0].CID}); code == http.StatusAccepted {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if code != http.StatusAccepted {
+		t.Fatalf("fetch: %d %s", code, body)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, body = leech.do(t, "GET", "/api/v1/fetch", "", nil)
+		var jobs []struct {
+			State, Error string
+		}
+		json.Unmarshal(body, &jobs)
+		if len(jobs) > 0 && jobs[len(jobs)-1].State == "done" {
+			break
+		}
+		if len(jobs) > 0 && jobs[len(jobs)-1].State == "failed" {
+			// The first try may race the daemons' sign-in: try once more.
+			if code, body = leech.do(t, "POST", "/api/v1/fetch", tok, map[string]string{"cid": added[0].CID}); code != http.StatusAccepted {
+				t.Fatalf("fetch again: %d %s", code, body)
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("fetch did not finish: %s", body)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if code, body = leech.do(t, "POST", "/api/v1/pin", tok, map[string]string{"cid": added[0].CID}); code != http.StatusOK {
+		t.Fatalf("pin: %d %s", code, body)
+	}
+	// Status, peers, blobs, metrics, page; and the CLI reads the same API.
+	var st struct {
+		Online bool
+		Peers  int
+		Blobs  int
+		Pinned int
+	}
+	_, body = leech.do(t, "GET", "/api/v1/status", "", nil)
+	json.Unmarshal(body, &st)
+	if !st.Online || st.Peers < 1 || st.Blobs < 1 || st.Pinned < 1 {
+		t.Fatalf("status %s", body)
+	}
+	out, err = exec.Command(peer, "--home", leech.home, "status", "--json").Output()
+	if err != nil || !bytes.Contains(out, []byte(`"online": true`)) {
+		t.Fatalf("peer status: %v %s", err, out)
+	}
+	out, err = exec.Command(peer, "--home", seed.home, "peers").Output()
+	if err != nil || len(bytes.TrimSpace(out)) == 0 {
+		t.Fatalf("peer peers: %v %q", err, out)
+	}
+	if _, body = seed.do(t, "GET", "/metrics", "", nil); !bytes.Contains(body, []byte("rdrr_swarm_served_bytes_total")) || !bytes.Contains(body, []byte("rdrr_store_blobs 1")) {
+		t.Fatalf("metrics:\n%s", body)
+	}
+	_, page := seed.do(t, "GET", "/", "", nil)
+	var leechID struct{ Peer string }
+	_, body = leech.do(t, "GET", "/api/v1/status", "", nil)
+	json.Unmarshal(body, &leechID)
+	if !bytes.Contains(page, []byte(leechID.Peer)) || !bytes.Contains(page, []byte(`http-equiv="refresh"`)) {
+		t.Fatalf("the status page does not list the leecher %s:\n%s", leechID.Peer, page)
+	}
+	seed.stop(t)
+	leech.stop(t)
+	if _, err := os.Stat(filepath.Join(leech.home, "api.addr")); err == nil {
+		t.Error("api.addr left behind after exit")
+	}
+	// The daemon holds its store's lock; once it is gone the CLI reads
+	// what the API fetched.
+	got := filepath.Join(dir, "got")
+	if out, err := exec.Command(peer, "--home", leech.home, "get", added[0].CID, "-o", got).CombinedOutput(); err != nil {
+		t.Fatalf("peer get from the leecher's store: %v %s", err, out)
+	}
+	a, _ := os.ReadFile(path)
+	b, _ := os.ReadFile(got)
+	if !bytes.Equal(a, b) {
+		t.Fatal("the blob fetched through the API differs")
+	}
+}
+
+// freeAddr returns a loopback address with a port free right now.
+func freeAddr(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
