@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -232,4 +233,78 @@ func freeAddr(t *testing.T) string {
 	}
 	defer ln.Close()
 	return ln.Addr().String()
+}
+
+// Generation pages the experts of a model that only another process holds:
+// the generating peer has nothing but the model's CID, fetches the
+// manifest and pages each expert as a verified range over WebRTC, and its
+// tokens are those of a run with the whole model stored.
+func TestGenerateOverSwarm(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the peer binary")
+	}
+	peer := peerBinary(t)
+	dir := t.TempDir()
+	run := func(args ...string) []byte {
+		t.Helper()
+		out, err := exec.Command(peer, args...).Output()
+		if err != nil {
+			var ee *exec.ExitError
+			if errors.As(err, &ee) {
+				t.Fatalf("peer %s: %v\n%s", strings.Join(args, " "), err, ee.Stderr)
+			}
+			t.Fatal(err)
+		}
+		return out
+	}
+	seedHome, localHome, remoteHome := filepath.Join(dir, "seed"), filepath.Join(dir, "local"), filepath.Join(dir, "remote")
+	for _, h := range []string{seedHome, localHome, remoteHome} {
+		run("--home", h, "init")
+	}
+	model := filepath.Join(dir, "tiny")
+	run("--home", seedHome, "synth", "-q", "--preset", "tiny-moe", "--seed", "5", "-o", model)
+	var added []struct{ CID string }
+	json.Unmarshal(run("--home", seedHome, "add", "-q", "--json", model), &added)
+	run("--home", localHome, "add", "-q", model)
+	type result struct {
+		Tokens []int
+		Levels []struct {
+			Level        string
+			Hits, Misses int
+		}
+	}
+	var local, remote result
+	json.Unmarshal(run("--home", localHome, "generate", added[0].CID, "--prompt", "paged", "--max-tokens", "12", "--ram", "2MiB", "--json"), &local)
+	sigAddr := freeAddr(t)
+	startDaemon(t, peer, seedHome, "--signal-listen", sigAddr)
+	time.Sleep(time.Second) // the daemon signs in to its own signaling server
+	json.Unmarshal(run("--home", remoteHome, "generate", added[0].CID, "--prompt", "paged", "--max-tokens", "12", "--ram", "2MiB", "--json", "--signal", "ws://"+sigAddr), &remote)
+	if len(local.Tokens) != 12 || !slicesEqual(local.Tokens, remote.Tokens) {
+		t.Fatalf("tokens over the swarm %v; stored %v", remote.Tokens, local.Tokens)
+	}
+	var swarmHits int
+	for _, l := range remote.Levels {
+		if l.Level == "swarm" {
+			swarmHits = l.Hits
+		}
+		if l.Level == "disk" && l.Hits > 0 {
+			t.Fatalf("the remote peer read %d keys from its own disk; it holds nothing", l.Hits)
+		}
+	}
+	if swarmHits == 0 {
+		t.Fatal("no key came from the swarm")
+	}
+	t.Logf("%d keys paged over the swarm; tokens %v", swarmHits, remote.Tokens)
+}
+
+func slicesEqual(a, b []int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
 }

@@ -140,7 +140,7 @@ func (r *Ranges) findHolders(ctx context.Context, c cas.CID, size int64, timeout
 	defer r.mu.Unlock()
 	var out []peer.ID
 	for p, s := range r.holders[c] {
-		if s == size && !r.Node.Banned(p) {
+		if (s == size || size < 0) && !r.Node.Banned(p) {
 			out = append(out, p)
 		}
 	}
@@ -149,6 +149,48 @@ func (r *Ranges) findHolders(ctx context.Context, c cas.CID, size int64, timeout
 	}
 	rand.Shuffle(len(out), func(i, j int) { out[i], out[j] = out[j], out[i] })
 	return out, nil
+}
+
+// FetchBlob fetches a whole small blob (a model's manifest or collection)
+// of at most max bytes, verified: the size comes from the holders' HAVE
+// and is proven by the verification of the last group, so a liar's size
+// fails and the next claimed size is tried.
+func (r *Ranges) FetchBlob(ctx context.Context, c cas.CID, max int64) ([]byte, error) {
+	timeout := r.RequestTimeout
+	if timeout <= 0 {
+		timeout = 30 * time.Second
+	}
+	if _, err := r.findHolders(ctx, c, -1, timeout); err != nil {
+		return nil, err
+	}
+	r.mu.Lock()
+	sizes := map[int64]int{}
+	for _, s := range r.holders[c] {
+		sizes[s]++
+	}
+	r.mu.Unlock()
+	var errs []error
+	for size := range sizes {
+		if size <= 0 || size > max {
+			errs = append(errs, fmt.Errorf("a claimed size of %d bytes (at most %d)", size, max))
+			continue
+		}
+		out := make([]byte, size)
+		var err error
+		for off := int64(0); off < size && err == nil; off += MaxSlice {
+			n := min(MaxSlice, size-off)
+			var slice []byte
+			if slice, err = r.FetchSlice(ctx, c, size, off, n); err == nil {
+				var scratch [bao.GroupSize]byte
+				err = bao.DecodeSlice(out[off:off+n], slice, c.Digest(), size, off, n, &scratch)
+			}
+		}
+		if err == nil {
+			return out, nil
+		}
+		errs = append(errs, err)
+	}
+	return nil, fmt.Errorf("swarm: fetch %s: %w", c, errors.Join(errs...))
 }
 
 func (r *Ranges) forget(c cas.CID, p peer.ID) {

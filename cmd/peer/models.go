@@ -15,9 +15,9 @@ import (
 	"github.com/spf13/cobra"
 )
 
-// modelCommands returns synth, convert and mount.
+// modelCommands returns synth, convert, mount and generate.
 func modelCommands(a *app) []*cobra.Command {
-	return []*cobra.Command{synthCmd(a), convertCmd(a), mountCmd(a)}
+	return []*cobra.Command{synthCmd(a), convertCmd(a), mountCmd(a), generateCmd(a)}
 }
 
 func convertCmd(a *app) *cobra.Command {

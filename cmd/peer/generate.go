@@ -1,0 +1,180 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/rdrr/peer/cas"
+	"github.com/rdrr/peer/experts"
+	"github.com/rdrr/peer/swarm"
+	"github.com/rdrr/peer/tiers"
+	"github.com/spf13/cobra"
+)
+
+func generateCmd(a *app) *cobra.Command {
+	var prompt, tracePath, policy string
+	var maxTokens int
+	var s experts.Sampling
+	var budgets [3]byteSize
+	var nf netFlags
+	cmd := &cobra.Command{
+		Use:   "generate <model CID> --prompt TEXT [--max-tokens N] [--temperature T --top-p P --seed S] [--ram 8GiB] [--signal URL]",
+		Short: "Generate with a model, its experts paged through the RAM, disk and swarm levels (float64 CPU reference engine)",
+		Long: `generate runs the model's decode loop with the float64 CPU reference engine:
+dense weights are read once and kept, experts are paged through the tiers
+cache (RAM under --ram, then this peer's store, then, with --signal, any peer
+of the swarm that holds the shard: one verified range per expert). The GPU
+engine (the same loop on wgpu kernels) is the paged-generation issue's next
+step. Synthetic models use bytes as tokens.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := cas.ParseCID(args[0])
+			if err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			return a.withStore(func(st *cas.Store) error {
+				var fetcher tiers.SliceFetcher
+				var remote *experts.Manifest
+				if nf.signal != "" {
+					id, _, err := swarm.InitIdentity(a.home)
+					if err != nil {
+						return err
+					}
+					node, sc, err := a.join(ctx, cmd, &nf, id, st)
+					if err != nil {
+						return err
+					}
+					defer sc.Close()
+					defer node.Close()
+					fetcher = &swarm.Ranges{Node: node, Discover: func(ctx context.Context) ([]peer.ID, error) {
+						var all []peer.ID
+						for _, t := range nf.topics {
+							ps, err := sc.Peers(ctx, t)
+							if err != nil {
+								return all, err
+							}
+							all = append(all, ps...)
+						}
+						return all, nil
+					}}
+					if !st.Has(c) {
+						// Only the manifest comes from the swarm; the shards
+						// are paged by range.
+						if remote, err = fetchManifest(ctx, c, fetcher.(*swarm.Ranges)); err != nil {
+							return err
+						}
+					}
+				}
+				m := remote
+				if m == nil {
+					if m, err = experts.LoadManifest(st, c); err != nil {
+						return err
+					}
+				}
+				b := tiers.Clamp(tiers.Budgets{RAM: int64(budgets[1])}, "", 0, a.log)
+				rec := &tiers.TraceRecorder{}
+				cfg := tiers.Config{RAM: b.RAM, Disk: tiers.DiskSource{Store: st}, Policy: policy, Trace: rec, Logger: a.log}
+				if fetcher != nil {
+					cfg.Swarm = tiers.SwarmSource{Fetcher: fetcher}
+				}
+				cache, err := tiers.New(cfg)
+				if err != nil {
+					return err
+				}
+				defer cache.Close()
+				t0 := time.Now()
+				rm, err := experts.NewRefModel(ctx, m, cache)
+				if err != nil {
+					return err
+				}
+				rm.Trace = rec
+				load := time.Since(t0)
+				if m.Config.VocabSize < 256 {
+					return errors.New("generate: this model's vocabulary is not byte-level and its tokenizer is not supported yet")
+				}
+				t1 := time.Now()
+				toks, err := rm.Generate(ctx, experts.ByteTokens(prompt), maxTokens, s, func(t int) {
+					if !a.jsonOut {
+						fmt.Fprint(a.out, experts.TokenText(t))
+					}
+				})
+				if err != nil {
+					return err
+				}
+				secs := time.Since(t1).Seconds()
+				if tracePath != "" {
+					f, err := os.Create(tracePath)
+					if err != nil {
+						return err
+					}
+					if err := rec.Trace().Write(f); err != nil {
+						f.Close()
+						return err
+					}
+					if err := f.Close(); err != nil {
+						return err
+					}
+				}
+				stats := cache.Stats()
+				res := map[string]any{"model": m.ModelID, "engine": "ref-cpu-float64", "tokens": toks,
+					"promptTokens": len(prompt), "seconds": secs, "tokPerSec": float64(len(prompt)+len(toks)) / secs,
+					"loadSeconds": load.Seconds(), "levels": stats}
+				return a.print(res, func(w io.Writer) {
+					fmt.Fprintf(w, "\n%d prompt + %d generated tokens in %.2f s: %.1f tok/s (float64 CPU reference; dense weights loaded in %.2f s)\n",
+						len(prompt), len(toks), secs, float64(len(prompt)+len(toks))/secs, load.Seconds())
+					for _, s := range stats {
+						if s.Hits+s.Misses > 0 {
+							fmt.Fprintf(w, "  %-6s hits %d, misses %d (hit rate %.2f), %s up, %d evictions\n", s.Level, s.Hits, s.Misses, s.HitRate, formatBytes(s.BytesUp), s.Evictions)
+						}
+					}
+				})
+			})
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&prompt, "prompt", "Hello", "the prompt")
+	f.IntVar(&maxTokens, "max-tokens", 32, "tokens to generate")
+	f.Float64Var(&s.Temperature, "temperature", 0, "sampling temperature (0: greedy)")
+	f.Float64Var(&s.TopP, "top-p", 1, "nucleus sampling mass")
+	f.Uint64Var(&s.Seed, "seed", 1, "sampling seed")
+	f.StringVar(&policy, "policy", "cost", "eviction policy: lru, lfu or cost")
+	f.StringVar(&tracePath, "trace", "", "write the expert access trace here (tiers/TRACE.md)")
+	budgetFlags(cmd, &budgets)
+	nf.add(cmd)
+	return cmd
+}
+
+// fetchManifest fetches a model's collection blob and its manifest (not
+// the shards, which are paged by range), each verified, and checks that
+// the manifest is the collection's.
+func fetchManifest(ctx context.Context, c cas.CID, r *swarm.Ranges) (*experts.Manifest, error) {
+	if !c.IsCollection() {
+		return nil, fmt.Errorf("%s: a model is named by its collection CID (bagaybqab...)", c)
+	}
+	cb, err := r.FetchBlob(ctx, c, cas.MaxCollectionSize)
+	if err != nil {
+		return nil, err
+	}
+	col, err := cas.ParseCollection(cb)
+	if err != nil {
+		return nil, err
+	}
+	mb, err := r.FetchBlob(ctx, col.Shards[0].CID, experts.MaxManifestBytes)
+	if err != nil {
+		return nil, err
+	}
+	m, err := experts.Decode(mb)
+	if err != nil {
+		return nil, err
+	}
+	if experts.ModelCID(mb, m) != c {
+		return nil, fmt.Errorf("%s: the manifest's shards are not the collection's (%w)", c, experts.ErrNotModel)
+	}
+	return m, nil
+}

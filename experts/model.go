@@ -1,0 +1,328 @@
+package experts
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math"
+
+	"github.com/rdrr/peer/gpu/ref"
+	"github.com/rdrr/peer/tiers"
+	"github.com/x448/float16"
+)
+
+// RefModel is a float64 CPU reference of an RDRR model's decode step,
+// built from gpu/ref's operations: embedding, per layer RMSNorm, GQA
+// attention with RoPE and a KV cache, the router and top-k (Mixtral:
+// softmax over the top-k; DeepSeek-V3: sigmoid, group-limited top-k, plus
+// the shared experts; dense first layers), SwiGLU experts and their
+// weighted sum; final norm and LM head. Dense weights are read once and
+// kept; experts are paged through a tiers cache at the RAM level, so it
+// exercises the same paging a GPU decode does. It is the ground truth of
+// the GPU decode loop and a generator in its own right for small models.
+type RefModel struct {
+	m     *Manifest
+	cache *tiers.Cache
+	dense map[string][]float64
+	freqs []float64
+	// KV cache per layer: [pos][kvHeads][headDim] keys and values.
+	k, v [][]float64
+	pos  int
+	// Trace, if not nil, is told each token (tiers' recorder).
+	Trace *tiers.TraceRecorder
+	// Routes counts how often each (layer, expert) was chosen.
+	Routes map[[2]int]int
+}
+
+// NewRefModel reads m's dense tensors through cache (RAM level) and keeps
+// them; experts are read through cache on each use.
+func NewRefModel(ctx context.Context, m *Manifest, cache *tiers.Cache) (*RefModel, error) {
+	c := &m.Config
+	if c.HeadDimension()%2 != 0 {
+		return nil, fmt.Errorf("experts: head dim %d is odd", c.HeadDimension())
+	}
+	rm := &RefModel{m: m, cache: cache, dense: map[string][]float64{}, Routes: map[[2]int]int{},
+		freqs: ref.RopeFreqs(c.RopeTheta, c.HeadDimension()),
+		k:     make([][]float64, c.NumHiddenLayers), v: make([][]float64, c.NumHiddenLayers)}
+	inExpert := map[string]bool{}
+	for _, e := range m.Experts {
+		for _, t := range e.Tensors {
+			inExpert[t] = true
+		}
+	}
+	for name := range m.Tensors {
+		if inExpert[name] {
+			continue
+		}
+		w, err := rm.read(ctx, name)
+		if err != nil {
+			return nil, err
+		}
+		rm.dense[name] = w
+	}
+	return rm, nil
+}
+
+// read returns tensor name's values, widened to float64, its bytes read
+// (verified) through the cache.
+func (rm *RefModel) read(ctx context.Context, name string) ([]float64, error) {
+	t, ok := rm.m.Tensors[name]
+	if !ok {
+		return nil, fmt.Errorf("experts: the model has no tensor %s", name)
+	}
+	raw := make([]byte, 0, t.Size)
+	for _, r := range rm.m.Ranges(t.Shard, t.Offset, t.Size) {
+		s := &rm.m.Shards[r.Shard]
+		l, err := rm.cache.Get(ctx, tiers.Key{Blob: s.CID(), Size: s.Size, Off: r.Offset, Len: r.Size}, tiers.RAM)
+		if err != nil {
+			return nil, fmt.Errorf("tensor %s: %w", name, err)
+		}
+		raw = append(raw, l.Bytes()...)
+		l.Release()
+	}
+	return widen(raw, t)
+}
+
+// readExpert pages one expert in as what the cache deals in, its byte
+// range (one key, or one per shard for an expert larger than a shard),
+// and returns its tensors widened.
+func (rm *RefModel) readExpert(ctx context.Context, ex *Expert) (map[string][]float64, error) {
+	raw := make([]byte, 0, ex.Size)
+	for _, r := range rm.m.Ranges(ex.Shard, ex.Offset, ex.Size) {
+		s := &rm.m.Shards[r.Shard]
+		l, err := rm.cache.Get(ctx, tiers.Key{Blob: s.CID(), Size: s.Size, Off: r.Offset, Len: r.Size}, tiers.RAM)
+		if err != nil {
+			return nil, fmt.Errorf("layer %d expert %d: %w", ex.Layer, ex.Index, err)
+		}
+		raw = append(raw, l.Bytes()...)
+		l.Release()
+	}
+	starts := rm.m.shardStarts()
+	base := starts[ex.Shard] + ex.Offset
+	out := make(map[string][]float64, len(ex.Tensors))
+	for _, name := range ex.Tensors {
+		t := rm.m.Tensors[name]
+		at := starts[t.Shard] + t.Offset - base
+		v, err := widen(raw[at:at+t.Size], t)
+		if err != nil {
+			return nil, err
+		}
+		out[name] = v
+	}
+	return out, nil
+}
+
+// widen decodes a tensor's bytes to float64.
+func widen(raw []byte, t *Tensor) ([]float64, error) {
+	n := t.Elements()
+	switch t.DType {
+	case Q4K:
+		return ref.Q4K(raw)
+	case F32:
+		out := make([]float64, n)
+		for i := range out {
+			out[i] = float64(math.Float32frombits(binary.LittleEndian.Uint32(raw[4*i:])))
+		}
+		return out, nil
+	case F16:
+		out := make([]float64, n)
+		for i := range out {
+			out[i] = float64(float16.Frombits(binary.LittleEndian.Uint16(raw[2*i:])).Float32())
+		}
+		return out, nil
+	case BF16:
+		out := make([]float64, n)
+		for i := range out {
+			out[i] = float64(math.Float32frombits(uint32(binary.LittleEndian.Uint16(raw[2*i:])) << 16))
+		}
+		return out, nil
+	}
+	return nil, fmt.Errorf("experts: dtype %s", t.DType)
+}
+
+func (rm *RefModel) w(name string) []float64 { return rm.dense[name] }
+
+// matvec is y = W x for a [rows, cols] tensor W.
+func matvec(w, x []float64, rows, cols int) []float64 {
+	y, _ := ref.MatMul(w, x, rows, cols, 1)
+	return y
+}
+
+// Step runs one token through the model at the next position and returns
+// the logits.
+func (rm *RefModel) Step(ctx context.Context, token int) ([]float64, error) {
+	c := &rm.m.Config
+	h, hd := c.HiddenSize, c.HeadDimension()
+	nq, nkv := c.NumAttentionHeads, c.NumKeyValueHeads
+	if token < 0 || token >= c.VocabSize {
+		return nil, fmt.Errorf("experts: token %d outside the vocabulary of %d", token, c.VocabSize)
+	}
+	x := append([]float64(nil), rm.w("model.embed_tokens.weight")[token*h:(token+1)*h]...)
+	for l := 0; l < c.NumHiddenLayers; l++ {
+		p := fmt.Sprintf("model.layers.%d.", l)
+		xn := ref.RMSNorm(x, rm.w(p+"input_layernorm.weight"), 1, h, c.RMSNormEps)
+		q := matvec(rm.w(p+"self_attn.q_proj.weight"), xn, nq*hd, h)
+		k := matvec(rm.w(p+"self_attn.k_proj.weight"), xn, nkv*hd, h)
+		v := matvec(rm.w(p+"self_attn.v_proj.weight"), xn, nkv*hd, h)
+		q = ref.Rope(q, 1, nq, hd, hd, rm.pos, rm.freqs, ref.RopeNeoX)
+		k = ref.Rope(k, 1, nkv, hd, hd, rm.pos, rm.freqs, ref.RopeNeoX)
+		rm.k[l] = append(rm.k[l], k...)
+		rm.v[l] = append(rm.v[l], v...)
+		att := ref.Attention(q, rm.k[l], rm.v[l], nq, nkv, hd, rm.pos+1, 1/math.Sqrt(float64(hd)))
+		o := matvec(rm.w(p+"self_attn.o_proj.weight"), att, h, nq*hd)
+		for i := range x {
+			x[i] += o[i]
+		}
+		xn = ref.RMSNorm(x, rm.w(p+"post_attention_layernorm.weight"), 1, h, c.RMSNormEps)
+		var y []float64
+		var err error
+		if c.IsMoE(l) {
+			y, err = rm.moe(ctx, l, xn)
+		} else {
+			y = rm.ffn(p+"mlp.", xn, c.IntermediateSize)
+		}
+		if err != nil {
+			return nil, err
+		}
+		for i := range x {
+			x[i] += y[i]
+		}
+	}
+	rm.pos++
+	xn := ref.RMSNorm(x, rm.w("model.norm.weight"), 1, h, c.RMSNormEps)
+	return matvec(rm.w("lm_head.weight"), xn, c.VocabSize, h), nil
+}
+
+// ffn is a dense SwiGLU FFN of dense weights under prefix.
+func (rm *RefModel) ffn(prefix string, x []float64, ffn int) []float64 {
+	h := len(x)
+	g := matvec(rm.w(prefix+"gate_proj.weight"), x, ffn, h)
+	u := matvec(rm.w(prefix+"up_proj.weight"), x, ffn, h)
+	return matvec(rm.w(prefix+"down_proj.weight"), ref.SwiGLU(g, u), h, ffn)
+}
+
+// moe routes x to the layer's experts, runs each (paged through the
+// cache) and returns their weighted sum, plus the shared experts.
+func (rm *RefModel) moe(ctx context.Context, l int, x []float64) ([]float64, error) {
+	c := &rm.m.Config
+	h, ne := c.HiddenSize, c.Experts()
+	p := fmt.Sprintf("model.layers.%d.mlp.", l)
+	logits := matvec(rm.w(p+"gate.weight"), x, ne, h)
+	route := ref.Route{Mode: ref.RouteSoftmaxTopK, K: c.NumExpertsPerTok}
+	if c.ScoringFunc == "sigmoid" {
+		route = ref.Route{Mode: ref.RouteSigmoidTopK, K: c.NumExpertsPerTok, Groups: c.NGroup, TopKGroup: c.TopKGroup}
+	}
+	ids, ws := ref.TopK(logits, 1, ne, route)
+	out := make([]float64, h)
+	ffn := c.ExpertFFN()
+	for i, e := range ids {
+		rm.Routes[[2]int{l, e}]++
+		ex, ok := rm.m.Expert(l, e)
+		if !ok {
+			return nil, fmt.Errorf("experts: layer %d expert %d is not in the manifest", l, e)
+		}
+		w, err := rm.readExpert(ctx, ex)
+		if err != nil {
+			return nil, err
+		}
+		pre := fmt.Sprintf("%sexperts.%d.", p, e)
+		g := matvec(w[pre+"gate_proj.weight"], x, ffn, h)
+		u := matvec(w[pre+"up_proj.weight"], x, ffn, h)
+		y := matvec(w[pre+"down_proj.weight"], ref.SwiGLU(g, u), h, ffn)
+		for j := range out {
+			out[j] += ws[i] * y[j]
+		}
+	}
+	if c.NumSharedExperts > 0 {
+		y := rm.ffn(p+"shared_experts.", x, c.ExpertFFN()*c.NumSharedExperts)
+		for j := range out {
+			out[j] += y[j]
+		}
+	}
+	return out, nil
+}
+
+// Sampling chooses the next token from logits.
+type Sampling struct {
+	Temperature float64 // 0: greedy
+	TopP        float64 // 0 or 1: no nucleus cut
+	Seed        uint64
+}
+
+// Generate feeds prompt then samples up to maxTokens tokens, calling emit
+// with each generated one; it stops early at the tokenizer's end token.
+func (rm *RefModel) Generate(ctx context.Context, prompt []int, maxTokens int, s Sampling, emit func(int)) ([]int, error) {
+	if len(prompt) == 0 {
+		return nil, fmt.Errorf("experts: empty prompt")
+	}
+	rng := newSplitmix(s.Seed)
+	var logits []float64
+	var err error
+	for i, t := range prompt {
+		if rm.Trace != nil {
+			rm.Trace.SetToken(i)
+		}
+		if logits, err = rm.Step(ctx, t); err != nil {
+			return nil, err
+		}
+	}
+	var out []int
+	for len(out) < maxTokens {
+		if err := ctx.Err(); err != nil {
+			return out, err
+		}
+		var tok int
+		if s.Temperature <= 0 {
+			tok = ref.Argmax(logits)
+		} else {
+			p := s.TopP
+			if p <= 0 || p > 1 {
+				p = 1
+			}
+			tok, _ = ref.TopP(logits, s.Temperature, p, unit(rng.next()))
+		}
+		out = append(out, tok)
+		if emit != nil {
+			emit(tok)
+		}
+		if tk := rm.m.Tokenizer; tk != nil && tok == tk.EOS {
+			break
+		}
+		if len(out) == maxTokens {
+			break
+		}
+		if rm.Trace != nil {
+			rm.Trace.SetToken(len(prompt) + len(out) - 1)
+		}
+		if logits, err = rm.Step(ctx, tok); err != nil {
+			return out, err
+		}
+	}
+	return out, nil
+}
+
+type splitmixRNG struct{ s uint64 }
+
+func newSplitmix(seed uint64) *splitmixRNG { return &splitmixRNG{seed} }
+func (r *splitmixRNG) next() uint64 {
+	r.s += 0x9e3779b97f4a7c15
+	return splitmix(r.s)
+}
+
+// ByteTokens encodes text as byte tokens (synthetic models' tokenizer:
+// ids 0-255 are the bytes).
+func ByteTokens(s string) []int {
+	out := make([]int, len(s))
+	for i := 0; i < len(s); i++ {
+		out[i] = int(s[i])
+	}
+	return out
+}
+
+// TokenText prints a token of a byte-level model: its byte, or <id>.
+func TokenText(t int) string {
+	if t >= 0x20 && t < 0x7f {
+		return string(rune(t))
+	}
+	return fmt.Sprintf("<%d>", t)
+}
