@@ -255,7 +255,14 @@ func (s *setup) negotiate(ctx context.Context, l *link, offerer bool) error {
 			}
 		case <-l.ready:
 			if err := s.n.addLink(l); err != nil {
-				l.say(wire.CodeShuttingDown, err.Error())
+				// A node that closed while this link was being set up is
+				// going away, as Close tells its other links; any other
+				// refusal (a ban, a limit) is shutting_down.
+				code := wire.CodeShuttingDown
+				if errors.Is(err, ErrClosed) {
+					code = wire.CodeGoingAway
+				}
+				l.say(code, err.Error())
 				l.close(err)
 				return err
 			}
