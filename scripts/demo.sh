@@ -42,6 +42,8 @@ echo "stored as $model"
 proc=$($peer synth --preset tiny-moe --seed 2 --procedural -o "$work/proc" --json | sed -n 's/.*"cid": "\(.*\)".*/\1/p')
 ls -la "$work/proc"
 run $peer mount "$model" --vram 2MiB
+echo "generate, the experts paged through a RAM budget of a quarter of them (float64 CPU reference engine; byte tokens):"
+run $peer generate "$model" --prompt "The swarm is" --max-tokens 16 --ram 2MiB
 
 step "7. A swarm on loopback: this peer seeds (daemon with an embedded signaling server), a second peer fetches over WebRTC"
 port=$((20000 + RANDOM % 20000))
@@ -61,6 +63,9 @@ echo "the models: one stored by the seeder, one it regenerates on demand (checke
 run $peer get "$model" -o /dev/null --signal ws://127.0.0.1:$port --log-level warn
 run $peer get "$proc" -o /dev/null --signal ws://127.0.0.1:$port --log-level warn
 run $peer mount "$proc" --vram 2MiB
+echo "a third peer holding nothing generates with the procedural model: the manifest and every expert come over the swarm, verified"
+RDRR_HOME=$work/home3 $peer init > /dev/null
+run env RDRR_HOME=$work/home3 $peer generate "$proc" --prompt "The swarm is" --max-tokens 8 --ram 2MiB --signal ws://127.0.0.1:$port --log-level warn
 run $peer ls
 kill $daemon; wait $daemon 2>/dev/null || true
 export RDRR_HOME=$work/home
