@@ -1,0 +1,257 @@
+package experts
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math"
+
+	"github.com/rdrr/peer/gpu"
+	"github.com/rdrr/peer/tiers"
+)
+
+// GPUModel is the decode step on the GPU: dense weights resident in VRAM,
+// each layer's selected experts paged into the slots of a tiers VRAM arena
+// and run by one Q4KMatVecGroup dispatch per matrix. It checks against
+// RefModel (see gpumodel_test.go). Built for Mixtral-style models (every
+// layer MoE, softmax top-k, no shared experts) with Q4_K matrices and F32
+// norms and routers; other layouts are refused by name.
+type GPUModel struct {
+	m     *Manifest
+	d     *gpu.Device
+	k     *gpu.Kernels
+	cache *tiers.Cache
+	arena *tiers.GPUArena
+	dense map[string]*gpu.Buffer
+	buf   map[string]*gpu.Buffer
+	kc    []*gpu.Buffer // per layer [MaxPos][kvHeads][headDim] f32
+	vc    []*gpu.Buffer
+	pos   int
+	// MaxPos bounds the positions (KV cache length).
+	MaxPos int
+	// Trace, if not nil, is told each token.
+	Trace *tiers.TraceRecorder
+}
+
+// NewGPUModel uploads m's dense tensors (read through cache) and sizes the
+// buffers of one decode step. cache must have a VRAM level (arena) whose
+// slots hold one expert each.
+func NewGPUModel(ctx context.Context, m *Manifest, d *gpu.Device, cache *tiers.Cache, arena *tiers.GPUArena, maxPos int) (*GPUModel, error) {
+	c := &m.Config
+	switch {
+	case c.Experts() == 0 || c.FirstKDenseReplace > 0 || c.NumSharedExperts > 0 || c.ScoringFunc == "sigmoid":
+		return nil, fmt.Errorf("experts: the GPU engine runs Mixtral-style models for now; %s has dense layers, shared experts or sigmoid routing", m.ModelID)
+	case len(m.Experts) == 0 || m.Experts[0].Size > arena.SlotSize():
+		return nil, fmt.Errorf("experts: arena slots of %d bytes do not hold an expert", arena.SlotSize())
+	}
+	for _, e := range m.Experts {
+		if e.Size > ShardSize || len(e.Tensors) != 3 {
+			return nil, fmt.Errorf("experts: layer %d expert %d is not three matrices in one shard", e.Layer, e.Index)
+		}
+	}
+	g := &GPUModel{m: m, d: d, k: gpu.NewKernels(d), cache: cache, arena: arena, dense: map[string]*gpu.Buffer{}, buf: map[string]*gpu.Buffer{}, MaxPos: maxPos}
+	rm := &RefModel{m: m, cache: cache}
+	inExpert := map[string]bool{}
+	for _, e := range m.Experts {
+		for _, t := range e.Tensors {
+			inExpert[t] = true
+		}
+	}
+	for name, t := range m.Tensors {
+		if inExpert[name] {
+			continue
+		}
+		if t.DType != Q4K && t.DType != F32 {
+			g.Close()
+			return nil, fmt.Errorf("experts: tensor %s is %s; the GPU engine takes Q4_K and F32", name, t.DType)
+		}
+		raw, err := rm.rawTensor(ctx, name)
+		if err != nil {
+			g.Close()
+			return nil, err
+		}
+		b, err := g.upload(ctx, raw)
+		if err != nil {
+			g.Close()
+			return nil, err
+		}
+		g.dense[name] = b
+	}
+	h, hd, ffn := c.HiddenSize, c.HeadDimension(), c.ExpertFFN()
+	nq, nkv, k := c.NumAttentionHeads, c.NumKeyValueHeads, c.NumExpertsPerTok
+	sizes := map[string]int{
+		"tok": 4, "x": h * 4, "xn": h * 4, "q": nq * hd * 4, "att": nq * hd * 4, "o": h * 4,
+		"rlogits": c.Experts() * 4, "ids": k * 4, "w": k * 4, "gate": k * ffn * 4, "up": k * ffn * 4,
+		"act": k * ffn * 4, "y": k * h * 4, "logits": c.VocabSize * 4, "ones": 16, "freqs": hd / 2 * 4,
+	}
+	for name, n := range sizes {
+		b, err := d.Alloc(uint64(n))
+		if err != nil {
+			g.Close()
+			return nil, err
+		}
+		g.buf[name] = b
+	}
+	kv := uint64(maxPos * nkv * hd * 4)
+	for l := 0; l < c.NumHiddenLayers; l++ {
+		kb, err1 := d.Alloc(kv)
+		vb, err2 := d.Alloc(kv)
+		if err1 != nil || err2 != nil {
+			g.Close()
+			return nil, fmt.Errorf("experts: KV cache: %v %v", err1, err2)
+		}
+		g.kc, g.vc = append(g.kc, kb), append(g.vc, vb)
+	}
+	if err := d.Write(g.buf["ones"], gpu.Bytes([]float32{1, 1, 1, 1})); err != nil {
+		g.Close()
+		return nil, err
+	}
+	if err := d.Write(g.buf["freqs"], gpu.Bytes(gpu.RopeFreqs(c.RopeTheta, hd))); err != nil {
+		g.Close()
+		return nil, err
+	}
+	return g, nil
+}
+
+// rawTensor returns tensor name's bytes, read (verified) through the cache.
+func (rm *RefModel) rawTensor(ctx context.Context, name string) ([]byte, error) {
+	t := rm.m.Tensors[name]
+	raw := make([]byte, 0, t.Size)
+	for _, r := range rm.m.Ranges(t.Shard, t.Offset, t.Size) {
+		s := &rm.m.Shards[r.Shard]
+		l, err := rm.cache.Get(ctx, tiers.Key{Blob: s.CID(), Size: s.Size, Off: r.Offset, Len: r.Size}, tiers.RAM)
+		if err != nil {
+			return nil, fmt.Errorf("tensor %s: %w", name, err)
+		}
+		raw = append(raw, l.Bytes()...)
+		l.Release()
+	}
+	return raw, nil
+}
+
+func (g *GPUModel) upload(ctx context.Context, raw []byte) (*gpu.Buffer, error) {
+	b, err := g.d.Alloc(uint64((len(raw) + 3) / 4 * 4))
+	if err != nil {
+		return nil, err
+	}
+	if err := g.d.Upload(ctx, b, raw); err != nil {
+		b.Release()
+		return nil, err
+	}
+	return b, nil
+}
+
+// Close releases the model's GPU buffers.
+func (g *GPUModel) Close() {
+	for _, b := range g.dense {
+		b.Release()
+	}
+	for _, b := range g.buf {
+		b.Release()
+	}
+	for i := range g.kc {
+		g.kc[i].Release()
+		g.vc[i].Release()
+	}
+	g.k.Close()
+}
+
+// Step runs one token at the next position and returns the logits.
+func (g *GPUModel) Step(ctx context.Context, token int) ([]float32, error) {
+	c := &g.m.Config
+	h, hd, ffn := c.HiddenSize, c.HeadDimension(), c.ExpertFFN()
+	nq, nkv, k := c.NumAttentionHeads, c.NumKeyValueHeads, c.NumExpertsPerTok
+	if token < 0 || token >= c.VocabSize {
+		return nil, fmt.Errorf("experts: token %d outside the vocabulary of %d", token, c.VocabSize)
+	}
+	if g.pos >= g.MaxPos {
+		return nil, fmt.Errorf("experts: position %d: the KV cache holds %d", g.pos, g.MaxPos)
+	}
+	B := g.buf
+	if err := g.d.Write(B["tok"], binary.LittleEndian.AppendUint32(nil, uint32(token))); err != nil {
+		return nil, err
+	}
+	b := g.d.Batch()
+	g.k.Embed(ctx, b, gpu.Q4K, g.dense["model.embed_tokens.weight"], B["tok"], B["x"], 1, h, c.VocabSize)
+	kvRow := uint64(nkv * hd * 4)
+	for l := 0; l < c.NumHiddenLayers; l++ {
+		p := fmt.Sprintf("model.layers.%d.", l)
+		ks := g.kc[l].Sub(uint64(g.pos)*kvRow, kvRow)
+		vs := g.vc[l].Sub(uint64(g.pos)*kvRow, kvRow)
+		g.k.RMSNorm(ctx, b, B["x"], g.dense[p+"input_layernorm.weight"], B["xn"], 1, h, float32(c.RMSNormEps))
+		g.k.Q4KMatVec(ctx, b, g.dense[p+"self_attn.q_proj.weight"], B["xn"], B["q"], nq*hd, h)
+		g.k.Q4KMatVec(ctx, b, g.dense[p+"self_attn.k_proj.weight"], B["xn"], ks, nkv*hd, h)
+		g.k.Q4KMatVec(ctx, b, g.dense[p+"self_attn.v_proj.weight"], B["xn"], vs, nkv*hd, h)
+		g.k.Rope(ctx, b, B["q"], B["freqs"], gpu.RopeShape{Tokens: 1, Heads: nq, HeadDim: hd, RotDim: hd, Pos0: g.pos, Style: gpu.RopeNeoX})
+		g.k.Rope(ctx, b, ks, B["freqs"], gpu.RopeShape{Tokens: 1, Heads: nkv, HeadDim: hd, RotDim: hd, Pos0: g.pos, Style: gpu.RopeNeoX})
+		g.k.Attention(ctx, b, B["q"], g.kc[l], g.vc[l], B["att"], gpu.AttnShape{Heads: nq, KVHeads: nkv, HeadDim: hd, KVLen: g.pos + 1, Scale: float32(1 / math.Sqrt(float64(hd)))})
+		g.k.Q4KMatVec(ctx, b, g.dense[p+"self_attn.o_proj.weight"], B["att"], B["o"], h, nq*hd)
+		g.k.Accumulate(ctx, b, B["o"], B["ones"], B["x"], 1, h, 0)
+		g.k.RMSNorm(ctx, b, B["x"], g.dense[p+"post_attention_layernorm.weight"], B["xn"], 1, h, float32(c.RMSNormEps))
+		g.k.MatVec(ctx, b, gpu.F32, g.dense[p+"mlp.gate.weight"], B["xn"], B["rlogits"], c.Experts(), h)
+		g.k.Route(ctx, b, B["rlogits"], nil, B["ids"], B["w"], gpu.RouteShape{Tokens: 1, Experts: c.Experts(), K: k, Mode: gpu.RouteSoftmaxTopK})
+		if err := b.Submit(ctx); err != nil {
+			return nil, err
+		}
+		// The experts chosen: page them into VRAM slots.
+		idb := make([]byte, k*4)
+		if err := g.d.Read(ctx, B["ids"], idb); err != nil {
+			return nil, err
+		}
+		var gate, up, down []int
+		var leases []*tiers.Lease
+		for i := 0; i < k; i++ {
+			e := int(binary.LittleEndian.Uint32(idb[4*i:]))
+			ex, ok := g.m.Expert(l, e)
+			if !ok {
+				return nil, fmt.Errorf("experts: layer %d: the router chose expert %d, which the manifest lacks", l, e)
+			}
+			s := &g.m.Shards[ex.Shard]
+			lease, err := g.cache.Get(ctx, tiers.Key{Blob: s.CID(), Size: s.Size, Off: ex.Offset, Len: ex.Size}, tiers.VRAM)
+			if err != nil {
+				for _, l := range leases {
+					l.Release()
+				}
+				return nil, fmt.Errorf("layer %d expert %d: %w", l, e, err)
+			}
+			leases = append(leases, lease)
+			// A slot holds gate, up, down: matrix slots 3s, 3s+1, 3s+2
+			// when the arena slot is three matrices.
+			ms := int(g.arena.SlotSize() / (ex.Size / 3))
+			gate, up, down = append(gate, ms*lease.Slot()), append(up, ms*lease.Slot()+1), append(down, ms*lease.Slot()+2)
+		}
+		b = g.d.Batch()
+		arena := g.arena.Buffer()
+		g.k.Q4KMatVecGroup(ctx, b, arena, gate, B["xn"], true, B["gate"], ffn, h)
+		g.k.Q4KMatVecGroup(ctx, b, arena, up, B["xn"], true, B["up"], ffn, h)
+		g.k.SwiGLU(ctx, b, B["gate"], B["up"], B["act"], k*ffn)
+		g.k.Q4KMatVecGroup(ctx, b, arena, down, B["act"], false, B["y"], h, ffn)
+		g.k.Accumulate(ctx, b, B["y"], B["w"], B["x"], k, h, 0)
+		err := b.Submit(ctx)
+		if err == nil {
+			err = g.d.Sync(ctx) // the leases end once the dispatches ran
+		}
+		for _, l := range leases {
+			l.Release()
+		}
+		if err != nil {
+			return nil, err
+		}
+		b = g.d.Batch()
+	}
+	g.k.RMSNorm(ctx, b, B["x"], g.dense["model.norm.weight"], B["xn"], 1, h, float32(c.RMSNormEps))
+	g.k.Q4KMatVec(ctx, b, g.dense["lm_head.weight"], B["xn"], B["logits"], c.VocabSize, h)
+	if err := b.Submit(ctx); err != nil {
+		return nil, err
+	}
+	out := make([]byte, c.VocabSize*4)
+	if err := g.d.Read(ctx, B["logits"], out); err != nil {
+		return nil, err
+	}
+	g.pos++
+	logits := make([]float32, c.VocabSize)
+	for i := range logits {
+		logits[i] = math.Float32frombits(binary.LittleEndian.Uint32(out[4*i:]))
+	}
+	return logits, nil
+}
