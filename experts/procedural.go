@@ -1,7 +1,10 @@
 package experts
 
 import (
+	"context"
+
 	"fmt"
+	"github.com/rdrr/peer/tiers"
 	"sync"
 
 	"github.com/hashicorp/golang-lru/v2/simplelru"
@@ -169,4 +172,36 @@ func (ps *ProceduralSource) regenerate(i int) (*genBlob, error) {
 		return nil, err
 	}
 	return v.(*genBlob), nil
+}
+
+// Has reports whether k's blob is one this source regenerates (a
+// tiers.Source, so a peer can page a synthetic model it never stored).
+func (ps *ProceduralSource) Has(k tiers.Key) bool {
+	_, err := ps.Stat(k.Blob)
+	return err == nil
+}
+
+// Read fills dst with k's bytes, regenerated and checked against the
+// manifest's hash (tiers.Source).
+func (ps *ProceduralSource) Read(ctx context.Context, k tiers.Key, dst []byte) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	var data []byte
+	if b, ok := ps.small[k.Blob]; ok {
+		data = b.data
+	} else if i, ok := ps.shard[k.Blob]; ok {
+		b, err := ps.regenerate(i)
+		if err != nil {
+			return err
+		}
+		data = b.data
+	} else {
+		return fmt.Errorf("%s: %w", k.Blob, cas.ErrNotFound)
+	}
+	if k.Off < 0 || k.Off+k.Len > int64(len(data)) {
+		return fmt.Errorf("%v: outside a %d-byte blob", k, len(data))
+	}
+	copy(dst, data[k.Off:k.Off+k.Len])
+	return nil
 }

@@ -11,13 +11,14 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/rdrr/peer/cas"
 	"github.com/rdrr/peer/experts"
+	"github.com/rdrr/peer/gpu"
 	"github.com/rdrr/peer/swarm"
 	"github.com/rdrr/peer/tiers"
 	"github.com/spf13/cobra"
 )
 
 func generateCmd(a *app) *cobra.Command {
-	var prompt, tracePath, policy string
+	var prompt, tracePath, policy, engine, procedural string
 	var maxTokens int
 	var s experts.Sampling
 	var budgets [3]byteSize
@@ -33,11 +34,25 @@ engine (the same loop on wgpu kernels) is the paged-generation issue's next
 step. Synthetic models use bytes as tokens.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			var ps *experts.ProceduralSource
+			if procedural != "" {
+				mb, err := os.ReadFile(procedural)
+				if err != nil {
+					return err
+				}
+				if ps, err = experts.NewProceduralSource(mb); err != nil {
+					return err
+				}
+				if args[0] != ps.CID().String() && args[0] != "-" {
+					return fmt.Errorf("generate: %s is the model of %s, not %s (or give -)", ps.CID(), procedural, args[0])
+				}
+				args[0] = ps.CID().String()
+			}
 			c, err := cas.ParseCID(args[0])
 			if err != nil {
 				return err
 			}
-			ctx := cmd.Context()
 			return a.withStore(func(st *cas.Store) error {
 				var fetcher tiers.SliceFetcher
 				var remote *experts.Manifest
@@ -72,6 +87,9 @@ step. Synthetic models use bytes as tokens.`,
 					}
 				}
 				m := remote
+				if ps != nil {
+					m = ps.Manifest()
+				}
 				if m == nil {
 					if m, err = experts.LoadManifest(st, c); err != nil {
 						return err
@@ -83,23 +101,45 @@ step. Synthetic models use bytes as tokens.`,
 				if fetcher != nil {
 					cfg.Swarm = tiers.SwarmSource{Fetcher: fetcher}
 				}
-				cache, err := tiers.New(cfg)
-				if err != nil {
-					return err
+				if ps != nil {
+					cfg.Disk = ps // regenerated on demand: nothing stored
 				}
-				defer cache.Close()
+				var step stepper
+				var closeEngine func()
+				if engine == "gpu" {
+					step, closeEngine, err = a.gpuEngine(ctx, m, &cfg, int64(budgets[0]), len(prompt)+maxTokens)
+					if err != nil {
+						return err
+					}
+				}
+				var cache *tiers.Cache
 				t0 := time.Now()
-				rm, err := experts.NewRefModel(ctx, m, cache)
-				if err != nil {
-					return err
+				var rm *experts.RefModel
+				if step == nil {
+					if cache, err = tiers.New(cfg); err != nil {
+						return err
+					}
+					defer cache.Close()
+					if rm, err = experts.NewRefModel(ctx, m, cache); err != nil {
+						return err
+					}
+					rm.Trace = rec
+				} else {
+					defer closeEngine()
+					cache = step.Cache()
 				}
-				rm.Trace = rec
 				load := time.Since(t0)
 				if m.Config.VocabSize < 256 {
 					return errors.New("generate: this model's vocabulary is not byte-level and its tokenizer is not supported yet")
 				}
 				t1 := time.Now()
-				toks, err := rm.Generate(ctx, experts.ByteTokens(prompt), maxTokens, s, func(t int) {
+				gen := func(p []int, n int, s experts.Sampling, emit func(int)) ([]int, error) {
+					if rm != nil {
+						return rm.Generate(ctx, p, n, s, emit)
+					}
+					return step.Generate(ctx, p, n, s, emit)
+				}
+				toks, err := gen(experts.ByteTokens(prompt), maxTokens, s, func(t int) {
 					if !a.jsonOut {
 						fmt.Fprint(a.out, experts.TokenText(t))
 					}
@@ -122,12 +162,16 @@ step. Synthetic models use bytes as tokens.`,
 					}
 				}
 				stats := cache.Stats()
-				res := map[string]any{"model": m.ModelID, "engine": "ref-cpu-float64", "tokens": toks,
+				engineName := "ref-cpu-float64"
+				if step != nil {
+					engineName = "gpu"
+				}
+				res := map[string]any{"model": m.ModelID, "engine": engineName, "tokens": toks,
 					"promptTokens": len(prompt), "seconds": secs, "tokPerSec": float64(len(prompt)+len(toks)) / secs,
 					"loadSeconds": load.Seconds(), "levels": stats}
 				return a.print(res, func(w io.Writer) {
-					fmt.Fprintf(w, "\n%d prompt + %d generated tokens in %.2f s: %.1f tok/s (float64 CPU reference; dense weights loaded in %.2f s)\n",
-						len(prompt), len(toks), secs, float64(len(prompt)+len(toks))/secs, load.Seconds())
+					fmt.Fprintf(w, "\n%d prompt + %d generated tokens in %.2f s: %.1f tok/s (engine %s; dense weights loaded in %.2f s)\n",
+						len(prompt), len(toks), secs, float64(len(prompt)+len(toks))/secs, engineName, load.Seconds())
 					for _, s := range stats {
 						if s.Hits+s.Misses > 0 {
 							fmt.Fprintf(w, "  %-6s hits %d, misses %d (hit rate %.2f), %s up, %d evictions\n", s.Level, s.Hits, s.Misses, s.HitRate, formatBytes(s.BytesUp), s.Evictions)
@@ -145,6 +189,8 @@ step. Synthetic models use bytes as tokens.`,
 	f.Uint64Var(&s.Seed, "seed", 1, "sampling seed")
 	f.StringVar(&policy, "policy", "cost", "eviction policy: lru, lfu or cost")
 	f.StringVar(&tracePath, "trace", "", "write the expert access trace here (tiers/TRACE.md)")
+	f.StringVar(&engine, "engine", "ref", "decode engine: ref (float64 CPU reference) or gpu (wgpu kernels, experts paged into a VRAM arena of --vram bytes)")
+	f.StringVar(&procedural, "procedural", "", "the manifest of a synthetic model to regenerate locally instead of reading a store (model argument: its CID or -)")
 	budgetFlags(cmd, &budgets)
 	nf.add(cmd)
 	return cmd
@@ -177,4 +223,59 @@ func fetchManifest(ctx context.Context, c cas.CID, r *swarm.Ranges) (*experts.Ma
 		return nil, fmt.Errorf("%s: the manifest's shards are not the collection's (%w)", c, experts.ErrNotModel)
 	}
 	return m, nil
+}
+
+// stepper is a decode engine other than the reference.
+type stepper interface {
+	Cache() *tiers.Cache
+	Generate(ctx context.Context, prompt []int, n int, s experts.Sampling, emit func(int)) ([]int, error)
+}
+
+// gpuEngine opens the GPU and makes a GPU model whose experts are paged
+// into an arena of vram bytes (its slots one expert each).
+func (a *app) gpuEngine(ctx context.Context, m *experts.Manifest, cfg *tiers.Config, vram int64, maxPos int) (stepper, func(), error) {
+	d, err := gpu.Open(ctx, gpu.Options{Logger: a.log})
+	if err != nil {
+		return nil, nil, fmt.Errorf("generate: no GPU (try --engine ref): %w", err)
+	}
+	var esize int64
+	for _, e := range m.Experts {
+		esize = max(esize, e.Size)
+	}
+	slots := int(vram / max(esize, 1))
+	if slots < m.Config.NumExpertsPerTok {
+		d.Close()
+		return nil, nil, fmt.Errorf("generate: --vram %s holds %d experts of %s; a layer needs %d", formatBytes(vram), slots, formatBytes(esize), m.Config.NumExpertsPerTok)
+	}
+	arena, err := tiers.NewGPUArena(d, esize, slots, a.log)
+	if err != nil {
+		d.Close()
+		return nil, nil, err
+	}
+	cfg.Arena = arena
+	cache, err := tiers.New(*cfg)
+	if err != nil {
+		arena.Release()
+		d.Close()
+		return nil, nil, err
+	}
+	g, err := experts.NewGPUModel(ctx, m, d, cache, arena, maxPos)
+	if err != nil {
+		cache.Close()
+		arena.Release()
+		d.Close()
+		return nil, nil, err
+	}
+	g.Trace = cfg.Trace
+	return gpuStepper{g, cache}, func() { g.Close(); cache.Close(); arena.Release(); d.Close() }, nil
+}
+
+type gpuStepper struct {
+	g     *experts.GPUModel
+	cache *tiers.Cache
+}
+
+func (s gpuStepper) Cache() *tiers.Cache { return s.cache }
+func (s gpuStepper) Generate(ctx context.Context, prompt []int, n int, smp experts.Sampling, emit func(int)) ([]int, error) {
+	return s.g.Generate(ctx, prompt, n, smp, emit)
 }

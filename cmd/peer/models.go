@@ -72,7 +72,7 @@ func (b *byteSize) Set(s string) error {
 
 // budgetFlags adds --vram, --ram and --disk.
 func budgetFlags(cmd *cobra.Command, b *[3]byteSize) {
-	b[0], b[1], b[2] = 8<<30, 32<<30, 200<<30
+	b[0], b[1], b[2] = 8<<30, 8<<30, 200<<30
 	cmd.Flags().Var(&b[0], "vram", "VRAM budget (e.g. 8GiB)")
 	cmd.Flags().Var(&b[1], "ram", "RAM budget")
 	cmd.Flags().Var(&b[2], "disk", "disk budget")
