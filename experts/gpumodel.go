@@ -13,7 +13,8 @@ import (
 
 // GPUModel is the decode step on the GPU: dense weights resident in VRAM,
 // each layer's selected experts paged into the slots of a tiers VRAM arena
-// and run by one Q4KMatVecGroup dispatch per matrix. It checks against
+// (one slot per expert matrix: a matrix lies inside one shard even when
+// its expert does not) and run by one Q4KMatVecGroup dispatch per matrix. It checks against
 // RefModel (see gpumodel_test.go). Built for Mixtral-style models (every
 // layer MoE, softmax top-k, no shared experts) with Q4_K matrices and F32
 // norms and routers; other layouts are refused by name.
@@ -42,12 +43,17 @@ func NewGPUModel(ctx context.Context, m *Manifest, d *gpu.Device, cache *tiers.C
 	switch {
 	case c.Experts() == 0 || c.FirstKDenseReplace > 0 || c.NumSharedExperts > 0 || c.ScoringFunc == "sigmoid":
 		return nil, fmt.Errorf("experts: the GPU engine runs Mixtral-style models for now; %s has dense layers, shared experts or sigmoid routing", m.ModelID)
-	case len(m.Experts) == 0 || m.Experts[0].Size > arena.SlotSize():
-		return nil, fmt.Errorf("experts: arena slots of %d bytes do not hold an expert", arena.SlotSize())
+	case len(m.Experts) == 0 || ExpertMatrixBytes(m) != arena.SlotSize():
+		return nil, fmt.Errorf("experts: arena slots of %d bytes; the GPU engine pages one expert matrix (%d bytes) per slot", arena.SlotSize(), ExpertMatrixBytes(m))
 	}
 	for _, e := range m.Experts {
-		if e.Size > ShardSize || len(e.Tensors) != 3 {
-			return nil, fmt.Errorf("experts: layer %d expert %d is not three matrices in one shard", e.Layer, e.Index)
+		if len(e.Tensors) != 3 {
+			return nil, fmt.Errorf("experts: layer %d expert %d is not three matrices", e.Layer, e.Index)
+		}
+		for _, name := range e.Tensors {
+			if t := m.Tensors[name]; t.DType != Q4K || t.Size != arena.SlotSize() {
+				return nil, fmt.Errorf("experts: %s is not a Q4_K matrix of %d bytes", name, arena.SlotSize())
+			}
 		}
 	}
 	g := &GPUModel{m: m, d: d, k: gpu.NewKernels(d), cache: cache, arena: arena, dense: map[string]*gpu.Buffer{}, buf: map[string]*gpu.Buffer{}, MaxPos: maxPos}
@@ -112,6 +118,15 @@ func NewGPUModel(ctx context.Context, m *Manifest, d *gpu.Device, cache *tiers.C
 		return nil, err
 	}
 	return g, nil
+}
+
+// ExpertMatrixBytes is the size of one expert matrix of m (gate, up and
+// down are the same size): the GPU engine's arena slot.
+func ExpertMatrixBytes(m *Manifest) int64 {
+	if len(m.Experts) == 0 {
+		return 0
+	}
+	return m.Tensors[m.Experts[0].Tensors[0]].Size
 }
 
 // rawTensor returns tensor name's bytes, read (verified) through the cache.
@@ -199,28 +214,33 @@ func (g *GPUModel) Step(ctx context.Context, token int) ([]float32, error) {
 		if err := g.d.Read(ctx, B["ids"], idb); err != nil {
 			return nil, err
 		}
-		var gate, up, down []int
+		var slots [3][]int // gate, up, down: one arena slot per matrix
 		var leases []*tiers.Lease
+		release := func() {
+			for _, l := range leases {
+				l.Release()
+			}
+		}
 		for i := 0; i < k; i++ {
 			e := int(binary.LittleEndian.Uint32(idb[4*i:]))
 			ex, ok := g.m.Expert(l, e)
 			if !ok {
+				release()
 				return nil, fmt.Errorf("experts: layer %d: the router chose expert %d, which the manifest lacks", l, e)
 			}
-			s := &g.m.Shards[ex.Shard]
-			lease, err := g.cache.Get(ctx, tiers.Key{Blob: s.CID(), Size: s.Size, Off: ex.Offset, Len: ex.Size}, tiers.VRAM)
-			if err != nil {
-				for _, l := range leases {
-					l.Release()
+			for j, name := range ex.Tensors {
+				t := g.m.Tensors[name]
+				s := &g.m.Shards[t.Shard]
+				lease, err := g.cache.Get(ctx, tiers.Key{Blob: s.CID(), Size: s.Size, Off: t.Offset, Len: t.Size}, tiers.VRAM)
+				if err != nil {
+					release()
+					return nil, fmt.Errorf("layer %d expert %d: %w", l, e, err)
 				}
-				return nil, fmt.Errorf("layer %d expert %d: %w", l, e, err)
+				leases = append(leases, lease)
+				slots[j] = append(slots[j], lease.Slot())
 			}
-			leases = append(leases, lease)
-			// A slot holds gate, up, down: matrix slots 3s, 3s+1, 3s+2
-			// when the arena slot is three matrices.
-			ms := int(g.arena.SlotSize() / (ex.Size / 3))
-			gate, up, down = append(gate, ms*lease.Slot()), append(up, ms*lease.Slot()+1), append(down, ms*lease.Slot()+2)
 		}
+		gate, up, down := slots[0], slots[1], slots[2]
 		b = g.d.Batch()
 		arena := g.arena.Buffer()
 		g.k.Q4KMatVecGroup(ctx, b, arena, gate, B["xn"], true, B["gate"], ffn, h)
@@ -232,9 +252,7 @@ func (g *GPUModel) Step(ctx context.Context, token int) ([]float32, error) {
 		if err == nil {
 			err = g.d.Sync(ctx) // the leases end once the dispatches ran
 		}
-		for _, l := range leases {
-			l.Release()
-		}
+		release()
 		if err != nil {
 			return nil, err
 		}

@@ -29,8 +29,7 @@ func TestGPUModelMatchesReference(t *testing.T) {
 	defer d.Close()
 	m, src := tinyInStore(t, 1)
 	ctx := context.Background()
-	esize := m.Experts[0].Size
-	arena, err := tiers.NewGPUArena(d, esize, len(m.Experts)/4, nil)
+	arena, err := tiers.NewGPUArena(d, ExpertMatrixBytes(m), 3*len(m.Experts)/4, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

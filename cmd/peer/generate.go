@@ -234,18 +234,22 @@ type stepper interface {
 // gpuEngine opens the GPU and makes a GPU model whose experts are paged
 // into an arena of vram bytes (its slots one expert each).
 func (a *app) gpuEngine(ctx context.Context, m *experts.Manifest, cfg *tiers.Config, vram int64, maxPos int) (stepper, func(), error) {
-	d, err := gpu.Open(ctx, gpu.Options{Logger: a.log})
+	// The arena is one buffer and one storage binding: ask the device for
+	// buffers as large as the VRAM budget, within the 2 GiB that wgpu
+	// binds (larger budgets degrade, with a warning, in NewGPUArena).
+	maxBuf := uint64(min(max(vram, 256<<20), 2<<30-4))
+	d, err := gpu.Open(ctx, gpu.Options{Logger: a.log, MaxBufferSize: maxBuf, MaxStorageBinding: maxBuf})
+	if err != nil {
+		d, err = gpu.Open(ctx, gpu.Options{Logger: a.log}) // the adapter offers less
+	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("generate: no GPU (try --engine ref): %w", err)
 	}
-	var esize int64
-	for _, e := range m.Experts {
-		esize = max(esize, e.Size)
-	}
+	esize := experts.ExpertMatrixBytes(m)
 	slots := int(vram / max(esize, 1))
-	if slots < m.Config.NumExpertsPerTok {
+	if slots < 3*m.Config.NumExpertsPerTok {
 		d.Close()
-		return nil, nil, fmt.Errorf("generate: --vram %s holds %d experts of %s; a layer needs %d", formatBytes(vram), slots, formatBytes(esize), m.Config.NumExpertsPerTok)
+		return nil, nil, fmt.Errorf("generate: --vram %s holds %d expert matrices of %s; a layer needs %d", formatBytes(vram), slots, formatBytes(esize), 3*m.Config.NumExpertsPerTok)
 	}
 	arena, err := tiers.NewGPUArena(d, esize, slots, a.log)
 	if err != nil {

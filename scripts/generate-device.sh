@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Runs `peer generate --engine gpu` on the lent accelerator machine with
+# synthetic models regenerated there (--procedural: nothing stored):
+#   device tool: carry ["bin", ".gl"], command: bash scripts/generate-device.sh
+# .gl holds the Vulkan loader and glvnd debs (see gpu/bench-device.sh).
+set -uo pipefail
+out=${OUT:-/tmp/out}
+mkdir -p "$out"
+for f in .gl/*.deb; do dpkg -x "$f" /; done
+ldconfig
+icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+[ -f "$icd" ] && export VK_DRIVER_FILES=$icd
+export XDG_RUNTIME_DIR=/tmp/rdrr-xdg
+mkdir -p -m 0700 "$XDG_RUNTIME_DIR"
+peer=$PWD/bin/peer
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/machine.txt"
+nproc | tee -a "$out/machine.txt"
+for preset in ${PRESETS:-tiny-moe mixtral-8x7b}; do
+  /usr/bin/time -f "synth $preset: %e s, %M KB" $peer synth -q --preset $preset --procedural -o /tmp/$preset 2>&1 | tail -1 | tee -a "$out/generate.txt"
+  for vram in ${VRAMS:-2GiB}; do
+    echo "== $preset, --vram $vram" | tee -a "$out/generate.txt"
+    $peer --home /tmp/h-$preset generate - --procedural /tmp/$preset/manifest.json --engine gpu --vram $vram --ram 100GiB \
+      --prompt "The swarm is" --max-tokens ${TOKENS:-16} --trace "$out/$preset-$vram.trace" --log-level warn 2>&1 \
+      | grep -v '^\[wgpu\]' | tee -a "$out/generate.txt"
+  done
+done
