@@ -33,6 +33,14 @@ type GPUModel struct {
 	MaxPos int
 	// Trace, if not nil, is told each token.
 	Trace *tiers.TraceRecorder
+	// Prefetch turns on next-layer prefetch: while layer L runs, layer
+	// L+1's router is applied to L's hidden state and the experts it picks
+	// are promoted to VRAM in the background.
+	Prefetch bool
+	// Predicted and Correct count next-layer predictions and those the
+	// router then really chose.
+	Predicted, Correct int
+	predicted          map[int][]*tiers.Prefetch // expert -> its matrices' prefetches
 }
 
 // NewGPUModel uploads m's dense tensors (read through cache) and sizes the
@@ -90,6 +98,7 @@ func NewGPUModel(ctx context.Context, m *Manifest, d *gpu.Device, cache *tiers.C
 		"tok": 4, "x": h * 4, "xn": h * 4, "q": nq * hd * 4, "att": nq * hd * 4, "o": h * 4,
 		"rlogits": c.Experts() * 4, "ids": k * 4, "w": k * 4, "gate": k * ffn * 4, "up": k * ffn * 4,
 		"act": k * ffn * 4, "y": k * h * 4, "logits": c.VocabSize * 4, "ones": 16, "freqs": hd / 2 * 4,
+		"pxn": h * 4, "plogits": c.Experts() * 4, "pids": k * 4, "pw": k * 4,
 	}
 	for name, n := range sizes {
 		b, err := d.Alloc(uint64(n))
@@ -118,6 +127,46 @@ func NewGPUModel(ctx context.Context, m *Manifest, d *gpu.Device, cache *tiers.C
 		return nil, err
 	}
 	return g, nil
+}
+
+// score counts which of the experts predicted for this layer the router
+// chose, and cancels the prefetches of the others that have not run.
+func (g *GPUModel) score(ids []byte) {
+	if g.predicted == nil {
+		return
+	}
+	chosen := map[int]bool{}
+	for i := 0; i+4 <= len(ids); i += 4 {
+		chosen[int(binary.LittleEndian.Uint32(ids[i:]))] = true
+	}
+	for e, ps := range g.predicted {
+		g.Predicted++
+		if chosen[e] {
+			g.Correct++
+			continue // the demand uses (or waits for) what was prefetched
+		}
+		for _, p := range ps {
+			p.Cancel() // a wrong guess: queued ones never run, loading ones keep nothing
+		}
+	}
+	g.predicted = nil
+}
+
+// prefetch asks the cache to bring layer l's predicted experts to VRAM.
+func (g *GPUModel) prefetch(l int, ids []byte) {
+	g.predicted = map[int][]*tiers.Prefetch{}
+	for i := 0; i+4 <= len(ids); i += 4 {
+		e := int(binary.LittleEndian.Uint32(ids[i:]))
+		ex, ok := g.m.Expert(l, e)
+		if !ok {
+			continue
+		}
+		for _, name := range ex.Tensors {
+			t := g.m.Tensors[name]
+			s := &g.m.Shards[t.Shard]
+			g.predicted[e] = append(g.predicted[e], g.cache.Prefetch(tiers.Key{Blob: s.CID(), Size: s.Size, Off: t.Offset, Len: t.Size}, tiers.VRAM, 1))
+		}
+	}
 }
 
 // ExpertMatrixBytes is the size of one expert matrix of m (gate, up and
@@ -206,6 +255,15 @@ func (g *GPUModel) Step(ctx context.Context, token int) ([]float32, error) {
 		g.k.RMSNorm(ctx, b, B["x"], g.dense[p+"post_attention_layernorm.weight"], B["xn"], 1, h, float32(c.RMSNormEps))
 		g.k.MatVec(ctx, b, gpu.F32, g.dense[p+"mlp.gate.weight"], B["xn"], B["rlogits"], c.Experts(), h)
 		g.k.Route(ctx, b, B["rlogits"], nil, B["ids"], B["w"], gpu.RouteShape{Tokens: 1, Experts: c.Experts(), K: k, Mode: gpu.RouteSoftmaxTopK})
+		predict := g.Prefetch && l+1 < c.NumHiddenLayers
+		if predict {
+			// Layer l+1's router on this hidden state, normalized as l+1
+			// will normalize its own: the guess of its experts.
+			q := fmt.Sprintf("model.layers.%d.", l+1)
+			g.k.RMSNorm(ctx, b, B["x"], g.dense[q+"post_attention_layernorm.weight"], B["pxn"], 1, h, float32(c.RMSNormEps))
+			g.k.MatVec(ctx, b, gpu.F32, g.dense[q+"mlp.gate.weight"], B["pxn"], B["plogits"], c.Experts(), h)
+			g.k.Route(ctx, b, B["plogits"], nil, B["pids"], B["pw"], gpu.RouteShape{Tokens: 1, Experts: c.Experts(), K: k, Mode: gpu.RouteSoftmaxTopK})
+		}
 		if err := b.Submit(ctx); err != nil {
 			return nil, err
 		}
@@ -213,6 +271,14 @@ func (g *GPUModel) Step(ctx context.Context, token int) ([]float32, error) {
 		idb := make([]byte, k*4)
 		if err := g.d.Read(ctx, B["ids"], idb); err != nil {
 			return nil, err
+		}
+		g.score(idb)
+		if predict {
+			pb := make([]byte, k*4)
+			if err := g.d.Read(ctx, B["pids"], pb); err != nil {
+				return nil, err
+			}
+			g.prefetch(l+1, pb)
 		}
 		var slots [3][]int // gate, up, down: one arena slot per matrix
 		var leases []*tiers.Lease
@@ -248,10 +314,10 @@ func (g *GPUModel) Step(ctx context.Context, token int) ([]float32, error) {
 		g.k.SwiGLU(ctx, b, B["gate"], B["up"], B["act"], k*ffn)
 		g.k.Q4KMatVecGroup(ctx, b, arena, down, B["act"], false, B["y"], h, ffn)
 		g.k.Accumulate(ctx, b, B["y"], B["w"], B["x"], k, h, 0)
+		// The leases can end as soon as the dispatches are submitted: a
+		// later upload into one of these slots is a copy on the same
+		// queue, so it runs after them (one queue, in order).
 		err := b.Submit(ctx)
-		if err == nil {
-			err = g.d.Sync(ctx) // the leases end once the dispatches ran
-		}
 		release()
 		if err != nil {
 			return nil, err

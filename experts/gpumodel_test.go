@@ -4,6 +4,7 @@ import (
 	"context"
 	"math"
 	"os"
+	"slices"
 	"testing"
 
 	"github.com/rdrr/peer/gpu"
@@ -90,6 +91,58 @@ func TestGPUModelMatchesReference(t *testing.T) {
 		t.Fatalf("VRAM level: %d hits, %d misses, no evictions: paging did not happen", vr.Hits, vr.Misses)
 	}
 	t.Logf("32 steps: worst logit difference %.2e of the largest; VRAM hit rate %.2f, %d evictions", worst, vr.HitRate, vr.Evictions)
+}
+
+// Next-layer prefetch changes no token, and its guesses are right more
+// often than chance (top-2 of 8: 25%).
+func TestGPUModelPrefetch(t *testing.T) {
+	if os.Getenv("XDG_RUNTIME_DIR") == "" {
+		t.Setenv("XDG_RUNTIME_DIR", t.TempDir())
+	}
+	var o gpu.Options
+	if s := os.Getenv("RDRR_GPU_BACKEND"); s != "" {
+		o.Backend, _ = gpu.ParseBackend(s)
+	}
+	d, err := gpu.Open(context.Background(), o)
+	if err != nil {
+		t.Fatalf("no GPU adapter: %v", err)
+	}
+	defer d.Close()
+	m, src := tinyInStore(t, 1)
+	ctx := context.Background()
+	run := func(prefetch bool) ([]int, *GPUModel) {
+		arena, err := tiers.NewGPUArena(d, ExpertMatrixBytes(m), 3*len(m.Experts)/4, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(arena.Release)
+		cache, err := tiers.New(tiers.Config{RAM: m.TotalSize, Arena: arena, Disk: src})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cache.Close() })
+		g, err := NewGPUModel(ctx, m, d, cache, arena, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(g.Close)
+		g.Prefetch = prefetch
+		toks, err := g.Generate(ctx, ByteTokens("The swarm is"), 16, Sampling{}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return toks, g
+	}
+	plain, _ := run(false)
+	pre, g := run(true)
+	if !slices.Equal(plain, pre) {
+		t.Fatalf("tokens with prefetch %v; without %v", pre, plain)
+	}
+	acc := float64(g.Correct) / float64(g.Predicted)
+	if g.Predicted == 0 || acc <= 0.25 {
+		t.Fatalf("prefetch accuracy %d/%d", g.Correct, g.Predicted)
+	}
+	t.Logf("next-layer prefetch: %d of %d guesses right (%.2f)", g.Correct, g.Predicted, acc)
 }
 
 func argmax32(x []float32) int {

@@ -20,6 +20,7 @@ import (
 func generateCmd(a *app) *cobra.Command {
 	var prompt, tracePath, policy, engine, procedural string
 	var maxTokens int
+	var prefetch bool
 	var s experts.Sampling
 	var budgets [3]byteSize
 	var nf netFlags
@@ -107,7 +108,7 @@ step. Synthetic models use bytes as tokens.`,
 				var step stepper
 				var closeEngine func()
 				if engine == "gpu" {
-					step, closeEngine, err = a.gpuEngine(ctx, m, &cfg, int64(budgets[0]), len(prompt)+maxTokens)
+					step, closeEngine, err = a.gpuEngine(ctx, m, &cfg, int64(budgets[0]), len(prompt)+maxTokens, prefetch)
 					if err != nil {
 						return err
 					}
@@ -166,12 +167,20 @@ step. Synthetic models use bytes as tokens.`,
 				if step != nil {
 					engineName = "gpu"
 				}
+				var predicted, correct int
+				if step != nil {
+					predicted, correct = step.Prefetched()
+				}
 				res := map[string]any{"model": m.ModelID, "engine": engineName, "tokens": toks,
+					"prefetchPredicted": predicted, "prefetchCorrect": correct,
 					"promptTokens": len(prompt), "seconds": secs, "tokPerSec": float64(len(prompt)+len(toks)) / secs,
 					"loadSeconds": load.Seconds(), "levels": stats}
 				return a.print(res, func(w io.Writer) {
 					fmt.Fprintf(w, "\n%d prompt + %d generated tokens in %.2f s: %.1f tok/s (engine %s; dense weights loaded in %.2f s)\n",
 						len(prompt), len(toks), secs, float64(len(prompt)+len(toks))/secs, engineName, load.Seconds())
+					if predicted > 0 {
+						fmt.Fprintf(w, "  next-layer prefetch: %d of %d guesses right (%.2f)\n", correct, predicted, float64(correct)/float64(predicted))
+					}
 					for _, s := range stats {
 						if s.Hits+s.Misses > 0 {
 							fmt.Fprintf(w, "  %-6s hits %d, misses %d (hit rate %.2f), %s up, %d evictions\n", s.Level, s.Hits, s.Misses, s.HitRate, formatBytes(s.BytesUp), s.Evictions)
@@ -190,6 +199,7 @@ step. Synthetic models use bytes as tokens.`,
 	f.StringVar(&policy, "policy", "cost", "eviction policy: lru, lfu or cost")
 	f.StringVar(&tracePath, "trace", "", "write the expert access trace here (tiers/TRACE.md)")
 	f.StringVar(&engine, "engine", "ref", "decode engine: ref (float64 CPU reference) or gpu (wgpu kernels, experts paged into a VRAM arena of --vram bytes)")
+	f.BoolVar(&prefetch, "prefetch", true, "gpu engine: prefetch each next layer's likely experts (its router on the current hidden state)")
 	f.StringVar(&procedural, "procedural", "", "the manifest of a synthetic model to regenerate locally instead of reading a store (model argument: its CID or -)")
 	budgetFlags(cmd, &budgets)
 	nf.add(cmd)
@@ -228,12 +238,13 @@ func fetchManifest(ctx context.Context, c cas.CID, r *swarm.Ranges) (*experts.Ma
 // stepper is a decode engine other than the reference.
 type stepper interface {
 	Cache() *tiers.Cache
+	Prefetched() (predicted, correct int)
 	Generate(ctx context.Context, prompt []int, n int, s experts.Sampling, emit func(int)) ([]int, error)
 }
 
 // gpuEngine opens the GPU and makes a GPU model whose experts are paged
 // into an arena of vram bytes (its slots one expert each).
-func (a *app) gpuEngine(ctx context.Context, m *experts.Manifest, cfg *tiers.Config, vram int64, maxPos int) (stepper, func(), error) {
+func (a *app) gpuEngine(ctx context.Context, m *experts.Manifest, cfg *tiers.Config, vram int64, maxPos int, prefetch bool) (stepper, func(), error) {
 	// The arena is one buffer and one storage binding: ask the device for
 	// buffers as large as the VRAM budget, within the 2 GiB that wgpu
 	// binds (larger budgets degrade, with a warning, in NewGPUArena).
@@ -271,6 +282,7 @@ func (a *app) gpuEngine(ctx context.Context, m *experts.Manifest, cfg *tiers.Con
 		return nil, nil, err
 	}
 	g.Trace = cfg.Trace
+	g.Prefetch = prefetch
 	return gpuStepper{g, cache}, func() { g.Close(); cache.Close(); arena.Release(); d.Close() }, nil
 }
 
@@ -279,7 +291,8 @@ type gpuStepper struct {
 	cache *tiers.Cache
 }
 
-func (s gpuStepper) Cache() *tiers.Cache { return s.cache }
+func (s gpuStepper) Cache() *tiers.Cache                  { return s.cache }
+func (s gpuStepper) Prefetched() (predicted, correct int) { return s.g.Predicted, s.g.Correct }
 func (s gpuStepper) Generate(ctx context.Context, prompt []int, n int, smp experts.Sampling, emit func(int)) ([]int, error) {
 	return s.g.Generate(ctx, prompt, n, smp, emit)
 }
