@@ -425,7 +425,9 @@ func (c *Cache) readSource(ctx context.Context, k Key, dst []byte) error {
 		c.mu.Unlock()
 		if err != nil {
 			clear(dst) // nothing unverified is left behind
-			c.cfg.Logger.Warn("tiers: source read failed", "level", s.level, "key", k, "err", err)
+			if ctx.Err() == nil { // a cancelled prefetch is not news
+				c.cfg.Logger.Warn("tiers: source read failed", "level", s.level, "key", k, "err", err)
+			}
 			return &SourceError{Level: s.level, Key: k, Err: err}
 		}
 		return nil
