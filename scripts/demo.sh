@@ -44,6 +44,8 @@ ls -la "$work/proc"
 run $peer mount "$model" --vram 2MiB
 echo "generate, the experts paged through a RAM budget of a quarter of them (float64 CPU reference engine; byte tokens):"
 run $peer generate "$model" --prompt "The swarm is" --max-tokens 16 --ram 2MiB
+echo "the same on the GPU (wgpu kernels; lavapipe without a GPU): experts paged into a 1 MiB VRAM arena, the next layer's prefetched; same tokens"
+run $peer generate "$model" --prompt "The swarm is" --max-tokens 16 --ram 2MiB --engine gpu --vram 1MiB
 
 step "7. A swarm on loopback: this peer seeds (daemon with an embedded signaling server), a second peer fetches over WebRTC"
 port=$((20000 + RANDOM % 20000))
