@@ -1,6 +1,7 @@
-// Package kernels will own WGSL kernel artifacts (source and descriptor
-// blobs), device classes, the correctness gate against gpu/ref, the
-// benchmark, signed endorsements, the trust policy and pulling endorsed
-// kernels from the swarm. See DESIGN.md, "Kernels and evolution". Not built
-// yet: this file only fixes the package's place in the layout.
+// Package kernels owns the kernel lab's records: signed endorsements of
+// kernel variants per device class (ENDORSEMENT.md), their verification,
+// the trust policy that picks candidates, the registry of active kernels
+// with rollback, and gossip of endorsements by device class. The
+// correctness gate, the benchmark and pulling run variants on the GPU and
+// are planned (DESIGN.md, "Kernels and evolution").
 package kernels
