@@ -129,6 +129,34 @@ func NewGPUModel(ctx context.Context, m *Manifest, d *gpu.Device, cache *tiers.C
 	return g, nil
 }
 
+// group records y = the products of the matrices in arena slots with x
+// (one x for all if shared, else one per product), rows of each product
+// one after another. Slots in one arena buffer run as one
+// Q4KMatVecGroup; slots spread over several buffers run one by one.
+func (g *GPUModel) group(ctx context.Context, b *gpu.Batch, slots []int, x gpu.Region, shared bool, y *gpu.Buffer, rows, cols int) {
+	buf0, _ := g.arena.Locate(slots[0])
+	idx := make([]int, len(slots))
+	same := true
+	for i, s := range slots {
+		var buf *gpu.Buffer
+		buf, idx[i] = g.arena.Locate(s)
+		same = same && buf == buf0
+	}
+	if same {
+		g.k.Q4KMatVecGroup(ctx, b, buf0, idx, x, shared, y, rows, cols)
+		return
+	}
+	xb := x.(*gpu.Buffer)
+	for i, s := range slots {
+		buf, j := g.arena.Locate(s)
+		xi := gpu.Region(xb)
+		if !shared {
+			xi = xb.Sub(uint64(i*cols*4), uint64(cols*4))
+		}
+		g.k.Q4KMatVecGroup(ctx, b, buf, []int{j}, xi, true, y.Sub(uint64(i*rows*4), uint64(rows*4)), rows, cols)
+	}
+}
+
 // score counts which of the experts predicted for this layer the router
 // chose, and cancels the prefetches of the others that have not run.
 func (g *GPUModel) score(ids []byte) {
@@ -306,13 +334,11 @@ func (g *GPUModel) Step(ctx context.Context, token int) ([]float32, error) {
 				slots[j] = append(slots[j], lease.Slot())
 			}
 		}
-		gate, up, down := slots[0], slots[1], slots[2]
 		b = g.d.Batch()
-		arena := g.arena.Buffer()
-		g.k.Q4KMatVecGroup(ctx, b, arena, gate, B["xn"], true, B["gate"], ffn, h)
-		g.k.Q4KMatVecGroup(ctx, b, arena, up, B["xn"], true, B["up"], ffn, h)
+		g.group(ctx, b, slots[0], B["xn"], true, B["gate"], ffn, h)
+		g.group(ctx, b, slots[1], B["xn"], true, B["up"], ffn, h)
 		g.k.SwiGLU(ctx, b, B["gate"], B["up"], B["act"], k*ffn)
-		g.k.Q4KMatVecGroup(ctx, b, arena, down, B["act"], false, B["y"], h, ffn)
+		g.group(ctx, b, slots[2], B["act"], false, B["y"], h, ffn)
 		g.k.Accumulate(ctx, b, B["y"], B["w"], B["x"], k, h, 0)
 		// The leases can end as soon as the dispatches are submitted: a
 		// later upload into one of these slots is a copy on the same

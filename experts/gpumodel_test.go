@@ -16,6 +16,13 @@ import (
 // steps, with a VRAM arena that holds a quarter of the experts (so
 // experts are paged in and evicted), and greedy tokens are identical.
 func TestGPUModelMatchesReference(t *testing.T) {
+	t.Run("one arena buffer", func(t *testing.T) { testGPUModelMatches(t, 0) })
+	// 256 KiB buffers: 3 expert matrices per arena buffer, so a layer's
+	// experts are spread over buffers and run one by one.
+	t.Run("arena over several buffers", func(t *testing.T) { testGPUModelMatches(t, 256<<10) })
+}
+
+func testGPUModelMatches(t *testing.T, maxBuf uint64) {
 	if os.Getenv("XDG_RUNTIME_DIR") == "" {
 		t.Setenv("XDG_RUNTIME_DIR", t.TempDir())
 	}
@@ -23,6 +30,7 @@ func TestGPUModelMatchesReference(t *testing.T) {
 	if s := os.Getenv("RDRR_GPU_BACKEND"); s != "" {
 		o.Backend, _ = gpu.ParseBackend(s)
 	}
+	o.MaxBufferSize, o.MaxStorageBinding = maxBuf, maxBuf
 	d, err := gpu.Open(context.Background(), o)
 	if err != nil {
 		t.Fatalf("no GPU adapter (make deps installs lavapipe): %v", err)

@@ -76,6 +76,10 @@ func (o Options) withDefaults() Options {
 	}
 	if o.StagingSize == 0 {
 		o.StagingSize = defaultStagingSize
+		if o.MaxBufferSize > 0 {
+			// The default never asks for more than the buffers allowed.
+			o.StagingSize = min(o.StagingSize, o.MaxBufferSize/256*256)
+		}
 	}
 	o.StagingSize = alignUp(o.StagingSize, 256)
 	if o.CopyWorkers <= 0 {

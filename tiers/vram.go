@@ -8,55 +8,81 @@ import (
 	"github.com/rdrr/peer/gpu"
 )
 
-// GPUArena is the VRAM level: one GPU buffer of equal slots, the layout
-// gpu.Kernels.Q4KMatVecGroup reads expert weights from (slot s at byte
-// s x SlotSize).
+// GPUArena is the VRAM level: equal slots in GPU buffers, the layout
+// gpu.Kernels.Q4KMatVecGroup reads weights from (slot i of a buffer at
+// byte i x SlotSize). One buffer is one storage binding, which devices
+// bound (2 GiB at most through wgpu), so a large arena is several buffers.
 type GPUArena struct {
 	d        *gpu.Device
-	buf      *gpu.Buffer
+	bufs     []*gpu.Buffer
+	perBuf   int
 	slots    int
 	slotSize int64
 }
 
 // NewGPUArena allocates room for slots slots of slotSize bytes (a multiple
-// of 4), fewer if the device cannot hold that many in one buffer: the
-// budget degrades to what the device gives, with a warning, never a crash.
+// of 4) in buffers as large as the device binds. It gives fewer slots if
+// the device runs out of memory: the budget degrades to what the device
+// gives, with a warning, never a crash.
 func NewGPUArena(d *gpu.Device, slotSize int64, slots int, log *slog.Logger) (*GPUArena, error) {
 	if slotSize <= 0 || slotSize%4 != 0 || slots <= 0 {
 		return nil, fmt.Errorf("tiers: arena of %d slots of %d bytes (want > 0, slots a multiple of 4 bytes)", slots, slotSize)
 	}
-	if max := int64(d.Info().Limits.MaxBufferSize) / slotSize; int64(slots) > max {
-		if log != nil {
-			log.Warn("tiers: the VRAM budget is more than one device buffer holds; using less", "asked_slots", slots, "slots", max, "max_buffer", d.Info().Limits.MaxBufferSize)
-		}
-		slots = int(max)
+	lim := d.Info().Limits
+	maxBuf := min(int64(lim.MaxBufferSize), int64(lim.MaxStorageBufferBindingSize))
+	perBuf := int(maxBuf / slotSize)
+	if perBuf == 0 {
+		return nil, fmt.Errorf("tiers: the device cannot hold one slot of %d bytes in a buffer (max %d)", slotSize, maxBuf)
 	}
-	for slots > 0 {
-		buf, err := d.Alloc(uint64(slots) * uint64(slotSize))
-		if err == nil {
-			return &GPUArena{d: d, buf: buf, slots: slots, slotSize: slotSize}, nil
+	if info := d.Info(); info.Type == "cpu" {
+		// A CPU adapter (lavapipe) allocates lazily and would fail only
+		// when the memory is touched: bound it by the machine's memory.
+		if max := int64(ramShare/4*float64(memTotal())) / slotSize; max > 0 && int64(slots) > max {
+			if log != nil {
+				log.Warn("tiers: the VRAM budget is more than this CPU adapter's machine has; using less", "asked_slots", slots, "slots", max)
+			}
+			slots = int(max)
 		}
-		if log != nil {
-			log.Warn("tiers: cannot allocate the VRAM arena; trying half", "slots", slots, "err", err)
-		}
-		slots /= 2
 	}
-	return nil, fmt.Errorf("tiers: the device cannot hold one slot of %d bytes", slotSize)
+	a := &GPUArena{d: d, perBuf: perBuf, slotSize: slotSize}
+	for a.slots < slots {
+		n := min(perBuf, slots-a.slots)
+		buf, err := d.Alloc(uint64(n) * uint64(slotSize))
+		if err != nil {
+			if log != nil {
+				log.Warn("tiers: the device holds fewer VRAM slots than the budget asks; using what it gave", "asked_slots", slots, "slots", a.slots, "err", err)
+			}
+			break
+		}
+		a.bufs = append(a.bufs, buf)
+		a.slots += n
+	}
+	if a.slots == 0 {
+		return nil, fmt.Errorf("tiers: the device cannot hold one slot of %d bytes", slotSize)
+	}
+	return a, nil
 }
 
 func (a *GPUArena) Slots() int      { return a.slots }
 func (a *GPUArena) SlotSize() int64 { return a.slotSize }
 
-// Buffer returns the arena's buffer (the kernels' weights argument).
-func (a *GPUArena) Buffer() *gpu.Buffer { return a.buf }
+// Locate returns the buffer that holds slot and the slot's index in it.
+func (a *GPUArena) Locate(slot int) (*gpu.Buffer, int) {
+	return a.bufs[slot/a.perBuf], slot % a.perBuf
+}
 
 // Upload copies data into slot through the device's staging ring.
 func (a *GPUArena) Upload(ctx context.Context, slot int, data []byte) error {
 	if slot < 0 || slot >= a.slots || int64(len(data)) > a.slotSize {
 		return fmt.Errorf("tiers: upload of %d bytes to slot %d of %d x %d", len(data), slot, a.slots, a.slotSize)
 	}
-	return a.d.Upload(ctx, a.buf.Sub(uint64(slot)*uint64(a.slotSize), uint64(a.slotSize)), data)
+	buf, i := a.Locate(slot)
+	return a.d.Upload(ctx, buf.Sub(uint64(i)*uint64(a.slotSize), uint64(a.slotSize)), data)
 }
 
-// Release frees the arena's buffer.
-func (a *GPUArena) Release() { a.buf.Release() }
+// Release frees the arena's buffers.
+func (a *GPUArena) Release() {
+	for _, b := range a.bufs {
+		b.Release()
+	}
+}

@@ -29,10 +29,10 @@ func TestConformanceGPUArena(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer arena.Release()
+	ctx := context.Background()
 	for _, src := range []string{"disk", "swarm"} {
 		w := newWorld(t, 6)
 		c, _ := levelCase{target: VRAM, source: src}.cache(t, w, 3, arena)
-		ctx := context.Background()
 		for round := 0; round < 2; round++ {
 			for _, k := range w.keys {
 				l, err := c.Get(ctx, k, VRAM)
@@ -40,7 +40,8 @@ func TestConformanceGPUArena(t *testing.T) {
 					t.Fatal(err)
 				}
 				got := make([]byte, k.Len)
-				if err := d.Read(ctx, arena.Buffer().Sub(uint64(l.Slot())*keyLen, keyLen), got); err != nil {
+				buf, i := arena.Locate(l.Slot())
+				if err := d.Read(ctx, buf.Sub(uint64(i)*keyLen, keyLen), got); err != nil {
 					t.Fatal(err)
 				}
 				if !bytes.Equal(got, w.want(k)) {
@@ -54,7 +55,7 @@ func TestConformanceGPUArena(t *testing.T) {
 		}
 		c.Close()
 	}
-	// A budget larger than one buffer degrades, never fails.
+	// A budget larger than the device degrades, never fails.
 	huge, err := NewGPUArena(d, 64<<20, 1<<20, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -63,4 +64,32 @@ func TestConformanceGPUArena(t *testing.T) {
 		t.Fatalf("an arena of 64 TiB came back with %d slots", huge.Slots())
 	}
 	huge.Release()
+	// Slots spread over several buffers when one binding cannot hold them
+	// (a device asked for 1 MiB buffers: 16 slots each).
+	o.MaxBufferSize, o.MaxStorageBinding = 1<<20, 1<<20
+	d2, err := gpu.Open(ctx, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d2.Close()
+	d = d2
+	per := int(min(d.Info().Limits.MaxBufferSize, d.Info().Limits.MaxStorageBufferBindingSize) / keyLen)
+	multi, err := NewGPUArena(d, keyLen, per+2, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer multi.Release()
+	b0, _ := multi.Locate(0)
+	bl, il := multi.Locate(per + 1)
+	if multi.Slots() != per+2 || b0 == bl || il != 1 {
+		t.Fatalf("arena of %d slots (%d per buffer): slot %d at index %d of another buffer? %v", multi.Slots(), per, per+1, il, b0 != bl)
+	}
+	data := bytes.Repeat([]byte{7}, keyLen)
+	if err := multi.Upload(ctx, per+1, data); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, keyLen)
+	if err := d.Read(ctx, bl.Sub(keyLen, keyLen), got); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("slot %d read back wrong (%v)", per+1, err)
+	}
 }
