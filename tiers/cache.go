@@ -424,7 +424,7 @@ func (c *Cache) readSource(ctx context.Context, k Key, dst []byte) error {
 		}
 		c.mu.Unlock()
 		if err != nil {
-			clear(dst) // nothing unverified is left behind
+			clear(dst)            // nothing unverified is left behind
 			if ctx.Err() == nil { // a cancelled prefetch is not news
 				c.cfg.Logger.Warn("tiers: source read failed", "level", s.level, "key", k, "err", err)
 			}
