@@ -288,6 +288,7 @@ func (c command) all() []Span {
 
 func (b *Batch) encodeLocked(arena *Buffer) (uint64, error) {
 	d := b.d
+	defer d.bgs.releaseRetired() // after the pass ended and the work was submitted
 	enc, err := d.dev.CreateCommandEncoder(nil)
 	if err != nil {
 		return 0, b.wrap(fmt.Errorf("%w: %v", ErrValidation, err), "encode")

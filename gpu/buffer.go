@@ -260,11 +260,25 @@ func (d *Device) TrimPool() {
 }
 
 // bindGroupCache reuses bind groups by (layout, buffer ranges). Entries that
-// name a destroyed buffer are dropped; the cache is cleared when full.
+// name a destroyed buffer are dropped; the cache is cleared when full. A
+// clear while a batch is being encoded must not release the groups that
+// batch's open compute pass has already set (wgpu then panics at the
+// pass's end: "BindGroup does not exist", seen on the H100 after a few
+// thousand distinct arena slots): they are retired, and released once the
+// encoding is over (releaseRetired; wgpu keeps what a submission uses).
 type bindGroupCache struct {
-	m     map[string]*wgpu.BindGroup
-	byBuf map[uint64][]string
-	limit int
+	m       map[string]*wgpu.BindGroup
+	byBuf   map[uint64][]string
+	limit   int
+	retired []*wgpu.BindGroup
+}
+
+// releaseRetired releases the groups that a clear retired.
+func (c *bindGroupCache) releaseRetired() {
+	for _, bg := range c.retired {
+		bg.Release()
+	}
+	c.retired = nil
 }
 
 func (c *bindGroupCache) get(key string) *wgpu.BindGroup { return c.m[key] }
@@ -275,7 +289,9 @@ func (c *bindGroupCache) put(key string, bg *wgpu.BindGroup, bufs []uint64) {
 		c.byBuf = map[uint64][]string{}
 	}
 	if len(c.m) >= c.limit {
-		c.clear()
+		for _, bg := range c.m {
+			c.retired = append(c.retired, bg)
+		}
 		c.m = map[string]*wgpu.BindGroup{}
 		c.byBuf = map[uint64][]string{}
 	}
@@ -301,6 +317,7 @@ func (c *bindGroupCache) clear() {
 	}
 	c.m = nil
 	c.byBuf = nil
+	c.releaseRetired()
 }
 
 // Bytes views a slice of fixed-size numbers as its bytes (no copy), for

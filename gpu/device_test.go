@@ -3,6 +3,7 @@ package gpu
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -700,4 +701,51 @@ func xorshiftPow(n uint64) *gf2 {
 		s = s.then(s)
 	}
 	return r
+}
+
+// A batch that needs more distinct bind groups than the cache holds: the
+// cache clears while the pass is open, and the groups the pass has set
+// must survive until it ends (wgpu aborted the process before).
+func TestBindGroupCacheFullDuringEncode(t *testing.T) {
+	o := testOptions()
+	o.BindGroups = 4
+	d, err := Open(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	k := NewKernels(d)
+	defer k.Close()
+	ctx := ctxT(t)
+	const n, dim = 12, 64
+	src, _ := d.Alloc(n * dim * 4)
+	dst, _ := d.Alloc(n * dim * 4)
+	w, _ := d.Alloc(16)
+	defer src.Release()
+	defer dst.Release()
+	defer w.Release()
+	vals := make([]float32, n*dim)
+	for i := range vals {
+		vals[i] = float32(i % 7)
+	}
+	d.Write(src, Bytes(vals))
+	d.Write(w, Bytes([]float32{2, 0, 0, 0}))
+	d.Write(dst, make([]byte, n*dim*4))
+	b := d.Batch()
+	for i := 0; i < n; i++ { // each a different range: a new bind group
+		sub := func(buf *Buffer) Span { return buf.Sub(uint64(i*dim*4), dim*4) }
+		k.Accumulate(ctx, b, sub(src), w, sub(dst), 1, dim, 0)
+	}
+	if err := b.Submit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, n*dim*4)
+	if err := d.Read(ctx, dst, got); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < n*dim; i++ {
+		if v := math.Float32frombits(binary.LittleEndian.Uint32(got[4*i:])); v != 2*vals[i] {
+			t.Fatalf("element %d = %g; want %g", i, v, 2*vals[i])
+		}
+	}
 }
