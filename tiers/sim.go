@@ -152,9 +152,23 @@ func Belady(t *Trace, budget int64) SimResult {
 	return res
 }
 
-// Report replays t against every policy and Belady's MIN at each budget
-// (a fraction of all keys' bytes).
+// DemandOnly returns t without its prefetch records: what eviction
+// policies and Belady's MIN are compared on (MIN ignores prefetches, so a
+// policy replayed with them would be credited for the prefetcher's work).
+func (t *Trace) DemandOnly() *Trace {
+	out := &Trace{Keys: t.Keys}
+	for _, a := range t.Accesses {
+		if !a.Prefetch {
+			out.Accesses = append(out.Accesses, a)
+		}
+	}
+	return out
+}
+
+// Report replays t's demands against every policy and Belady's MIN at
+// each budget (a fraction of all keys' bytes).
 func Report(t *Trace, fractions []float64) []SimResult {
+	t = t.DemandOnly()
 	var total int64
 	for _, k := range t.Keys {
 		total += k.Size
