@@ -22,6 +22,9 @@ type StartOptions struct {
 	Topics []string
 	// MaxBackoff bounds the wait between reconnection attempts (default 30 s).
 	MaxBackoff time.Duration
+	// Persist keeps trying when the first sign-in fails too (a daemon
+	// started before its signaling server); Start then returns at once.
+	Persist bool
 }
 
 // Member is a node kept in the swarm: it signs in, joins its topics, and
@@ -56,6 +59,9 @@ func Start(ctx context.Context, opt StartOptions) (*Member, error) {
 	runCtx, cancel := context.WithCancel(context.Background())
 	m := &Member{opt: opt, cancel: cancel, done: make(chan struct{}), ready: make(chan struct{})}
 	go m.run(runCtx)
+	if opt.Persist {
+		return m, nil
+	}
 	select {
 	case <-m.ready:
 	case <-ctx.Done():
@@ -119,12 +125,13 @@ func (m *Member) run(ctx context.Context) {
 			m.err = err
 			m.mu.Unlock()
 			close(m.ready)
-			if err != nil {
+			if err != nil && !m.opt.Persist {
 				return
 			}
 		}
 		if err == nil {
 			backoff = time.Second
+			m.opt.Logger.Info("swarm: joined", "peer", n.ID(), "signal", m.opt.SignalURL, "topics", m.opt.Topics)
 			m.mu.Lock()
 			m.node, m.sig = n, sc
 			m.mu.Unlock()
@@ -139,6 +146,9 @@ func (m *Member) run(ctx context.Context) {
 			n.Close()
 			sc.Close()
 			continue
+		}
+		if ctx.Err() != nil {
+			return
 		}
 		m.opt.Logger.Warn("swarm: cannot join; retrying", "err", err, "in", backoff)
 		select {

@@ -15,7 +15,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/rdrr/peer/cas"
 	"github.com/rdrr/peer/swarm"
 	"github.com/rdrr/peer/swarm/api"
@@ -55,7 +54,7 @@ func (a *app) apiToken() (string, error) {
 }
 
 // startAPI serves the daemon's API on listen until stop is called.
-func (a *app) startAPI(listen string, hooks *serveHooks, nf *netFlags) (stop func(), err error) {
+func (a *app) startAPI(listen string, hooks *serveHooks) (stop func(), err error) {
 	token, err := a.apiToken()
 	if err != nil {
 		return nil, err
@@ -69,29 +68,18 @@ func (a *app) startAPI(listen string, hooks *serveHooks, nf *netFlags) (stop fun
 		Token:  token,
 		Logger: a.log,
 		Node: func() *swarm.Node {
-			n, _ := hooks.get()
+			n, _ := hooks.node()
 			return n
 		},
 		Fetch: func(ctx context.Context, c cas.CID, progress func(done, total int64)) error {
-			n, sc := hooks.get()
+			n, m := hooks.node()
 			if n == nil {
 				return errors.New("the daemon is not in the swarm right now (reconnecting)")
-			}
-			discover := func(ctx context.Context) ([]peer.ID, error) {
-				var all []peer.ID
-				for _, t := range append(nf.topics, c.String()) {
-					ps, err := sc.Peers(ctx, t)
-					if err != nil {
-						return all, err
-					}
-					all = append(all, ps...)
-				}
-				return all, nil
 			}
 			hooks.mu.Lock()
 			st := hooks.store
 			hooks.mu.Unlock()
-			_, err := n.Fetch(ctx, st, c, swarm.FetchOptions{Discover: discover, Progress: progress})
+			_, err := n.Fetch(ctx, st, c, swarm.FetchOptions{Discover: m.Discover, Progress: progress})
 			return err
 		},
 	}

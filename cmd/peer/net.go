@@ -123,12 +123,12 @@ func (nf *netFlags) add(cmd *cobra.Command) {
 	f.StringSliceVar(&nf.iceServers, "ice-server", nil, "STUN/TURN server URL (repeatable)")
 }
 
-// join makes a node for id and signs it in to the signaling server. The
-// caller closes both (node first).
-func (a *app) join(ctx context.Context, cmd *cobra.Command, nf *netFlags, id *swarm.Identity, src swarm.Source) (*swarm.Node, *signaling.Client, error) {
+// nodeConfig is the node configuration of the net flags: loopback when the
+// signaling server is on loopback (unless --loopback says otherwise).
+func (a *app) nodeConfig(cmd *cobra.Command, nf *netFlags, id *swarm.Identity, src swarm.Source) (swarm.Config, string, error) {
 	sigURL, err := signalURL(nf.signal)
 	if err != nil {
-		return nil, nil, err
+		return swarm.Config{}, "", err
 	}
 	loopback := nf.loopback
 	if cmd == nil || !cmd.Flags().Changed("loopback") {
@@ -138,6 +138,20 @@ func (a *app) join(ctx context.Context, cmd *cobra.Command, nf *netFlags, id *sw
 	for _, s := range nf.iceServers {
 		cfg.ICEServers = append(cfg.ICEServers, webrtc.ICEServer{URLs: []string{s}})
 	}
+	if loopback && !swarm.BigPacketsBuilt() {
+		a.log.Warn("this binary was built without the SCTP packet-size patch (build with make): loopback and LAN transfers use 1191-byte packets, about 3x slower; browsers and internet peers are unaffected")
+	}
+	return cfg, sigURL, nil
+}
+
+// join makes a node for id and signs it in to the signaling server. The
+// caller closes both (node first).
+func (a *app) join(ctx context.Context, cmd *cobra.Command, nf *netFlags, id *swarm.Identity, src swarm.Source) (*swarm.Node, *signaling.Client, error) {
+	cfg, sigURL, err := a.nodeConfig(cmd, nf, id, src)
+	if err != nil {
+		return nil, nil, err
+	}
+	loopback := cfg.Loopback
 	node, err := swarm.NewNode(cfg)
 	if err != nil {
 		return nil, nil, err
@@ -160,9 +174,6 @@ func (a *app) join(ctx context.Context, cmd *cobra.Command, nf *netFlags, id *sw
 		}
 	}
 	a.log.Info("joined the swarm", "peer", id.ID, "signal", sigURL, "topics", nf.topics, "loopback", loopback, "big_mtu", node.BigMTU())
-	if loopback && !swarm.BigPacketsBuilt() {
-		a.log.Warn("this binary was built without the SCTP packet-size patch (build with make): loopback and LAN transfers use 1191-byte packets, about 3x slower; browsers and internet peers are unaffected")
-	}
 	return node, sc, nil
 }
 
@@ -208,7 +219,7 @@ func daemonCmd(a *app) *cobra.Command {
 			}
 			var hooks serveHooks
 			if apiListen != "" {
-				stop, err := a.startAPI(apiListen, &hooks, &nf)
+				stop, err := a.startAPI(apiListen, &hooks)
 				if err != nil {
 					return err
 				}
@@ -225,26 +236,24 @@ func daemonCmd(a *app) *cobra.Command {
 	return cmd
 }
 
-// serveHooks let the daemon's API see the node of the moment (a new one
+// serveHooks let the daemon's API see the swarm membership (a new node
 // after each reconnection) and the store.
 type serveHooks struct {
-	mu    sync.Mutex
-	node  *swarm.Node
-	sig   *signaling.Client
-	store *cas.Store
-	ready chan struct{} // closed once the store is open
+	mu     sync.Mutex
+	member *swarm.Member
+	store  *cas.Store
+	ready  chan struct{} // closed once the store is open
 }
 
-func (h *serveHooks) set(n *swarm.Node, sc *signaling.Client) {
-	h.mu.Lock()
-	h.node, h.sig = n, sc
-	h.mu.Unlock()
-}
-
-func (h *serveHooks) get() (*swarm.Node, *signaling.Client) {
+// node returns the node of the moment and the membership (nil, nil before
+// the daemon started; a nil node while it reconnects).
+func (h *serveHooks) node() (*swarm.Node, *swarm.Member) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.node, h.sig
+	if h.member == nil {
+		return nil, nil
+	}
+	return h.member.Node(), h.member
 }
 
 // serve keeps this peer in the swarm, answering requests for stored blobs,
@@ -275,39 +284,24 @@ func (a *app) serveWith(cmd *cobra.Command, nf *netFlags, hooks *serveHooks) err
 		if err := a.print(map[string]string{"peer": id.ID.String()}, func(w io.Writer) { fmt.Fprintln(w, "serving as", id.ID) }); err != nil {
 			return err
 		}
-		// Stay in the swarm: sign in again if the signaling session
-		// drops, backing off up to 30 s.
-		backoff := time.Second
-		for ctx.Err() == nil {
-			node, sc, err := a.join(ctx, cmd, nf, id, src)
-			if err == nil {
-				backoff = time.Second
-				if hooks != nil {
-					hooks.set(node, sc)
-				}
-				select {
-				case <-ctx.Done():
-				case <-sc.Done():
-					a.log.Warn("signaling session ended; reconnecting", "err", sc.Err())
-				}
-				if hooks != nil {
-					hooks.set(nil, nil)
-				}
-				node.Close()
-				sc.Close()
-				continue
-			}
-			if ctx.Err() != nil {
-				break
-			}
-			a.log.Warn("cannot join the swarm; retrying", "err", err, "in", backoff)
-			select {
-			case <-ctx.Done():
-			case <-time.After(backoff):
-			}
-			backoff = min(2*backoff, 30*time.Second)
+		// Stay in the swarm (swarm.Start): sign in again whenever the
+		// signaling session drops, backing off up to 30 s, and keep
+		// trying if the server is not up yet.
+		cfg, sigURL, err := a.nodeConfig(cmd, nf, id, src)
+		if err != nil {
+			return err
 		}
-		return nil
+		m, err := swarm.Start(ctx, swarm.StartOptions{Config: cfg, SignalURL: sigURL, Topics: nf.topics, Persist: true})
+		if err != nil {
+			return err
+		}
+		if hooks != nil {
+			hooks.mu.Lock()
+			hooks.member = m
+			hooks.mu.Unlock()
+		}
+		<-ctx.Done()
+		return m.Close()
 	})
 }
 
