@@ -49,8 +49,8 @@ type GPUModel struct {
 func NewGPUModel(ctx context.Context, m *Manifest, d *gpu.Device, cache *tiers.Cache, arena *tiers.GPUArena, maxPos int) (*GPUModel, error) {
 	c := &m.Config
 	switch {
-	case c.Experts() == 0 || c.FirstKDenseReplace > 0 || c.NumSharedExperts > 0 || c.ScoringFunc == "sigmoid":
-		return nil, fmt.Errorf("experts: the GPU engine runs Mixtral-style models for now; %s has dense layers, shared experts or sigmoid routing", m.ModelID)
+	case c.Experts() == 0:
+		return nil, fmt.Errorf("experts: %s has no experts", m.ModelID)
 	case len(m.Experts) == 0 || ExpertMatrixBytes(m) != arena.SlotSize():
 		return nil, fmt.Errorf("experts: arena slots of %d bytes; the GPU engine pages one expert matrix (%d bytes) per slot", arena.SlotSize(), ExpertMatrixBytes(m))
 	}
@@ -94,7 +94,9 @@ func NewGPUModel(ctx context.Context, m *Manifest, d *gpu.Device, cache *tiers.C
 	}
 	h, hd, ffn := c.HiddenSize, c.HeadDimension(), c.ExpertFFN()
 	nq, nkv, k := c.NumAttentionHeads, c.NumKeyValueHeads, c.NumExpertsPerTok
+	wide := max(c.IntermediateSize, ffn*max(c.NumSharedExperts, 1)) // dense and shared FFNs
 	sizes := map[string]int{
+		"dgate": wide * 4, "dup": wide * 4, "dact": wide * 4, "dy": h * 4,
 		"tok": 4, "x": h * 4, "xn": h * 4, "q": nq * hd * 4, "att": nq * hd * 4, "o": h * 4,
 		"rlogits": c.Experts() * 4, "ids": k * 4, "w": k * 4, "gate": k * ffn * 4, "up": k * ffn * 4,
 		"act": k * ffn * 4, "y": k * h * 4, "logits": c.VocabSize * 4, "ones": 16, "freqs": hd / 2 * 4,
@@ -127,6 +129,29 @@ func NewGPUModel(ctx context.Context, m *Manifest, d *gpu.Device, cache *tiers.C
 		return nil, err
 	}
 	return g, nil
+}
+
+// route is the router's shape: Mixtral softmax over the top-k, or
+// DeepSeek-V3 sigmoid with group-limited selection.
+func (g *GPUModel) route() gpu.RouteShape {
+	c := &g.m.Config
+	r := gpu.RouteShape{Tokens: 1, Experts: c.Experts(), K: c.NumExpertsPerTok, Mode: gpu.RouteSoftmaxTopK}
+	if c.ScoringFunc == "sigmoid" {
+		r.Mode, r.Groups, r.TopKGroup = gpu.RouteSigmoidTopK, c.NGroup, c.TopKGroup
+	}
+	return r
+}
+
+// ffn records x += down(silu(gate xn) * up xn) for resident weights under
+// prefix (a dense layer's FFN, or the shared experts).
+func (g *GPUModel) ffn(ctx context.Context, b *gpu.Batch, prefix string, n int) {
+	B, h := g.buf, g.m.Config.HiddenSize
+	gate, up, act := B["dgate"].Sub(0, uint64(n*4)), B["dup"].Sub(0, uint64(n*4)), B["dact"].Sub(0, uint64(n*4))
+	g.k.Q4KMatVec(ctx, b, g.dense[prefix+"gate_proj.weight"], B["xn"], gate, n, h)
+	g.k.Q4KMatVec(ctx, b, g.dense[prefix+"up_proj.weight"], B["xn"], up, n, h)
+	g.k.SwiGLU(ctx, b, gate, up, act, n)
+	g.k.Q4KMatVec(ctx, b, g.dense[prefix+"down_proj.weight"], act, B["dy"], h, n)
+	g.k.Accumulate(ctx, b, B["dy"], B["ones"], B["x"], 1, h, 0)
 }
 
 // group records y = the products of the matrices in arena slots with x
@@ -281,16 +306,21 @@ func (g *GPUModel) Step(ctx context.Context, token int) ([]float32, error) {
 		g.k.Q4KMatVec(ctx, b, g.dense[p+"self_attn.o_proj.weight"], B["att"], B["o"], h, nq*hd)
 		g.k.Accumulate(ctx, b, B["o"], B["ones"], B["x"], 1, h, 0)
 		g.k.RMSNorm(ctx, b, B["x"], g.dense[p+"post_attention_layernorm.weight"], B["xn"], 1, h, float32(c.RMSNormEps))
+		if !c.IsMoE(l) {
+			// A dense layer (DeepSeek's first ones): its FFN, resident.
+			g.ffn(ctx, b, p+"mlp.", c.IntermediateSize)
+			continue // no read-back: the next layer records into the same batch
+		}
 		g.k.MatVec(ctx, b, gpu.F32, g.dense[p+"mlp.gate.weight"], B["xn"], B["rlogits"], c.Experts(), h)
-		g.k.Route(ctx, b, B["rlogits"], nil, B["ids"], B["w"], gpu.RouteShape{Tokens: 1, Experts: c.Experts(), K: k, Mode: gpu.RouteSoftmaxTopK})
-		predict := g.Prefetch && l+1 < c.NumHiddenLayers
+		g.k.Route(ctx, b, B["rlogits"], nil, B["ids"], B["w"], g.route())
+		predict := g.Prefetch && l+1 < c.NumHiddenLayers && c.IsMoE(l+1)
 		if predict {
 			// Layer l+1's router on this hidden state, normalized as l+1
 			// will normalize its own: the guess of its experts.
 			q := fmt.Sprintf("model.layers.%d.", l+1)
 			g.k.RMSNorm(ctx, b, B["x"], g.dense[q+"post_attention_layernorm.weight"], B["pxn"], 1, h, float32(c.RMSNormEps))
 			g.k.MatVec(ctx, b, gpu.F32, g.dense[q+"mlp.gate.weight"], B["pxn"], B["plogits"], c.Experts(), h)
-			g.k.Route(ctx, b, B["plogits"], nil, B["pids"], B["pw"], gpu.RouteShape{Tokens: 1, Experts: c.Experts(), K: k, Mode: gpu.RouteSoftmaxTopK})
+			g.k.Route(ctx, b, B["plogits"], nil, B["pids"], B["pw"], g.route())
 		}
 		if err := b.Submit(ctx); err != nil {
 			return nil, err
@@ -340,6 +370,9 @@ func (g *GPUModel) Step(ctx context.Context, token int) ([]float32, error) {
 		g.k.SwiGLU(ctx, b, B["gate"], B["up"], B["act"], k*ffn)
 		g.group(ctx, b, slots[2], B["act"], false, B["y"], h, ffn)
 		g.k.Accumulate(ctx, b, B["y"], B["w"], B["x"], k, h, 0)
+		if c.NumSharedExperts > 0 {
+			g.ffn(ctx, b, p+"mlp.shared_experts.", ffn*c.NumSharedExperts)
+		}
 		// The leases can end as soon as the dispatches are submitted: a
 		// later upload into one of these slots is a copy on the same
 		// queue, so it runs after them (one queue, in order).

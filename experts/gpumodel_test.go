@@ -16,13 +16,15 @@ import (
 // steps, with a VRAM arena that holds a quarter of the experts (so
 // experts are paged in and evicted), and greedy tokens are identical.
 func TestGPUModelMatchesReference(t *testing.T) {
-	t.Run("one arena buffer", func(t *testing.T) { testGPUModelMatches(t, 0) })
+	t.Run("one arena buffer", func(t *testing.T) { testGPUModelMatches(t, "tiny-moe", 0) })
 	// 256 KiB buffers: 3 expert matrices per arena buffer, so a layer's
 	// experts are spread over buffers and run one by one.
-	t.Run("arena over several buffers", func(t *testing.T) { testGPUModelMatches(t, 256<<10) })
+	t.Run("arena over several buffers", func(t *testing.T) { testGPUModelMatches(t, "tiny-moe", 256<<10) })
+	// A dense first layer, a shared expert, sigmoid group-limited top-4.
+	t.Run("deepseek-style", func(t *testing.T) { testGPUModelMatches(t, "tiny-deepseek", 0) })
 }
 
-func testGPUModelMatches(t *testing.T, maxBuf uint64) {
+func testGPUModelMatches(t *testing.T, preset string, maxBuf uint64) {
 	if os.Getenv("XDG_RUNTIME_DIR") == "" {
 		t.Setenv("XDG_RUNTIME_DIR", t.TempDir())
 	}
@@ -36,7 +38,7 @@ func testGPUModelMatches(t *testing.T, maxBuf uint64) {
 		t.Fatalf("no GPU adapter (make deps installs lavapipe): %v", err)
 	}
 	defer d.Close()
-	m, src := tinyInStore(t, 1)
+	m, src := presetInStore(t, preset, 1)
 	ctx := context.Background()
 	arena, err := tiers.NewGPUArena(d, ExpertMatrixBytes(m), 3*len(m.Experts)/4, nil)
 	if err != nil {

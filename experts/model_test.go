@@ -11,7 +11,23 @@ import (
 
 // tinyInStore writes tiny-moe into a store and returns its manifest.
 func tinyInStore(t *testing.T, seed uint64) (*Manifest, tiers.Source) {
-	dir, _ := writeTiny(t, seed)
+	return presetInStore(t, "tiny-moe", seed)
+}
+
+// presetInStore writes a small preset into a store.
+func presetInStore(t *testing.T, preset string, seed uint64) (*Manifest, tiers.Source) {
+	p, err := PresetByName(preset)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lo, err := NewLayout(p, seed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := lo.WriteModel(context.Background(), dir, false, nil); err != nil {
+		t.Fatal(err)
+	}
 	st := openStore(t)
 	_, m, err := AddModel(context.Background(), st, dir, nil)
 	if err != nil {

@@ -24,8 +24,10 @@ type Preset struct {
 	Config Config
 }
 
-// Presets are the shapes `peer synth` makes. tiny-moe is small enough for
-// a float64 CPU reference and lavapipe; the others have real shapes.
+// Presets are the shapes `peer synth` makes. tiny-moe (Mixtral-style) and
+// tiny-deepseek (a dense first layer, a shared expert, sigmoid
+// group-limited routing) are small enough for a float64 CPU reference and
+// lavapipe; the others have real shapes.
 // DeepSeek-V3's multi-head latent attention is replaced by GQA of the
 // same order of size (FORMAT.md says so).
 var Presets = []Preset{
@@ -33,6 +35,12 @@ var Presets = []Preset{
 		ModelType: "mixtral", HiddenSize: 256, NumHiddenLayers: 4, NumAttentionHeads: 4, NumKeyValueHeads: 2, HeadDim: 64,
 		IntermediateSize: 512, NumExperts: 8, NumExpertsPerTok: 2, VocabSize: 512, MaxPositions: 4096,
 		RMSNormEps: 1e-5, RopeTheta: 10000,
+	}},
+	{"tiny-deepseek", Config{
+		ModelType: "deepseek_v3", HiddenSize: 256, NumHiddenLayers: 4, NumAttentionHeads: 4, NumKeyValueHeads: 2, HeadDim: 64,
+		IntermediateSize: 512, MoEIntermediateSize: 256, NumRoutedExperts: 16, NumSharedExperts: 1, NumExpertsPerTok: 4,
+		FirstKDenseReplace: 1, ScoringFunc: "sigmoid", NGroup: 4, TopKGroup: 2, VocabSize: 512, MaxPositions: 4096,
+		RMSNormEps: 1e-6, RopeTheta: 10000,
 	}},
 	{"mixtral-8x7b", Config{
 		ModelType: "mixtral", HiddenSize: 4096, NumHiddenLayers: 32, NumAttentionHeads: 32, NumKeyValueHeads: 8, HeadDim: 128,

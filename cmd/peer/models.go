@@ -83,7 +83,7 @@ func synthCmd(a *app) *cobra.Command {
 	var seed uint64
 	var procedural, quiet bool
 	cmd := &cobra.Command{
-		Use:   "synth --preset tiny-moe|mixtral-8x7b|deepseek-v3-671b -o <dir>",
+		Use:   "synth --preset tiny-moe|tiny-deepseek|mixtral-8x7b|deepseek-v3-671b -o <dir>",
 		Short: "Write a deterministic synthetic model with a real shape (manifest.json and shards)",
 		Long: `synth writes a model whose bytes are a pure function of (preset, seed, shard):
 real BLAKE3 hashes of real bytes, made by a PRNG instead of training. With
@@ -128,7 +128,7 @@ generated once to hash it.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&preset, "preset", "tiny-moe", "model shape: tiny-moe, mixtral-8x7b or deepseek-v3-671b")
+	f.StringVar(&preset, "preset", "tiny-moe", "model shape: tiny-moe, tiny-deepseek, mixtral-8x7b or deepseek-v3-671b")
 	f.StringVarP(&out, "out", "o", "", "directory to write")
 	f.Uint64Var(&seed, "seed", 1, "generator seed")
 	f.BoolVar(&procedural, "procedural", false, "write only the manifest; shards are regenerated on demand")
