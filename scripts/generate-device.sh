@@ -20,7 +20,7 @@ for preset in ${PRESETS:-tiny-moe mixtral-8x7b}; do
   for vram in ${VRAMS:-2GiB}; do
     echo "== $preset, --vram $vram" | tee -a "$out/generate.txt"
     $peer --home /tmp/h-$preset generate - --procedural /tmp/$preset/manifest.json --engine gpu --vram $vram --ram 100GiB \
-      --prompt "The swarm is" --max-tokens ${TOKENS:-16} --trace "$out/$preset-$vram.trace" --log-level warn 2>&1 \
+      --prompt "${PROMPT:-The swarm is}" --max-tokens ${TOKENS:-16} --trace "$out/$preset-$vram.trace" --log-level warn 2>&1 \
       | grep -v '^\[wgpu\]' | tee -a "$out/generate.txt"
   done
 done
