@@ -563,7 +563,7 @@ func (f *fetcher) probe(ctx context.Context, w *want, size int64, p peer.ID, l *
 		return false
 	}
 	var dst, scratch [bao.GroupSize]byte
-	if err := bao.DecodeSlice(dst[:], slice, cidDigest(w.cid), size, off, n, &scratch); err != nil {
+	if err := bao.DecodeSlice(dst[:], slice, w.cid.Digest(), size, off, n, &scratch); err != nil {
 		re := &cas.RangeError{CID: w.cid, Off: off, Len: n, Reason: "size proof: " + err.Error()}
 		var be *bao.Error
 		if errors.As(err, &be) {
@@ -577,8 +577,6 @@ func (f *fetcher) probe(ctx context.Context, w *want, size int64, p peer.ID, l *
 	return true
 }
 
-// cidDigest is the BLAKE3 root a CID names.
-func cidDigest(c cas.CID) [32]byte { return c.Digest() }
 
 // liar bans p for a claim that verified data contradicts.
 func (f *fetcher) liar(p peer.ID, c cas.CID, detail string) {

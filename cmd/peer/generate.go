@@ -105,6 +105,7 @@ step. Synthetic models use bytes as tokens.`,
 				if ps != nil {
 					cfg.Disk = ps // regenerated on demand: nothing stored
 				}
+				t0 := time.Now()
 				var step stepper
 				var closeEngine func()
 				if engine == "gpu" {
@@ -114,7 +115,6 @@ step. Synthetic models use bytes as tokens.`,
 					}
 				}
 				var cache *tiers.Cache
-				t0 := time.Now()
 				var rm *experts.RefModel
 				if step == nil {
 					if cache, err = tiers.New(cfg); err != nil {
