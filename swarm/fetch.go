@@ -577,7 +577,6 @@ func (f *fetcher) probe(ctx context.Context, w *want, size int64, p peer.ID, l *
 	return true
 }
 
-
 // liar bans p for a claim that verified data contradicts.
 func (f *fetcher) liar(p peer.ID, c cas.CID, detail string) {
 	f.n.log.Warn("swarm: fetch: peer lied", "peer", p, "cid", c, "detail", detail)
