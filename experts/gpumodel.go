@@ -7,7 +7,6 @@ import (
 	"math"
 
 	"github.com/rdrr/peer/gpu"
-	"github.com/rdrr/peer/gpu/ref"
 	"github.com/rdrr/peer/tiers"
 )
 
@@ -400,52 +399,18 @@ func (g *GPUModel) Step(ctx context.Context, token int) ([]float32, error) {
 	return logits, nil
 }
 
-// Generate feeds prompt then generates up to maxTokens tokens greedily or
-// by sampling on the CPU from the logits read back (as RefModel.Generate).
+// Generate feeds prompt then generates up to maxTokens tokens (as
+// RefModel.Generate), sampling on the CPU from the logits read back.
 func (g *GPUModel) Generate(ctx context.Context, prompt []int, maxTokens int, s Sampling, emit func(int)) ([]int, error) {
-	if len(prompt) == 0 {
-		return nil, fmt.Errorf("experts: empty prompt")
-	}
-	rng := newSplitmix(s.Seed)
-	var logits []float32
-	var err error
-	for i, t := range prompt {
-		if g.Trace != nil {
-			g.Trace.SetToken(i)
-		}
-		if logits, err = g.Step(ctx, t); err != nil {
+	return decode(ctx, g.m, g.Trace, prompt, maxTokens, s, emit, func(ctx context.Context, tok int) ([]float64, error) {
+		l, err := g.Step(ctx, tok)
+		if err != nil {
 			return nil, err
 		}
-	}
-	var out []int
-	for len(out) < maxTokens {
-		wide := make([]float64, len(logits))
-		for i, v := range logits {
+		wide := make([]float64, len(l))
+		for i, v := range l {
 			wide[i] = float64(v)
 		}
-		var tok int
-		if s.Temperature <= 0 {
-			tok = ref.Argmax(wide)
-		} else {
-			p := s.TopP
-			if p <= 0 || p > 1 {
-				p = 1
-			}
-			tok, _ = ref.TopP(wide, s.Temperature, p, unit(rng.next()))
-		}
-		out = append(out, tok)
-		if emit != nil {
-			emit(tok)
-		}
-		if tk := g.m.Tokenizer; (tk != nil && tok == tk.EOS) || len(out) == maxTokens {
-			break
-		}
-		if g.Trace != nil {
-			g.Trace.SetToken(len(prompt) + len(out) - 1)
-		}
-		if logits, err = g.Step(ctx, tok); err != nil {
-			return out, err
-		}
-	}
-	return out, nil
+		return wide, nil
+	})
 }

@@ -252,6 +252,13 @@ type Sampling struct {
 // Generate feeds prompt then samples up to maxTokens tokens, calling emit
 // with each generated one; it stops early at the tokenizer's end token.
 func (rm *RefModel) Generate(ctx context.Context, prompt []int, maxTokens int, s Sampling, emit func(int)) ([]int, error) {
+	return decode(ctx, rm.m, rm.Trace, prompt, maxTokens, s, emit, rm.Step)
+}
+
+// decode is the generation loop of both engines: the prompt through step,
+// then sampling (greedy at temperature 0, else top-p with a seeded draw),
+// each token fed back, until maxTokens or the end token.
+func decode(ctx context.Context, m *Manifest, trace *tiers.TraceRecorder, prompt []int, maxTokens int, s Sampling, emit func(int), step func(context.Context, int) ([]float64, error)) ([]int, error) {
 	if len(prompt) == 0 {
 		return nil, fmt.Errorf("experts: empty prompt")
 	}
@@ -259,10 +266,10 @@ func (rm *RefModel) Generate(ctx context.Context, prompt []int, maxTokens int, s
 	var logits []float64
 	var err error
 	for i, t := range prompt {
-		if rm.Trace != nil {
-			rm.Trace.SetToken(i)
+		if trace != nil {
+			trace.SetToken(i)
 		}
-		if logits, err = rm.Step(ctx, t); err != nil {
+		if logits, err = step(ctx, t); err != nil {
 			return nil, err
 		}
 	}
@@ -285,16 +292,13 @@ func (rm *RefModel) Generate(ctx context.Context, prompt []int, maxTokens int, s
 		if emit != nil {
 			emit(tok)
 		}
-		if tk := rm.m.Tokenizer; tk != nil && tok == tk.EOS {
+		if tk := m.Tokenizer; (tk != nil && tok == tk.EOS) || len(out) == maxTokens {
 			break
 		}
-		if len(out) == maxTokens {
-			break
+		if trace != nil {
+			trace.SetToken(len(prompt) + len(out) - 1)
 		}
-		if rm.Trace != nil {
-			rm.Trace.SetToken(len(prompt) + len(out) - 1)
-		}
-		if logits, err = rm.Step(ctx, tok); err != nil {
+		if logits, err = step(ctx, tok); err != nil {
 			return out, err
 		}
 	}

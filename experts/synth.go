@@ -15,6 +15,7 @@ import (
 
 	"github.com/rdrr/peer/cas"
 	"github.com/rdrr/peer/gpu/q4k"
+	"github.com/rdrr/peer/internal/atomicfile"
 	"golang.org/x/sync/errgroup"
 )
 
@@ -415,7 +416,7 @@ func (lo *Layout) WriteModel(ctx context.Context, dir string, procedural bool, p
 		if procedural {
 			return nil
 		}
-		return writeFileAtomic(filepath.Join(dir, lo.Manifest.Shards[i].Filename), b)
+		return atomicfile.Write(filepath.Join(dir, lo.Manifest.Shards[i].Filename), b, 0o644)
 	})
 	if err != nil {
 		return err
@@ -427,34 +428,8 @@ func (lo *Layout) WriteModel(ctx context.Context, dir string, procedural bool, p
 	if err != nil {
 		return err
 	}
-	return writeFileAtomic(filepath.Join(dir, ManifestFile), mb)
+	return atomicfile.Write(filepath.Join(dir, ManifestFile), mb, 0o644)
 }
 
 // ManifestFile is the manifest's name in a model directory.
 const ManifestFile = "manifest.json"
-
-// writeFileAtomic writes b to path through a synced temporary file.
-func writeFileAtomic(path string, b []byte) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	_, err = f.Write(b)
-	if err == nil {
-		err = f.Chmod(0o644) // CreateTemp makes 0600; a model is not a secret
-	}
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		os.Remove(tmp)
-	}
-	return err
-}

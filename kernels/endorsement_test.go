@@ -106,7 +106,9 @@ func TestVerifyRejects(t *testing.T) {
 		{"wrong class", func(e *Endorsement) { e.Class = "vulkan/1002/73bf/x" }, key, ErrClass},
 		{"wrong ABI", func(e *Endorsement) { e.ABI = 2 }, key, ErrABI},
 		{"expired", func(e *Endorsement) { e.Issued, e.Expires = t0.Add(-48*time.Hour).Unix(), t0.Add(-time.Hour).Unix() }, key, ErrExpired},
-		{"not faster", func(e *Endorsement) { e.CandidateNs, e.Speedup, e.SpeedupLow, e.SpeedupHigh = 700_000, 1.0357, 0.98, 1.1 }, key, ErrNotFaster},
+		{"not faster", func(e *Endorsement) {
+			e.CandidateNs, e.Speedup, e.SpeedupLow, e.SpeedupHigh = 700_000, 1.0357, 0.98, 1.1
+		}, key, ErrNotFaster},
 		{"speedup lies about times", func(e *Endorsement) { e.Speedup, e.SpeedupHigh = 3, 3.1 }, key, ErrSchema},
 		{"unknown op", func(e *Endorsement) { e.Op = "mine" }, key, ErrSchema},
 		{"too long lived", func(e *Endorsement) { e.Expires = t0.Add(365 * 24 * time.Hour).Unix() }, key, ErrSchema},

@@ -5,9 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"sync"
 	"time"
+
+	"github.com/rdrr/peer/internal/atomicfile"
 )
 
 // Registry is the peer's record of kernels: the active variant of each op
@@ -64,23 +65,7 @@ func (r *Registry) save() error {
 	if err != nil {
 		return err
 	}
-	tmp := r.path + ".tmp"
-	f, err := os.Create(tmp)
-	if err != nil {
-		return err
-	}
-	_, err = f.Write(b)
-	err = errors.Join(err, f.Sync(), f.Close())
-	if err == nil {
-		err = os.Rename(tmp, r.path)
-	}
-	if err == nil {
-		if d, derr := os.Open(filepath.Dir(r.path)); derr == nil {
-			d.Sync()
-			d.Close()
-		}
-	}
-	return err
+	return atomicfile.Write(r.path, b, 0o644)
 }
 
 // Active returns the active variant of op ("builtin" if none was chosen).

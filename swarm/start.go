@@ -25,6 +25,10 @@ type StartOptions struct {
 	// Persist keeps trying when the first sign-in fails too (a daemon
 	// started before its signaling server); Start then returns at once.
 	Persist bool
+	// Once signs in once and keeps that node until Close, even if the
+	// signaling session ends (its links stay up): for one-off work, a
+	// fetch, that must not lose its node to a reconnection.
+	Once bool
 }
 
 // Member is a node kept in the swarm: it signs in, joins its topics, and
@@ -119,6 +123,11 @@ func (m *Member) run(ctx context.Context) {
 	backoff := time.Second
 	for ctx.Err() == nil {
 		n, sc, err := m.join(ctx)
+		if err == nil {
+			m.mu.Lock()
+			m.node, m.sig = n, sc // before ready: Start's caller reads Node at once
+			m.mu.Unlock()
+		}
 		if first {
 			first = false
 			m.mu.Lock()
@@ -132,12 +141,13 @@ func (m *Member) run(ctx context.Context) {
 		if err == nil {
 			backoff = time.Second
 			m.opt.Logger.Info("swarm: joined", "peer", n.ID(), "signal", m.opt.SignalURL, "topics", m.opt.Topics)
-			m.mu.Lock()
-			m.node, m.sig = n, sc
-			m.mu.Unlock()
 			select {
 			case <-ctx.Done():
 			case <-sc.Done():
+				if m.opt.Once {
+					<-ctx.Done() // keep the node: its links may still carry the work
+					break
+				}
 				m.opt.Logger.Warn("swarm: signaling session ended; reconnecting", "err", sc.Err())
 			}
 			m.mu.Lock()

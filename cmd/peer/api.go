@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/rdrr/peer/cas"
+	"github.com/rdrr/peer/internal/atomicfile"
 	"github.com/rdrr/peer/swarm"
 	"github.com/rdrr/peer/swarm/api"
 	"github.com/spf13/cobra"
@@ -91,7 +92,7 @@ func (a *app) startAPI(listen string, hooks *serveHooks) (stop func(), err error
 		srv.Store = hooks.store
 		hooks.mu.Unlock()
 		hs.Handler = srv.Handler()
-		if err := writeFileAtomic(filepath.Join(a.home, apiAddrFile), []byte(addr+"\n")); err != nil {
+		if err := atomicfile.Write(filepath.Join(a.home, apiAddrFile), []byte(addr+"\n"), 0o644); err != nil {
 			a.log.Warn("api: cannot write the address file", "err", err)
 		}
 		a.log.Info("api listening", "url", addr, "status_page", addr+"/", "metrics", addr+"/metrics")
@@ -107,14 +108,6 @@ func (a *app) startAPI(listen string, hooks *serveHooks) (stop func(), err error
 		ln.Close()
 		os.Remove(filepath.Join(a.home, apiAddrFile))
 	}, nil
-}
-
-func writeFileAtomic(path string, b []byte) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o644); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
 }
 
 // apiGet reads a JSON answer of the daemon running on this home.

@@ -8,7 +8,6 @@ import (
 	"os"
 	"time"
 
-	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/rdrr/peer/cas"
 	"github.com/rdrr/peer/experts"
 	"github.com/rdrr/peer/gpu"
@@ -62,23 +61,12 @@ step. Synthetic models use bytes as tokens.`,
 					if err != nil {
 						return err
 					}
-					node, sc, err := a.join(ctx, cmd, &nf, id, st)
+					m, err := a.startMember(ctx, cmd, &nf, id, st)
 					if err != nil {
 						return err
 					}
-					defer sc.Close()
-					defer node.Close()
-					fetcher = &swarm.Ranges{Node: node, Discover: func(ctx context.Context) ([]peer.ID, error) {
-						var all []peer.ID
-						for _, t := range nf.topics {
-							ps, err := sc.Peers(ctx, t)
-							if err != nil {
-								return all, err
-							}
-							all = append(all, ps...)
-						}
-						return all, nil
-					}}
+					defer m.Close()
+					fetcher = &swarm.Ranges{Node: m.Node(), Discover: m.Discover}
 					if !st.Has(c) {
 						// Only the manifest comes from the swarm; the shards
 						// are paged by range.

@@ -12,7 +12,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/pion/webrtc/v4"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -144,37 +143,19 @@ func (a *app) nodeConfig(cmd *cobra.Command, nf *netFlags, id *swarm.Identity, s
 	return cfg, sigURL, nil
 }
 
-// join makes a node for id and signs it in to the signaling server. The
-// caller closes both (node first).
-func (a *app) join(ctx context.Context, cmd *cobra.Command, nf *netFlags, id *swarm.Identity, src swarm.Source) (*swarm.Node, *signaling.Client, error) {
+// startMember signs a node in to the swarm (swarm.Start) for a one-off
+// command: a fetch, a generation.
+func (a *app) startMember(ctx context.Context, cmd *cobra.Command, nf *netFlags, id *swarm.Identity, src swarm.Source) (*swarm.Member, error) {
 	cfg, sigURL, err := a.nodeConfig(cmd, nf, id, src)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	loopback := cfg.Loopback
-	node, err := swarm.NewNode(cfg)
+	m, err := swarm.Start(ctx, swarm.StartOptions{Config: cfg, SignalURL: sigURL, Topics: nf.topics, Once: true})
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	sc, err := signaling.Dial(ctx, sigURL, signaling.ClientConfig{Key: id.Key, Logger: a.log})
-	if err != nil {
-		node.Close()
-		return nil, nil, err
-	}
-	if err := node.Start(sc); err != nil {
-		node.Close()
-		sc.Close()
-		return nil, nil, err
-	}
-	for _, t := range nf.topics {
-		if _, err := sc.Join(ctx, t); err != nil {
-			node.Close()
-			sc.Close()
-			return nil, nil, fmt.Errorf("join %s: %w", t, err)
-		}
-	}
-	a.log.Info("joined the swarm", "peer", id.ID, "signal", sigURL, "topics", nf.topics, "loopback", loopback, "big_mtu", node.BigMTU())
-	return node, sc, nil
+	a.log.Info("joined the swarm", "peer", id.ID, "signal", sigURL, "topics", nf.topics, "loopback", cfg.Loopback, "big_mtu", m.Node().BigMTU())
+	return m, nil
 }
 
 func serveCmd(a *app) *cobra.Command {
@@ -319,23 +300,12 @@ func fetchFromSwarm(ctx context.Context, a *app, st *cas.Store, c cas.CID, signa
 		nf.topics = []string{defaultTopic, c.String()}
 	}
 	// While fetching we serve what we have, as a good swarm citizen.
-	node, sc, err := a.join(ctx, nil, &nf, id, st)
+	m, err := a.startMember(ctx, nil, &nf, id, st)
 	if err != nil {
 		return err
 	}
-	defer sc.Close()
-	defer node.Close()
-	discover := func(ctx context.Context) ([]peer.ID, error) {
-		var all []peer.ID
-		for _, t := range nf.topics {
-			ps, err := sc.Peers(ctx, t)
-			if err != nil {
-				return all, err
-			}
-			all = append(all, ps...)
-		}
-		return all, nil
-	}
+	defer m.Close()
+	node, discover := m.Node(), m.Discover
 	start := time.Now()
 	last := start
 	_, err = node.Fetch(ctx, st, c, swarm.FetchOptions{

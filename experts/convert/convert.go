@@ -21,6 +21,7 @@ import (
 
 	"github.com/rdrr/peer/experts"
 	"github.com/rdrr/peer/gpu/q4k"
+	"github.com/rdrr/peer/internal/atomicfile"
 	"github.com/x448/float16"
 	"github.com/zeebo/blake3"
 	"golang.org/x/sync/errgroup"
@@ -99,7 +100,7 @@ func Convert(ctx context.Context, in, out string, opt Options) (*experts.Manifes
 	if err != nil {
 		return nil, err
 	}
-	return m, writeFile(filepath.Join(out, experts.ManifestFile), mb)
+	return m, atomicfile.Write(filepath.Join(out, experts.ManifestFile), mb, 0o644)
 }
 
 // quantizable: a matrix with whole Q4_K rows that is not a norm or a
@@ -344,18 +345,4 @@ func toFloat32(dst []float32, src []byte, d experts.DType) {
 			dst[i] = math.Float32frombits(uint32(binary.LittleEndian.Uint16(src[2*i:])) << 16)
 		}
 	}
-}
-
-func writeFile(path string, b []byte) error {
-	tmp := path + ".tmp"
-	f, err := os.Create(tmp)
-	if err != nil {
-		return err
-	}
-	_, err = f.Write(b)
-	err = errors.Join(err, f.Sync(), f.Close())
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	return err
 }
