@@ -197,6 +197,25 @@ func TestDaemonAPI(t *testing.T) {
 	if err != nil || len(bytes.TrimSpace(out)) == 0 {
 		t.Fatalf("peer peers: %v %q", err, out)
 	}
+	// The seeder holds the blob; the leecher's daemon finds it.
+	out, err = exec.Command(peer, "--home", leech.home, "providers", "--json", added[0].CID).Output()
+	var provs []struct {
+		Peer string
+		Size int64
+	}
+	if err != nil || json.Unmarshal(out, &provs) != nil || len(provs) == 0 {
+		t.Fatalf("peer providers: %v %s", err, out)
+	}
+	var seedSt struct{ Peer string }
+	_, body = seed.do(t, "GET", "/api/v1/status", "", nil)
+	json.Unmarshal(body, &seedSt)
+	found := false
+	for _, p := range provs {
+		found = found || (p.Peer == seedSt.Peer && p.Size == 5<<20)
+	}
+	if !found {
+		t.Fatalf("providers %s do not include the seeder %s with 5 MiB", out, seedSt.Peer)
+	}
 	if _, body = seed.do(t, "GET", "/metrics", "", nil); !bytes.Contains(body, []byte("rdrr_swarm_served_bytes_total")) || !bytes.Contains(body, []byte("rdrr_store_blobs 1")) {
 		t.Fatalf("metrics:\n%s", body)
 	}

@@ -193,6 +193,37 @@ func (r *Ranges) FetchBlob(ctx context.Context, c cas.CID, max int64) ([]byte, e
 	return nil, fmt.Errorf("swarm: fetch %s: %w", c, errors.Join(errs...))
 }
 
+// Provider is a peer that said it holds a blob, and the size it claimed.
+type Provider struct {
+	Peer peer.ID `json:"peer"`
+	Size int64   `json:"size"`
+}
+
+// Providers asks the discovered peers (WANT) which hold c whole. The sizes
+// are their claims, not yet proven.
+func (r *Ranges) Providers(ctx context.Context, c cas.CID) ([]Provider, error) {
+	timeout := r.RequestTimeout
+	if timeout <= 0 {
+		timeout = 30 * time.Second
+	}
+	r.mu.Lock()
+	delete(r.asked, c) // a fresh answer
+	r.mu.Unlock()
+	if _, err := r.findHolders(ctx, c, -1, timeout); err != nil {
+		if errors.Is(err, cas.ErrNotFound) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []Provider
+	for p, s := range r.holders[c] {
+		out = append(out, Provider{p, s})
+	}
+	return out, nil
+}
+
 func (r *Ranges) forget(c cas.CID, p peer.ID) {
 	r.mu.Lock()
 	delete(r.holders[c], p)

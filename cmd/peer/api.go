@@ -72,6 +72,13 @@ func (a *app) startAPI(listen string, hooks *serveHooks) (stop func(), err error
 			n, _ := hooks.node()
 			return n
 		},
+		Providers: func(ctx context.Context, c cas.CID) ([]swarm.Provider, error) {
+			n, m := hooks.node()
+			if n == nil {
+				return nil, errors.New("the daemon is not in the swarm right now (reconnecting)")
+			}
+			return (&swarm.Ranges{Node: n, Discover: m.Discover}).Providers(ctx, c)
+		},
 		Fetch: func(ctx context.Context, c cas.CID, progress func(done, total int64)) error {
 			n, m := hooks.node()
 			if n == nil {
@@ -137,7 +144,8 @@ func (a *app) apiGet(path string, v any) error {
 	return json.Unmarshal(body, v)
 }
 
-// apiCommands returns status and peers, which ask the running daemon.
+// apiCommands returns status, peers and providers, which ask the running
+// daemon.
 func apiCommands(a *app) []*cobra.Command {
 	status := &cobra.Command{
 		Use:   "status",
@@ -176,5 +184,28 @@ func apiCommands(a *app) []*cobra.Command {
 			})
 		},
 	}
-	return []*cobra.Command{status, peers}
+	providers := &cobra.Command{
+		Use:   "providers <cid>",
+		Short: "The peers of the swarm that hold a blob, asked by the daemon running on this home",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := cas.ParseCID(args[0])
+			if err != nil {
+				return err
+			}
+			var ps []swarm.Provider
+			if err := a.apiGet("/api/v1/providers?cid="+c.String(), &ps); err != nil {
+				return err
+			}
+			return a.print(ps, func(w io.Writer) {
+				if len(ps) == 0 {
+					fmt.Fprintln(w, "no peer holds", c)
+				}
+				for _, p := range ps {
+					fmt.Fprintf(w, "%s  %s\n", p.Peer, formatBytes(p.Size))
+				}
+			})
+		},
+	}
+	return []*cobra.Command{status, peers, providers}
 }

@@ -36,6 +36,8 @@ type Server struct {
 	// supplies it (it knows how to find peers). Nil: /api/v1/fetch is
 	// refused.
 	Fetch func(ctx context.Context, c cas.CID, progress func(done, total int64)) error
+	// Providers lists the peers that hold a blob (nil: refused).
+	Providers func(ctx context.Context, c cas.CID) ([]swarm.Provider, error)
 	// Token authorizes state changes. Required.
 	Token string
 	// Registry, if not nil, has more collectors for /metrics.
@@ -83,6 +85,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /api/v1/peers", s.peers)
 	mux.HandleFunc("GET /api/v1/blobs", s.blobs)
 	mux.HandleFunc("GET /api/v1/fetch", s.listJobs)
+	mux.HandleFunc("GET /api/v1/providers", s.providers)
 	mux.HandleFunc("POST /api/v1/fetch", s.authorized(s.fetch))
 	mux.HandleFunc("POST /api/v1/pin", s.authorized(s.pin))
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
@@ -288,6 +291,30 @@ func (s *Server) jobList() []job {
 }
 
 func (s *Server) listJobs(w http.ResponseWriter, _ *http.Request) { writeJSON(w, s.jobList()) }
+
+// providers answers ?cid= with the peers that hold it.
+func (s *Server) providers(w http.ResponseWriter, r *http.Request) {
+	c, err := cas.ParseCID(r.URL.Query().Get("cid"))
+	if err != nil {
+		writeErr(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	if s.Providers == nil {
+		writeErr(w, http.StatusServiceUnavailable, "this daemon cannot look up providers")
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
+	defer cancel()
+	ps, err := s.Providers(ctx, c)
+	if err != nil {
+		writeErr(w, http.StatusBadGateway, err.Error())
+		return
+	}
+	if ps == nil {
+		ps = []swarm.Provider{}
+	}
+	writeJSON(w, ps)
+}
 
 func (s *Server) pin(w http.ResponseWriter, r *http.Request) {
 	c, req, ok := decodeCID(w, r)
