@@ -1,8 +1,11 @@
 // Package convert turns the model files people have, a GGUF file or a
 // directory of safetensors with its config.json, into an RDRR model:
 // manifest.json and 64 MiB shards in which each expert's matrices are one
-// contiguous range, never split. It streams: memory is bounded by one
-// copy buffer and one row, whatever the input's size.
+// contiguous range, never split (an expert larger than a shard starts
+// one). It streams: memory is one 4 MiB copy buffer, or one 4 MiB batch of
+// rows being quantized by Options.Workers goroutines, whatever the input's
+// size. Names are mapped to HuggingFace's (llama.cpp's GGUF names,
+// Mixtral's block_sparse_moe experts) so that every model reads alike.
 package convert
 
 import (
@@ -16,6 +19,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"sort"
 	"strconv"
 
@@ -33,6 +37,9 @@ type Options struct {
 	// (those whose rows are whole 256-weight blocks; norms and routers
 	// keep their precision). Q4_K inputs always pass through unchanged.
 	Quantize bool
+	// Workers is how many goroutines quantize at once; 0 means GOMAXPROCS.
+	// The output does not depend on it.
+	Workers int
 	// Progress, if not nil, is told the bytes written.
 	Progress experts.Progress
 }
@@ -72,25 +79,20 @@ func Convert(ctx context.Context, in, out string, opt Options) (*experts.Manifes
 		return nil, err
 	}
 	defer closer.Close()
-	for _, t := range tensors {
-		t.out = t.dtype
-		if opt.Quantize && t.dtype != experts.Q4K && quantizable(t) {
-			t.out = experts.Q4K
-		}
-		n := int64(1)
-		for _, d := range t.shape {
-			n *= d
-		}
-		if t.size, err = t.out.Bytes(n, t.shape[len(t.shape)-1]); err != nil {
-			return nil, fmt.Errorf("tensor %s: %w", t.name, err)
-		}
+	if err := plan(tensors, opt.Quantize); err != nil {
+		return nil, err
 	}
 	order(tensors)
+	m.Quantization = string(dominant(tensors))
 	layout(m, tensors)
 	if err := os.MkdirAll(out, 0o755); err != nil {
 		return nil, err
 	}
-	if err := write(ctx, m, tensors, out, opt.Progress); err != nil {
+	workers := opt.Workers
+	if workers <= 0 {
+		workers = runtime.GOMAXPROCS(0)
+	}
+	if err := write(ctx, m, tensors, out, workers, opt.Progress); err != nil {
 		return nil, err
 	}
 	if err := m.Validate(); err != nil {
@@ -101,6 +103,59 @@ func Convert(ctx context.Context, in, out string, opt Options) (*experts.Manifes
 		return nil, err
 	}
 	return m, atomicfile.Write(filepath.Join(out, experts.ManifestFile), mb, 0o644)
+}
+
+// plan decides each tensor's output dtype and size, and checks what the
+// readers cannot: that no two input tensors map to one name and that each
+// source holds exactly the bytes its shape and dtype say (so the writer
+// never reads more, or less, than the layout reserved).
+func plan(ts []*tensor, quantize bool) error {
+	names := make(map[string]bool, len(ts))
+	for _, t := range ts {
+		if names[t.name] {
+			return fmt.Errorf("convert: two input tensors are both %s", t.name)
+		}
+		names[t.name] = true
+		t.out = t.dtype
+		if quantize && t.dtype != experts.Q4K && quantizable(t) {
+			t.out = experts.Q4K
+		}
+		if len(t.shape) == 0 || len(t.shape) > experts.MaxDims {
+			return fmt.Errorf("tensor %s: shape %v (want 1 to %d dimensions)", t.name, t.shape, experts.MaxDims)
+		}
+		n := int64(1)
+		for _, d := range t.shape {
+			if d <= 0 || d > experts.MaxDim || n > math.MaxInt64/4/d {
+				return fmt.Errorf("tensor %s: shape %v", t.name, t.shape)
+			}
+			n *= d
+		}
+		in, err := t.dtype.Bytes(n, t.shape[len(t.shape)-1])
+		if err != nil {
+			return fmt.Errorf("tensor %s: %w", t.name, err)
+		}
+		if in != t.src.Size() {
+			return fmt.Errorf("tensor %s: shape %v of %s is %d bytes; the source holds %d", t.name, t.shape, t.dtype, in, t.src.Size())
+		}
+		if t.size, err = t.out.Bytes(n, t.shape[len(t.shape)-1]); err != nil {
+			return fmt.Errorf("tensor %s: %w", t.name, err)
+		}
+	}
+	return nil
+}
+
+// dominant returns the output dtype that holds the most bytes: the
+// manifest's (informative) quantization.
+func dominant(ts []*tensor) experts.DType {
+	bytes := map[experts.DType]int64{}
+	best := experts.Q4K
+	for _, t := range ts {
+		bytes[t.out] += t.size
+		if bytes[t.out] > bytes[best] {
+			best = t.out
+		}
+	}
+	return best
 }
 
 // quantizable: a matrix with whole Q4_K rows that is not a norm or a
@@ -142,6 +197,31 @@ func order(ts []*tensor) {
 		}
 		return a4 < b4
 	})
+}
+
+// number parses a layer or expert number from a tensor name, refusing
+// one at or above limit (a name is input: "blk.99999999999999999999" must
+// not wrap to 0 and collide with layer 0).
+func number(tensorName, s string, limit int) (int, error) {
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 0 || n >= limit {
+		return 0, fmt.Errorf("tensor %s: number %s (limit %d)", tensorName, s, limit)
+	}
+	return n, nil
+}
+
+// setExpert marks t as part of expert e of layer l.
+func (t *tensor) setExpert(origName, l, e string, part int) error {
+	var err error
+	if t.layer, err = number(origName, l, experts.MaxLayers); err != nil {
+		return err
+	}
+	if t.expert, err = number(origName, e, experts.MaxExperts); err != nil {
+		return err
+	}
+	t.part = part
+	t.name = expertName(t.layer, t.expert, part)
+	return nil
 }
 
 var layerRe = regexp.MustCompile(`^model\.layers\.(\d+)\.`)
@@ -275,7 +355,7 @@ func (w *shardWriter) wait() error {
 }
 
 // write streams every tensor, in layout order, into the shards.
-func write(ctx context.Context, m *experts.Manifest, ts []*tensor, dir string, report experts.Progress) error {
+func write(ctx context.Context, m *experts.Manifest, ts []*tensor, dir string, workers int, report experts.Progress) error {
 	sw := &shardWriter{dir: dir, m: m, report: report}
 	sw.syncs.SetLimit(4)
 	defer sw.syncs.Wait() // on an error too: no file left open
@@ -288,7 +368,7 @@ func write(ctx context.Context, m *experts.Manifest, ts []*tensor, dir string, r
 		if t.out == t.dtype {
 			_, err = io.CopyBuffer(sw, io.NewSectionReader(t.src, 0, t.src.Size()), buf)
 		} else {
-			err = quantize(sw, t)
+			err = quantize(ctx, sw, t, workers)
 		}
 		if err != nil {
 			return fmt.Errorf("tensor %s: %w", t.name, err)
@@ -303,25 +383,54 @@ func write(ctx context.Context, m *experts.Manifest, ts []*tensor, dir string, r
 	return nil
 }
 
-// quantize writes t as Q4_K, one row at a time.
-func quantize(w io.Writer, t *tensor) error {
+// quantBatch bounds the input bytes of one batch of rows being quantized.
+const quantBatch = 4 << 20
+
+// quantize writes t as Q4_K. Rows are read in batches of at most
+// quantBatch input bytes; each of workers goroutines quantizes a
+// contiguous run of the batch's rows, and the batch is written in order.
+// Memory: one batch in, its Q4_K out, and one float32 row per worker.
+func quantize(ctx context.Context, w io.Writer, t *tensor, workers int) error {
 	cols := t.shape[len(t.shape)-1]
-	rows := t.src.Size() / (cols * elemSize(t.dtype))
-	raw := make([]byte, cols*elemSize(t.dtype))
-	row := make([]float32, cols)
-	q := make([]byte, q4k.RowBytes(int(cols)))
+	rowIn, rowOut := cols*elemSize(t.dtype), int64(q4k.RowBytes(int(cols)))
+	rows := t.src.Size() / rowIn
+	batch := max(1, min(rows, quantBatch/rowIn))
+	raw := make([]byte, batch*rowIn)
+	out := make([]byte, batch*rowOut)
+	floats := make([][]float32, workers)
+	for k := range floats {
+		floats[k] = make([]float32, cols)
+	}
 	r := io.NewSectionReader(t.src, 0, t.src.Size())
-	for i := int64(0); i < rows; i++ {
-		if _, err := io.ReadFull(r, raw); err != nil {
+	for done := int64(0); done < rows; {
+		if err := ctx.Err(); err != nil {
 			return err
 		}
-		toFloat32(row, raw, t.dtype)
-		if err := q4k.Quantize(q, row); err != nil {
+		n := min(batch, rows-done)
+		if _, err := io.ReadFull(r, raw[:n*rowIn]); err != nil {
 			return err
 		}
-		if _, err := w.Write(q); err != nil {
+		per := (n + int64(workers) - 1) / int64(workers)
+		var g errgroup.Group
+		for k := int64(0); k*per < n; k++ {
+			row := floats[k]
+			g.Go(func() error {
+				for i := k * per; i < min(n, (k+1)*per); i++ {
+					toFloat32(row, raw[i*rowIn:(i+1)*rowIn], t.dtype)
+					if err := q4k.Quantize(out[i*rowOut:(i+1)*rowOut], row); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+		}
+		if err := g.Wait(); err != nil {
 			return err
 		}
+		if _, err := w.Write(out[:n*rowOut]); err != nil {
+			return err
+		}
+		done += n
 	}
 	return nil
 }

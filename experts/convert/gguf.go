@@ -26,6 +26,14 @@ var ggufNames = []struct {
 	{regexp.MustCompile(`^blk\.(\d+)\.attn_output\.weight$`), "model.layers.$1.self_attn.o_proj.weight"},
 	{regexp.MustCompile(`^blk\.(\d+)\.ffn_norm\.weight$`), "model.layers.$1.post_attention_layernorm.weight"},
 	{regexp.MustCompile(`^blk\.(\d+)\.ffn_gate_inp\.weight$`), "model.layers.$1.mlp.gate.weight"},
+	{regexp.MustCompile(`^blk\.(\d+)\.exp_probs_b\.bias$`), "model.layers.$1.mlp.gate.e_score_correction_bias"},
+	// DeepSeek's multi-head latent attention.
+	{regexp.MustCompile(`^blk\.(\d+)\.attn_q_a\.weight$`), "model.layers.$1.self_attn.q_a_proj.weight"},
+	{regexp.MustCompile(`^blk\.(\d+)\.attn_q_a_norm\.weight$`), "model.layers.$1.self_attn.q_a_layernorm.weight"},
+	{regexp.MustCompile(`^blk\.(\d+)\.attn_q_b\.weight$`), "model.layers.$1.self_attn.q_b_proj.weight"},
+	{regexp.MustCompile(`^blk\.(\d+)\.attn_kv_a_mqa\.weight$`), "model.layers.$1.self_attn.kv_a_proj_with_mqa.weight"},
+	{regexp.MustCompile(`^blk\.(\d+)\.attn_kv_a_norm\.weight$`), "model.layers.$1.self_attn.kv_a_layernorm.weight"},
+	{regexp.MustCompile(`^blk\.(\d+)\.attn_kv_b\.weight$`), "model.layers.$1.self_attn.kv_b_proj.weight"},
 	{regexp.MustCompile(`^blk\.(\d+)\.ffn_(gate|up|down)_shexp\.weight$`), "model.layers.$1.mlp.shared_experts.${2}_proj.weight"},
 	{regexp.MustCompile(`^blk\.(\d+)\.ffn_(gate|up|down)\.weight$`), "model.layers.$1.mlp.${2}_proj.weight"},
 }
@@ -106,24 +114,14 @@ func ggufManifest(g *gguf.File) (*experts.Manifest, error) {
 		c.MoEIntermediateSize = u("expert_feed_forward_length")
 	}
 	m := &experts.Manifest{ModelID: modelID(g), Version: 1, Quantization: "Q4_K", HashAlgorithm: "blake3", Config: c}
-	if toks, ok := g.Strings("tokenizer.ggml.tokens"); ok {
-		tk := &experts.Tokenizer{Tokens: toks, BOS: -1, EOS: -1}
-		tk.Model, _ = g.String("tokenizer.ggml.model")
-		if a, ok := g.Get("tokenizer.ggml.scores"); ok {
-			tk.Scores, _ = a.(gguf.Array).Values.([]float32)
-		}
-		if a, ok := g.Get("tokenizer.ggml.token_type"); ok {
-			tk.Types, _ = a.(gguf.Array).Values.([]int32)
-		}
-		tk.Merges, _ = g.Strings("tokenizer.ggml.merges")
-		if v, ok := g.Uint("tokenizer.ggml.bos_token_id"); ok {
-			tk.BOS = int(min(v, 1<<31))
-		}
-		if v, ok := g.Uint("tokenizer.ggml.eos_token_id"); ok {
-			tk.EOS = int(min(v, 1<<31))
-		}
-		m.Tokenizer = tk
-		m.Config.VocabSize = len(toks)
+	tk, err := g.Tokenizer()
+	if err != nil {
+		return nil, err
+	}
+	if tk != nil {
+		m.Tokenizer = &experts.Tokenizer{Model: tk.Model, Tokens: tk.Tokens, Scores: tk.Scores, Types: tk.Types,
+			Merges: tk.Merges, BOS: tk.BOS, EOS: tk.EOS}
+		m.Config.VocabSize = len(tk.Tokens)
 	}
 	if v := u("vocab_size"); v > 0 {
 		m.Config.VocabSize = v
@@ -173,22 +171,25 @@ func ggufTensors(g *gguf.File) ([]*tensor, error) {
 			if len(gt.Dims) != 3 {
 				return nil, fmt.Errorf("tensor %s: %d dims (want 3: cols, rows, experts)", gt.Name, len(gt.Dims))
 			}
-			l, _ := strconv.Atoi(mm[1])
 			ne := int64(gt.Dims[2])
+			if ne > experts.MaxExperts {
+				return nil, fmt.Errorf("tensor %s: %d experts (limit %d)", gt.Name, ne, experts.MaxExperts)
+			}
 			per := int64(gt.Size) / ne
 			for e := int64(0); e < ne; e++ {
-				out = append(out, &tensor{name: expertName(l, int(e), partIndex[mm[2]]), dtype: dt,
-					shape: shapeOf(gt.Dims[:2]), src: io.NewSectionReader(gt.Section(), e*per, per),
-					layer: l, expert: int(e), part: partIndex[mm[2]]})
+				t := &tensor{dtype: dt, shape: shapeOf(gt.Dims[:2]), src: io.NewSectionReader(gt.Section(), e*per, per)}
+				if err := t.setExpert(gt.Name, mm[1], strconv.FormatInt(e, 10), partIndex[mm[2]]); err != nil {
+					return nil, err
+				}
+				out = append(out, t)
 			}
 			continue
 		}
 		t := &tensor{name: gt.Name, dtype: dt, shape: shapeOf(gt.Dims), src: gt.Section(), layer: -1}
 		if mm := perExpertRe.FindStringSubmatch(gt.Name); mm != nil {
-			l, _ := strconv.Atoi(mm[1])
-			e, _ := strconv.Atoi(mm[3])
-			t.layer, t.expert, t.part = l, e, partIndex[mm[2]]
-			t.name = expertName(l, e, t.part)
+			if err := t.setExpert(gt.Name, mm[1], mm[3], partIndex[mm[2]]); err != nil {
+				return nil, err
+			}
 		} else {
 			for _, r := range ggufNames {
 				if r.re.MatchString(gt.Name) {

@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"strconv"
 
 	"github.com/rdrr/peer/experts"
 	"github.com/rdrr/peer/experts/safetensors"
@@ -24,12 +23,9 @@ var (
 
 // openSafetensors reads a HuggingFace model directory.
 func openSafetensors(dir string) (*experts.Manifest, []*tensor, io.Closer, error) {
-	cb, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	cb, err := readFileMax(filepath.Join(dir, "config.json"), 1<<20)
 	if err != nil {
 		return nil, nil, nil, err
-	}
-	if len(cb) > 1<<20 {
-		return nil, nil, nil, fmt.Errorf("%s/config.json: %d bytes", dir, len(cb))
 	}
 	m := &experts.Manifest{ModelID: filepath.Base(dir), Version: 1, Quantization: "Q4_K", HashAlgorithm: "blake3"}
 	if err := json.Unmarshal(cb, &m.Config); err != nil {
@@ -68,18 +64,35 @@ func openSafetensors(dir string) (*experts.Manifest, []*tensor, io.Closer, error
 		}
 		t := &tensor{name: name, dtype: dt, shape: shape, src: st.Section(), layer: -1}
 		if mm := mixtralExpertRe.FindStringSubmatch(name); mm != nil {
-			t.layer, _ = strconv.Atoi(mm[1])
-			t.expert, _ = strconv.Atoi(mm[2])
-			t.part = mixtralPart[mm[3]]
-			t.name = expertName(t.layer, t.expert, t.part)
+			err = t.setExpert(name, mm[1], mm[2], mixtralPart[mm[3]])
 		} else if mm := hfExpertRe.FindStringSubmatch(name); mm != nil {
-			t.layer, _ = strconv.Atoi(mm[1])
-			t.expert, _ = strconv.Atoi(mm[2])
-			t.part = partIndex[mm[3]]
+			err = t.setExpert(name, mm[1], mm[2], partIndex[mm[3]])
 		} else if mixtralGate.MatchString(name) {
 			t.name = mixtralGate.ReplaceAllString(name, "model.layers.$1.mlp.gate.weight")
+		}
+		if err != nil {
+			sm.Close()
+			return nil, nil, nil, err
 		}
 		out = append(out, t)
 	}
 	return m, out, sm, nil
+}
+
+// readFileMax reads a whole file of at most max bytes, refusing a larger
+// one before reading it.
+func readFileMax(path string, max int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, max+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(b)) > max {
+		return nil, fmt.Errorf("%s is over %d bytes", path, max)
+	}
+	return b, nil
 }

@@ -17,18 +17,35 @@ type WriteTensor struct {
 	Data []byte
 }
 
-// Write writes a GGUF v3 file with the given metadata and tensors, their
-// data aligned to alignment (general.alignment is written when it is not
-// the default). Used to make test files and by tools; it checks that each
-// tensor's bytes match its dims and type where the type's size is known.
+// Write writes a GGUF v3 file with the given metadata and tensors, each
+// tensor's data aligned to alignment. With alignment 0 the alignment is
+// kv's general.alignment, or DefaultAlignment; general.alignment is added
+// to the metadata when the alignment is not the default and kv lacks it.
+// Each tensor's bytes must match its dims and type. Used to make test
+// files; it is not tuned for size.
 func Write(w io.Writer, kv []KV, tensors []WriteTensor, alignment uint64) error {
-	if alignment == 0 {
-		alignment = DefaultAlignment
+	var inKV *uint32
+	for _, x := range kv {
+		if x.Key == "general.alignment" {
+			a, ok := x.Value.(uint32)
+			if !ok {
+				return fmt.Errorf("gguf: general.alignment is a %T (want uint32)", x.Value)
+			}
+			inKV = &a
+		}
 	}
-	if alignment&(alignment-1) != 0 || alignment > MaxAlignment {
+	switch {
+	case alignment == 0 && inKV != nil:
+		alignment = uint64(*inKV)
+	case alignment == 0:
+		alignment = DefaultAlignment
+	case inKV != nil && uint64(*inKV) != alignment:
+		return fmt.Errorf("gguf: alignment %d but general.alignment %d", alignment, *inKV)
+	}
+	if alignment == 0 || alignment&(alignment-1) != 0 || alignment > MaxAlignment {
 		return fmt.Errorf("gguf: alignment %d is not a power of two up to %d", alignment, MaxAlignment)
 	}
-	if alignment != DefaultAlignment {
+	if alignment != DefaultAlignment && inKV == nil {
 		kv = append([]KV{{"general.alignment", uint32(alignment)}}, kv...)
 	}
 	bw := bufio.NewWriter(w)
@@ -45,11 +62,18 @@ func Write(w io.Writer, kv []KV, tensors []WriteTensor, alignment uint64) error 
 	var off uint64
 	offs := make([]uint64, len(tensors))
 	for i, t := range tensors {
+		if len(t.Dims) == 0 || len(t.Dims) > MaxDims {
+			return fmt.Errorf("gguf: tensor %q has %d dims (want 1 to %d)", t.Name, len(t.Dims), MaxDims)
+		}
 		n := uint64(1)
 		for _, d := range t.Dims {
 			n *= d
 		}
-		if sz, err := t.Type.DataSize(n, t.Dims[0]); err == nil && sz != uint64(len(t.Data)) {
+		sz, err := t.Type.DataSize(n, t.Dims[0])
+		if err != nil {
+			return fmt.Errorf("gguf: tensor %q: %w", t.Name, err)
+		}
+		if sz != uint64(len(t.Data)) {
 			return fmt.Errorf("gguf: tensor %q: %d bytes; dims %v of %s are %d", t.Name, len(t.Data), t.Dims, t.Type, sz)
 		}
 		e.str(t.Name)
@@ -96,9 +120,19 @@ func (e *encoder) raw(b []byte) {
 	}
 }
 
+func (e *encoder) u8(v uint8)   { e.raw([]byte{v}) }
+func (e *encoder) u16(v uint16) { e.raw(binary.LittleEndian.AppendUint16(nil, v)) }
 func (e *encoder) u32(v uint32) { e.raw(binary.LittleEndian.AppendUint32(nil, v)) }
 func (e *encoder) u64(v uint64) { e.raw(binary.LittleEndian.AppendUint64(nil, v)) }
 func (e *encoder) str(s string) { e.u64(uint64(len(s))); e.raw([]byte(s)) }
+
+func (e *encoder) boolean(v bool) {
+	if v {
+		e.u8(1)
+	} else {
+		e.u8(0)
+	}
+}
 
 func (e *encoder) pad(alignment uint64) {
 	if r := e.w.n % alignment; r != 0 {
@@ -106,7 +140,15 @@ func (e *encoder) pad(alignment uint64) {
 	}
 }
 
-// value writes v, preceded by its type when typed is set.
+// each writes the elements of an array with one.
+func each[T any](e *encoder, xs []T, one func(T)) {
+	e.u64(uint64(len(xs)))
+	for _, x := range xs {
+		one(x)
+	}
+}
+
+// value writes v, preceded by its type.
 func (e *encoder) value(v any, typed bool) {
 	t := func(vt ValueType) {
 		if typed {
@@ -116,16 +158,16 @@ func (e *encoder) value(v any, typed bool) {
 	switch v := v.(type) {
 	case uint8:
 		t(TypeUint8)
-		e.raw([]byte{v})
+		e.u8(v)
 	case int8:
 		t(TypeInt8)
-		e.raw([]byte{byte(v)})
+		e.u8(uint8(v))
 	case uint16:
 		t(TypeUint16)
-		e.raw(binary.LittleEndian.AppendUint16(nil, v))
+		e.u16(v)
 	case int16:
 		t(TypeInt16)
-		e.raw(binary.LittleEndian.AppendUint16(nil, uint16(v)))
+		e.u16(uint16(v))
 	case uint32:
 		t(TypeUint32)
 		e.u32(v)
@@ -137,11 +179,7 @@ func (e *encoder) value(v any, typed bool) {
 		e.u32(math.Float32bits(v))
 	case bool:
 		t(TypeBool)
-		b := byte(0)
-		if v {
-			b = 1
-		}
-		e.raw([]byte{b})
+		e.boolean(v)
 	case string:
 		t(TypeString)
 		e.str(v)
@@ -156,37 +194,72 @@ func (e *encoder) value(v any, typed bool) {
 		e.u64(math.Float64bits(v))
 	case Array:
 		t(TypeArray)
-		e.u32(uint32(v.Type))
-		switch xs := v.Values.(type) {
-		case []string:
-			e.u64(uint64(len(xs)))
-			for _, x := range xs {
-				e.str(x)
-			}
-		case []float32:
-			e.u64(uint64(len(xs)))
-			for _, x := range xs {
-				e.u32(math.Float32bits(x))
-			}
-		case []int32:
-			e.u64(uint64(len(xs)))
-			for _, x := range xs {
-				e.u32(uint32(x))
-			}
-		case []uint32:
-			e.u64(uint64(len(xs)))
-			for _, x := range xs {
-				e.u32(x)
-			}
-		case []any:
-			e.u64(uint64(len(xs)))
-			for _, x := range xs {
-				e.value(x, false)
-			}
-		default:
-			e.err = fmt.Errorf("gguf: array of %T", v.Values)
-		}
+		e.array(v)
 	default:
 		e.err = fmt.Errorf("gguf: metadata value of type %T", v)
+	}
+}
+
+func (e *encoder) array(a Array) {
+	e.u32(uint32(a.Type))
+	ok := true
+	switch a.Type {
+	case TypeUint8:
+		var xs []uint8
+		xs, ok = a.Values.([]uint8)
+		each(e, xs, e.u8)
+	case TypeInt8:
+		var xs []int8
+		xs, ok = a.Values.([]int8)
+		each(e, xs, func(x int8) { e.u8(uint8(x)) })
+	case TypeUint16:
+		var xs []uint16
+		xs, ok = a.Values.([]uint16)
+		each(e, xs, e.u16)
+	case TypeInt16:
+		var xs []int16
+		xs, ok = a.Values.([]int16)
+		each(e, xs, func(x int16) { e.u16(uint16(x)) })
+	case TypeUint32:
+		var xs []uint32
+		xs, ok = a.Values.([]uint32)
+		each(e, xs, e.u32)
+	case TypeInt32:
+		var xs []int32
+		xs, ok = a.Values.([]int32)
+		each(e, xs, func(x int32) { e.u32(uint32(x)) })
+	case TypeFloat32:
+		var xs []float32
+		xs, ok = a.Values.([]float32)
+		each(e, xs, func(x float32) { e.u32(math.Float32bits(x)) })
+	case TypeBool:
+		var xs []bool
+		xs, ok = a.Values.([]bool)
+		each(e, xs, e.boolean)
+	case TypeString:
+		var xs []string
+		xs, ok = a.Values.([]string)
+		each(e, xs, e.str)
+	case TypeUint64:
+		var xs []uint64
+		xs, ok = a.Values.([]uint64)
+		each(e, xs, e.u64)
+	case TypeInt64:
+		var xs []int64
+		xs, ok = a.Values.([]int64)
+		each(e, xs, func(x int64) { e.u64(uint64(x)) })
+	case TypeFloat64:
+		var xs []float64
+		xs, ok = a.Values.([]float64)
+		each(e, xs, func(x float64) { e.u64(math.Float64bits(x)) })
+	case TypeArray:
+		var xs []Array
+		xs, ok = a.Values.([]Array)
+		each(e, xs, e.array)
+	default:
+		ok = false
+	}
+	if !ok && e.err == nil {
+		e.err = fmt.Errorf("gguf: array of %s holding %T", a.Type, a.Values)
 	}
 }

@@ -36,13 +36,11 @@ func formatErr(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrFormat, fmt.Sprintf(format, args...))
 }
 
-// DType sizes; types not listed are reported as unsupported by name.
-var dtypeSize = map[string]uint64{"F32": 4, "F16": 2, "BF16": 2}
-
-// known lists every dtype name of the format, to tell an unsupported one
-// from garbage.
-var known = map[string]bool{"F64": true, "F32": true, "F16": true, "BF16": true, "I64": true, "I32": true,
-	"I16": true, "I8": true, "U8": true, "BOOL": true, "F8_E4M3": true, "F8_E5M2": true, "U16": true, "U32": true, "U64": true}
+// dtypeBits gives every dtype of the format its size in bits, to check any
+// tensor's shape against its bytes; Supported says which ones convert.
+var dtypeBits = map[string]uint64{"F64": 64, "F32": 32, "F16": 16, "BF16": 16, "I64": 64, "I32": 32,
+	"I16": 16, "I8": 8, "U8": 8, "BOOL": 8, "F8_E4M3": 8, "F8_E5M2": 8, "F8_E8M0": 8, "U16": 16, "U32": 32,
+	"U64": 64, "C64": 64, "F6_E2M3": 6, "F6_E3M2": 6, "F4": 4}
 
 // Tensor is one tensor of a file.
 type Tensor struct {
@@ -87,13 +85,14 @@ func Read(ra io.ReaderAt, size int64) (*File, error) {
 	if _, err := ra.ReadAt(hb, 8); err != nil {
 		return nil, formatErr("header: %v", err)
 	}
-	var raw map[string]json.RawMessage
-	if err := json.Unmarshal(hb, &raw); err != nil {
+	raw, err := objectFields(hb)
+	if err != nil {
 		return nil, formatErr("header: %v", err)
 	}
 	data := uint64(size) - 8 - n
 	f := &File{}
-	for name, msg := range raw {
+	for _, field := range raw {
+		name, msg := field.name, field.value
 		if name == "__metadata__" {
 			if err := json.Unmarshal(msg, &f.Metadata); err != nil {
 				return nil, formatErr("__metadata__: %v", err)
@@ -106,29 +105,28 @@ func Read(ra io.ReaderAt, size int64) (*File, error) {
 		if err := dec.Decode(&e); err != nil {
 			return nil, formatErr("tensor %q: %v", name, err)
 		}
-		if !known[e.DType] {
+		bitsPer, ok := dtypeBits[e.DType]
+		if !ok {
 			return nil, formatErr("tensor %q: unknown dtype %q", name, e.DType)
 		}
 		if len(e.Shape) > MaxDims || len(e.Offsets) != 2 || e.Offsets[0] > e.Offsets[1] || e.Offsets[1] > data {
 			return nil, formatErr("tensor %q: shape %v, data_offsets %v (data is %d bytes)", name, e.Shape, e.Offsets, data)
 		}
-		if es, ok := dtypeSize[e.DType]; ok {
-			cnt := es
-			for _, d := range e.Shape {
-				hi, lo := bits.Mul64(cnt, d)
-				if hi != 0 || lo > 1<<60 {
-					return nil, formatErr("tensor %q: shape %v too large", name, e.Shape)
-				}
-				cnt = lo
+		cnt := bitsPer
+		for _, d := range e.Shape {
+			hi, lo := bits.Mul64(cnt, d)
+			if hi != 0 || lo > 1<<62 {
+				return nil, formatErr("tensor %q: shape %v too large", name, e.Shape)
 			}
-			if cnt != e.Offsets[1]-e.Offsets[0] {
-				return nil, formatErr("tensor %q: shape %v of %s is %d bytes; data_offsets hold %d", name, e.Shape, e.DType, cnt, e.Offsets[1]-e.Offsets[0])
-			}
+			cnt = lo
+		}
+		if cnt%8 != 0 || cnt/8 != e.Offsets[1]-e.Offsets[0] {
+			return nil, formatErr("tensor %q: shape %v of %s is %d bits; data_offsets hold %d bytes", name, e.Shape, e.DType, cnt, e.Offsets[1]-e.Offsets[0])
 		}
 		f.Tensors = append(f.Tensors, &Tensor{Name: name, DType: e.DType, Shape: e.Shape,
 			sec: io.NewSectionReader(ra, int64(8+n+e.Offsets[0]), int64(e.Offsets[1]-e.Offsets[0]))})
 	}
-	slices.SortFunc(f.Tensors, func(a, b *Tensor) int { return cmp.Compare(sectionStart(a), sectionStart(b)) })
+	slices.SortStableFunc(f.Tensors, func(a, b *Tensor) int { return cmp.Compare(sectionStart(a), sectionStart(b)) })
 	at := int64(8 + n)
 	for _, t := range f.Tensors {
 		s := sectionStart(t)
@@ -152,7 +150,47 @@ func sectionStart(t *Tensor) int64 {
 }
 
 // Supported reports whether t's dtype can be converted (F32, F16, BF16).
-func (t *Tensor) Supported() bool { _, ok := dtypeSize[t.DType]; return ok }
+func (t *Tensor) Supported() bool { return t.DType == "F32" || t.DType == "F16" || t.DType == "BF16" }
+
+type field struct {
+	name  string
+	value json.RawMessage
+}
+
+// objectFields splits a JSON object into its fields, in order, refusing a
+// name given twice (encoding/json would keep the last silently) and
+// anything after the object but spaces.
+func objectFields(b []byte) ([]field, error) {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return nil, fmt.Errorf("not a JSON object")
+	}
+	var out []field
+	seen := map[string]bool{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, err
+		}
+		name, _ := tok.(string)
+		if seen[name] {
+			return nil, fmt.Errorf("%q twice", name)
+		}
+		seen[name] = true
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			return nil, err
+		}
+		out = append(out, field{name, v})
+	}
+	if _, err := dec.Token(); err != nil {
+		return nil, err
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, fmt.Errorf("bytes after the header's object")
+	}
+	return out, nil
+}
 
 // WriteTensor is a tensor to write.
 type WriteTensor struct {
@@ -220,15 +258,12 @@ func (m *Model) Close() error {
 func OpenDir(dir string) (*Model, error) {
 	m := &Model{Tensors: map[string]*Tensor{}}
 	var files []string
-	ib, err := os.ReadFile(filepath.Join(dir, "model.safetensors.index.json"))
+	ib, err := readFileMax(filepath.Join(dir, "model.safetensors.index.json"), MaxHeader)
 	var index struct {
 		WeightMap map[string]string `json:"weight_map"`
 	}
 	switch {
 	case err == nil:
-		if len(ib) > MaxHeader {
-			return nil, formatErr("index of %d bytes", len(ib))
-		}
 		if err := json.Unmarshal(ib, &index); err != nil {
 			return nil, formatErr("model.safetensors.index.json: %v", err)
 		}
@@ -290,4 +325,22 @@ func OpenDir(dir string) (*Model, error) {
 		}
 	}
 	return m, nil
+}
+
+// readFileMax reads a whole file of at most max bytes, refusing a larger
+// one before reading it.
+func readFileMax(path string, max int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, max+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(b)) > max {
+		return nil, formatErr("%s is over %d bytes", filepath.Base(path), max)
+	}
+	return b, nil
 }

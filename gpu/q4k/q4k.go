@@ -194,7 +194,7 @@ func quantizeBlock(y []byte, x []float32) {
 		for l := 0; l < 32; l++ {
 			weights[l] = avX + float32(math.Abs(float64(xs[l])))
 		}
-		scales[j] = makeQKX2Quants(15, xs, weights[:], L[32*j:32*j+32], &mins[j], laux[:], -1, 0.1, 20)
+		scales[j] = makeQKX2Quants(15, (*[32]float32)(xs), &weights, (*[32]uint8)(L[32*j:]), &mins[j], &laux, -1, 0.1, 20)
 		if scales[j] > maxScale {
 			maxScale = scales[j]
 		}
@@ -241,14 +241,18 @@ func quantizeBlock(y []byte, x []float32) {
 	}
 }
 
-// makeQKX2Quants is GGML's make_qkx2_quants with use_mad = false, in float32
-// arithmetic step for step.
-func makeQKX2Quants(nmax int, x, weights []float32, L []uint8, theMin *float32, laux []uint8, rmin, rdelta float32, nstep int) float32 {
-	n := len(x)
+// makeQKX2Quants is GGML's make_qkx2_quants with use_mad = false for one
+// sub-block of 32 weights, in float32 arithmetic step for step: every sum
+// is accumulated in GGML's order and every product rounded on its own
+// (the explicit float32 conversions forbid fused multiply-adds), so the
+// result is GGML's bit for bit. x[i]-min, which GGML recomputes in every
+// step, is computed only when min changes: the same operands give the
+// same float.
+func makeQKX2Quants(nmax int, x, weights *[32]float32, L *[32]uint8, theMin *float32, laux *[32]uint8, rmin, rdelta float32, nstep int) float32 {
 	minV, maxV := x[0], x[0]
 	sumW := weights[0]
 	sumX := sumW * x[0]
-	for i := 1; i < n; i++ {
+	for i := 1; i < 32; i++ {
 		if x[i] < minV {
 			minV = x[i]
 		}
@@ -263,33 +267,35 @@ func makeQKX2Quants(nmax int, x, weights []float32, L []uint8, theMin *float32, 
 		minV = 0
 	}
 	if maxV == minV {
-		for i := range L[:n] {
-			L[i] = 0
-		}
+		*L = [32]uint8{}
 		*theMin = -minV
 		return 0
 	}
-	iscale := float32(nmax) / (maxV - minV)
+	var xm [32]float32
+	for i := range xm {
+		xm[i] = x[i] - minV
+	}
+	fmax := float32(nmax)
+	iscale := fmax / (maxV - minV)
 	scale := 1 / iscale
 	var bestMad float32
-	for i := 0; i < n; i++ {
-		l := nearestInt(iscale * (x[i] - minV))
-		L[i] = uint8(clampInt(l, 0, nmax))
-		diff := float32(scale*float32(L[i])) + minV - x[i]
-		diff = diff * diff
-		bestMad += float32(weights[i] * diff)
+	for i := 0; i < 32; i++ {
+		l := uint8(clampInt(nearestInt(iscale*xm[i]), 0, nmax))
+		L[i] = l
+		diff := float32(scale*float32(l)) + minV - x[i]
+		bestMad += float32(weights[i] * float32(diff*diff))
 	}
 	for is := 0; is <= nstep; is++ {
-		iscale = (rmin + float32(rdelta*float32(is)) + float32(nmax)) / (maxV - minV)
+		iscale = (rmin + float32(rdelta*float32(is)) + fmax) / (maxV - minV)
 		var sumL, sumL2, sumXL float32
-		for i := 0; i < n; i++ {
-			l := clampInt(nearestInt(iscale*(x[i]-minV)), 0, nmax)
-			laux[i] = uint8(l)
-			w := weights[i]
+		for i := 0; i < 32; i++ {
+			l := uint8(clampInt(nearestInt(iscale*xm[i]), 0, nmax))
+			laux[i] = l
 			fl := float32(l)
-			sumL += float32(w * fl)
-			sumL2 += float32(float32(w*fl) * fl)
-			sumXL += float32(float32(w*fl) * x[i])
+			wl := float32(weights[i] * fl)
+			sumL += wl
+			sumL2 += float32(wl * fl)
+			sumXL += float32(wl * x[i])
 		}
 		D := float32(sumW*sumL2) - float32(sumL*sumL)
 		if D > 0 {
@@ -300,16 +306,19 @@ func makeQKX2Quants(nmax int, x, weights []float32, L []uint8, theMin *float32, 
 				thisScale = sumXL / sumL2
 			}
 			var mad float32
-			for i := 0; i < n; i++ {
+			for i := 0; i < 32; i++ {
 				diff := float32(thisScale*float32(laux[i])) + thisMin - x[i]
-				diff = diff * diff
-				mad += float32(weights[i] * diff)
+				mad += float32(weights[i] * float32(diff*diff))
 			}
 			if mad < bestMad {
-				copy(L[:n], laux[:n])
+				*L = *laux
 				bestMad = mad
 				scale = thisScale
 				minV = thisMin
+				// GGML's later steps use the new min (x[i]-min and max-min).
+				for i := range xm {
+					xm[i] = x[i] - minV
+				}
 			}
 		}
 	}

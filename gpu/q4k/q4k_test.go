@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+	"time"
 )
 
 func TestPackScaleMinKnown(t *testing.T) {
@@ -166,4 +167,29 @@ func TestSizes(t *testing.T) {
 	if RowBytes(4096) != 16*144 {
 		t.Fatal("RowBytes")
 	}
+}
+
+// BenchmarkQuantize reports Quantize's throughput as a ratio of
+// Dequantize's on the same blocks in the same run (the decoder is the
+// limit an encoder is compared with).
+func BenchmarkQuantize(b *testing.B) {
+	r := rand.New(rand.NewPCG(1, 2))
+	x := make([]float32, 64*BlockWeights)
+	for i := range x {
+		x[i] = float32(r.NormFloat64() * 0.02)
+	}
+	q := make([]byte, RowBytes(len(x)))
+	y := make([]float32, len(x))
+	b.SetBytes(int64(4 * len(x)))
+	var enc, dec time.Duration
+	for i := 0; i < b.N; i++ {
+		t0 := time.Now()
+		Quantize(q, x)
+		enc += time.Since(t0)
+		t0 = time.Now()
+		Dequantize(y, q)
+		dec += time.Since(t0)
+	}
+	b.ReportMetric(float64(len(x)*b.N)/enc.Seconds()/1e6, "Mweights/s")
+	b.ReportMetric(dec.Seconds()/enc.Seconds(), "x-dequantize")
 }
