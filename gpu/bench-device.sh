@@ -3,6 +3,7 @@
 # test binary built here (that machine has no Go toolchain or module cache):
 #
 #   go test -c -o .gl/gpu.test ./gpu/     # on the development machine
+#   go test -c -o .gl/tiers.test ./tiers/ # optional: the tiers benchmarks too
 #   # device tool: carry [".gl"], command: bash gpu/bench-device.sh
 #
 # .gl also holds the debs of the Vulkan loader and of glvnd (libvulkan1
@@ -13,6 +14,12 @@
 # BENCH_COUNT (default 5) runs the whole benchmark that many times;
 # median.txt then holds each metric's median over the runs (bench-median.sh),
 # which is what BENCHMARKS.md reports. BENCH_TIMEOUT (default 9m) bounds them.
+# RDRR_BENCH_UPLOAD_SWEEP=1 adds the upload chunk schedules and staging ring
+# shapes (uploads alone: BENCH_ARGS="-test.bench GPU/(copy|upload|memcpy)").
+# With .gl/tiers.test, the tiers benchmarks (RAM -> VRAM promotion against
+# plain uploads, disk -> RAM verified reads against a raw read) run after
+# (TIERS_COUNT times, default 3; TIERS_BENCH picks them); SKIP_GPU_BENCH=1
+# runs only those.
 set -uo pipefail
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
@@ -30,8 +37,15 @@ cd gpu # tests read testdata/ relative to the package, as go test does
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   ../.gl/gpu.test -test.count 1 -test.timeout 5m 2>&1 | grep -v '^\[wgpu\] \[Warn\]' | tee "$out/test.log" | tail -15
 fi
-../.gl/gpu.test -test.run '^$' -test.bench . -test.benchtime 1x -test.count "${BENCH_COUNT:-5}" -test.timeout "${BENCH_TIMEOUT:-9m}" ${BENCH_ARGS:-} 2>&1 \
-  | grep --line-buffered -v '^\[wgpu\] \[Warn\]' > "$out/bench.log"
-grep -v '^Benchmark' "$out/bench.log" | grep -v '^ *bench_test.go' | tail -5
-sh bench-median.sh < "$out/bench.log" | tee "$out/median.txt"
+if [ "${SKIP_GPU_BENCH:-0}" != 1 ]; then
+  ../.gl/gpu.test -test.run '^$' -test.bench . -test.benchtime 1x -test.count "${BENCH_COUNT:-5}" -test.timeout "${BENCH_TIMEOUT:-9m}" ${BENCH_ARGS:-} 2>&1 \
+    | grep --line-buffered -v '^\[wgpu\] \[Warn\]' > "$out/bench.log"
+  grep -v '^Benchmark' "$out/bench.log" | grep -v '^ *\(bench\|transfer_bench\)_test.go' | tail -5
+  sh bench-median.sh < "$out/bench.log" | tee "$out/median.txt"
+fi
+if [ -x ../.gl/tiers.test ]; then
+  (cd ../tiers && ../.gl/tiers.test -test.run '^$' -test.bench "${TIERS_BENCH:-.}" -test.benchtime 1x -test.count "${TIERS_COUNT:-3}" -test.timeout 5m 2>&1) \
+    | grep --line-buffered -v '^\[wgpu\] \[Warn\]' > "$out/tiers-bench.log"
+  sh bench-median.sh < "$out/tiers-bench.log" | tee "$out/tiers-median.txt"
+fi
 kill $smi 2>/dev/null

@@ -21,7 +21,10 @@ import (
 // plus bytes written), then every kernel's effective bandwidth (the least
 // bytes it must read and write, over its time) as a ratio of that copy
 // bandwidth (x-of-copy), then host-to-GPU upload bandwidth for 64 MiB
-// uploads through the staging ring and through queue.WriteBuffer.
+// uploads through the staging ring and through queue.WriteBuffer (as
+// ratios of PCIe 5 x16, of the copy bandwidth and of the GPU copy from
+// host memory alone, with where one upload's time goes), and uploads
+// overlapping Q4_K kernels (transfer_bench_test.go).
 //
 // Kernels are timed back to back in batches, with weights rotated over
 // buffers larger than the GPU's L2 so that repeats read memory, not cache.
@@ -33,7 +36,8 @@ import (
 //
 // RDRR_BENCH_SWEEP=1 also times Q4_K configurations (the sweep that chose
 // DefaultQ4KConfig); RDRR_BENCH_PROBES=1 adds the memory-only probes of
-// testdata/q4k_probe.wgsl.
+// testdata/q4k_probe.wgsl; RDRR_BENCH_UPLOAD_SWEEP=1 the upload chunk
+// schedules and staging ring shapes.
 //
 // BENCHMARKS.md reports medians over repeated runs:
 //
@@ -148,39 +152,33 @@ func BenchmarkGPU(b *testing.B) {
 	b.Run("argmax/152064", func(b *testing.B) { report(b, m.rows(b, "argmax", 1, 152064)) })
 	b.Run("topp/152064", func(b *testing.B) { report(b, m.rows(b, "topp", 1, 152064)) })
 
-	if os.Getenv("RDRR_BENCH_UPLOAD_SWEEP") == "1" {
-		b.Run("memcpy_mapped/64MiB", func(b *testing.B) { m.memcpyMapped(b, 64<<20) })
-		for _, st := range [][3]int{{4, 8, 16}, {4, 16, 16}, {8, 16, 16}, {2, 32, 16}, {4, 32, 16}, {8, 32, 16}, {2, 64, 16}, {4, 64, 16}, {4, 32, 8}} {
-			b.Run(fmt.Sprintf("upload_sweep/%dx%dMiB-w%d", st[0], st[1], st[2]), func(b *testing.B) {
-				o := testOptions()
-				o.StagingBuffers, o.StagingSize, o.CopyWorkers = st[0], uint64(st[1])<<20, st[2]
-				d2, err := Open(ctx, o)
-				if err != nil {
-					b.Fatal(err)
-				}
-				defer d2.Close()
-				m2 := &meter{d: d2, k: NewKernels(d2), cpu: m.cpu}
-				defer m2.k.Close()
-				staged, streamed, _ := m2.upload(b, 64<<20)
-				b.ReportMetric(staged/1e9, "GB/s")
-				b.ReportMetric(streamed/1e9, "stream-GB/s")
-				b.ReportMetric(staged/pcie5x16, "x-of-pcie5x16")
-			})
+	// Uploads: one 64 MiB upload, 16 back to back, queue.WriteBuffer, and
+	// where a single upload's time goes (see uploadResult); uploads while
+	// Q4_K kernels run. RDRR_BENCH_UPLOAD_SWEEP=1 adds the memcpy into mapped
+	// memory alone, the chunk schedules and the staging ring's shapes.
+	copyBW := func(b *testing.B) float64 {
+		if m.cpu {
+			return 0 // a CPU adapter's "copy" is a memcpy: no yardstick for uploads
 		}
+		return ref(b)
 	}
 	b.Run("upload/64MiB", func(b *testing.B) {
 		// The kernel benchmarks leave a large heap behind: collect it now,
 		// or the collector competes with the copy goroutines.
 		runtime.GC()
-		staged, streamed, written := m.upload(b, 64<<20)
-		b.ReportMetric(staged/1e9, "GB/s")
-		b.ReportMetric(streamed/1e9, "stream-GB/s")
-		b.ReportMetric(written/1e9, "writebuffer-GB/s")
-		b.ReportMetric(staged/written, "x-of-writebuffer")
-		b.ReportMetric(staged/pcie5x16, "x-of-pcie5x16")
-		b.Logf("upload 64 MiB: staging %.1f GB/s (16 back to back: %.1f GB/s), queue.WriteBuffer %.2f GB/s; %d staging buffers of %d MiB, %d copy workers",
-			staged/1e9, streamed/1e9, written/1e9, d.opts.StagingBuffers, d.opts.StagingSize>>20, d.opts.CopyWorkers)
+		r := m.uploadPhases(b, 64<<20, true)
+		r.report(b, copyBW(b))
+		b.Logf("upload 64 MiB: staging %.1f GB/s (16 back to back: %.1f GB/s), queue.WriteBuffer %.2f GB/s; %d staging buffers of %d MiB, %d copy workers; one upload: %d chunks, call %v (memcpy %v, waits %v, submits %v), then sync %v",
+			r.single/1e9, r.stream/1e9, r.written/1e9, d.opts.StagingBuffers, d.opts.StagingSize>>20, d.opts.CopyWorkers,
+			r.phases.Chunks/max(1, r.phases.Uploads), r.call, r.phases.Copy/time.Duration(max(1, r.phases.Uploads)),
+			r.phases.Wait/time.Duration(max(1, r.phases.Uploads)), r.phases.Submit/time.Duration(max(1, r.phases.Uploads)), r.sync)
 	})
+	b.Run("upload_overlap/q4k_group8", func(b *testing.B) { m.uploadOverlap(b) })
+	if os.Getenv("RDRR_BENCH_UPLOAD_SWEEP") == "1" {
+		b.Run("memcpy_mapped/64MiB", func(b *testing.B) { m.memcpyMapped(b, 64<<20) })
+		m.uploadModes(b, copyBW)
+		m.uploadSweep(b, copyBW)
+	}
 }
 
 // pcie5x16 is the data-sheet limit of a PCIe 5 x16 link, 64 GB/s each
@@ -675,62 +673,4 @@ func (m *meter) memcpyMapped(b *testing.B, n int) {
 			b.ReportMetric(float64(n)/best.Seconds()/1e9, fmt.Sprintf("%s-w%d-GB/s", dst.name, w))
 		}
 	}
-}
-
-// upload returns bytes/s for one n-byte Upload (then Sync), for 16 uploads
-// back to back, and for queue.WriteBuffer; medians of 5.
-func (m *meter) upload(b *testing.B, n int) (staged, streamed, written float64) {
-	ctx := context.Background()
-	src := make([]byte, n)
-	r := rand.New(rand.NewPCG(3, 4))
-	for i := 0; i+8 <= n; i += 8 {
-		binary.LittleEndian.PutUint64(src[i:], r.Uint64())
-	}
-	dsts := make([]*Buffer, 4)
-	for i := range dsts {
-		dsts[i] = m.alloc(b, uint64(n))
-	}
-	median5 := func(f func(i int) time.Duration) time.Duration {
-		var ts []time.Duration
-		for i := 0; i < 5; i++ {
-			ts = append(ts, f(i))
-		}
-		sort.Slice(ts, func(i, j int) bool { return ts[i] < ts[j] })
-		return ts[2]
-	}
-	sync := func() {
-		if err := m.d.Sync(ctx); err != nil {
-			b.Fatal(err)
-		}
-	}
-	m.d.Upload(ctx, dsts[0], src) // warm: staging ring, page faults
-	sync()
-	tStage := median5(func(i int) time.Duration {
-		start := time.Now()
-		if err := m.d.Upload(ctx, dsts[i%4], src); err != nil {
-			b.Fatal(err)
-		}
-		sync()
-		return time.Since(start)
-	})
-	const burst = 16
-	tStream := median5(func(int) time.Duration {
-		start := time.Now()
-		for j := 0; j < burst; j++ {
-			if err := m.d.Upload(ctx, dsts[j%4], src); err != nil {
-				b.Fatal(err)
-			}
-		}
-		sync()
-		return time.Since(start) / burst
-	})
-	tWrite := median5(func(i int) time.Duration {
-		start := time.Now()
-		if err := m.d.Write(dsts[i%4], src); err != nil {
-			b.Fatal(err)
-		}
-		sync()
-		return time.Since(start)
-	})
-	return float64(n) / tStage.Seconds(), float64(n) / tStream.Seconds(), float64(n) / tWrite.Seconds()
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/cogentcore/webgpu/wgpu"
 )
@@ -13,18 +15,76 @@ import (
 // bytes), each filled by Options.CopyWorkers goroutines and copied to dst on
 // the GPU while the next one fills. queue.WriteBuffer measured ~1.3 GB/s on
 // an H100; this path is several times faster (see BENCHMARKS.md).
+//
+// Three things keep the link busy:
+//   - the memcpy into a mapped buffer runs on several goroutines (on the
+//     H100's host one thread writes mapped memory at ~8 GB/s, sixteen at
+//     ~56 GB/s: BENCHMARKS.md, "Upload staging sweep");
+//   - a submitter goroutine per Upload unmaps, encodes and submits each
+//     filled buffer while the caller already fills the next one, so the
+//     submission's CPU cost is off the copy's path;
+//   - an Upload that finds the ring idle starts with small chunks
+//     (rampStart, doubling up to the staging size): the GPU starts copying
+//     after the first small memcpy instead of after a whole staging buffer.
+//     A ring that is busy (uploads back to back) already keeps the GPU fed
+//     and gets whole buffers.
+//
+// The benchmark compares these schedules on each device
+// (RDRR_BENCH_UPLOAD_SWEEP=1, upload_mode/...) and says where one upload's
+// time goes (transfer_bench_test.go).
+
+// rampStart is the first chunk of an Upload that finds the ring idle.
+const rampStart = 1 << 20
+
+// copyPart is the least bytes one copy goroutine is given.
+const copyPart = 256 << 10
 
 type stager struct {
 	size  uint64
 	free  chan *staging
 	all   []*staging
 	works int
+	ramp  uint64 // first chunk of an Upload on an idle ring (0: no ramp)
+	// pipelined: a submitter goroutine per Upload (false: the caller
+	// submits each chunk itself; kept for the benchmark's comparison).
+	pipelined bool
+	stats     uploadStats
 }
 
 type staging struct {
-	raw    *wgpu.Buffer
-	mapped []byte // valid while mapped; nil once unmapped
-	err    error  // set by a failed map; the buffer is out of use
+	raw       *wgpu.Buffer
+	mapped    []byte // valid while mapped; nil once unmapped
+	err       error  // set by a failed map; the buffer is out of use
+	submitted time.Time
+}
+
+// uploadStats are Upload's cumulative phase times, so that a benchmark can
+// say where an upload's time goes.
+type uploadStats struct {
+	uploads, chunks, bytes atomic.Int64
+	wait                   atomic.Int64 // ns waiting for a free staging buffer
+	copy                   atomic.Int64 // ns of memcpy into mapped staging
+	submit                 atomic.Int64 // ns to unmap, encode, submit and ask for the map again
+	turn                   atomic.Int64 // ns from submit to the buffer's return (GPU copy + poll)
+}
+
+// uploadSnapshot is a snapshot of uploadStats.
+type uploadSnapshot struct {
+	Uploads, Chunks, Bytes   int64
+	Wait, Copy, Submit, Turn time.Duration
+}
+
+func (u *uploadStats) snapshot() uploadSnapshot {
+	return uploadSnapshot{
+		Uploads: u.uploads.Load(), Chunks: u.chunks.Load(), Bytes: u.bytes.Load(),
+		Wait: time.Duration(u.wait.Load()), Copy: time.Duration(u.copy.Load()),
+		Submit: time.Duration(u.submit.Load()), Turn: time.Duration(u.turn.Load()),
+	}
+}
+
+func (a uploadSnapshot) sub(b uploadSnapshot) uploadSnapshot {
+	return uploadSnapshot{a.Uploads - b.Uploads, a.Chunks - b.Chunks, a.Bytes - b.Bytes,
+		a.Wait - b.Wait, a.Copy - b.Copy, a.Submit - b.Submit, a.Turn - b.Turn}
 }
 
 func (d *Device) stagerLocked() (*stager, error) {
@@ -32,7 +92,10 @@ func (d *Device) stagerLocked() (*stager, error) {
 		return d.stager, nil
 	}
 	n := d.opts.StagingBuffers
-	st := &stager{size: d.opts.StagingSize, free: make(chan *staging, n), works: d.opts.CopyWorkers}
+	st := &stager{size: d.opts.StagingSize, free: make(chan *staging, n), works: d.opts.CopyWorkers, pipelined: true}
+	if st.size > rampStart {
+		st.ramp = rampStart
+	}
 	for i := 0; i < n; i++ {
 		var raw *wgpu.Buffer
 		var cerr error
@@ -70,13 +133,40 @@ func (st *stager) closeLocked() {
 	st.all = nil
 }
 
+// setUploadMode changes how Upload schedules its chunks (for the
+// benchmark's comparison of the strategies): ramp is the first chunk on an
+// idle ring (0: whole staging buffers only), pipelined submits from a
+// goroutine of its own.
+func (d *Device) setUploadMode(ramp uint64, pipelined bool) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	st, err := d.stagerLocked()
+	if err != nil {
+		return err
+	}
+	st.ramp, st.pipelined = min(ramp, st.size), pipelined
+	return nil
+}
+
+// uploadStats returns Upload's cumulative phase times.
+func (d *Device) uploadStats() uploadSnapshot {
+	d.mu.Lock()
+	st := d.stager
+	d.mu.Unlock()
+	if st == nil {
+		return uploadSnapshot{}
+	}
+	return st.stats.snapshot()
+}
+
 // Upload copies src into dst (a *Buffer or a Span) through the staging
-// ring. It returns once src has been copied out (the caller may reuse it);
-// the GPU copies may still be running, but work submitted afterwards sees
-// the data (one queue, in order). dst's offset must be a multiple of 4; a
-// length that is not is padded with zeros up to the next multiple of 4,
-// which must fit in the buffer. Safe for concurrent use; ctx bounds the
-// waits for a free staging buffer.
+// ring. It returns once src has been copied out (the caller may reuse it)
+// and every GPU copy is submitted; the copies may still be running, but
+// work submitted afterwards sees the data (one queue, in order). dst's
+// offset must be a multiple of 4; a length that is not is padded with
+// zeros up to the next multiple of 4, which must fit in the buffer. Safe
+// for concurrent use; ctx bounds the waits for a free staging buffer (on
+// an error some chunks may have been copied and others not).
 func (d *Device) Upload(ctx context.Context, dst Region, src []byte) error {
 	sp := dst.span()
 	if err := d.checkCopy(sp, uint64(len(src))); err != nil {
@@ -88,43 +178,140 @@ func (d *Device) Upload(ctx context.Context, dst Region, src []byte) error {
 		return err
 	}
 	st, err := d.stagerLocked()
+	var ramp uint64
+	var pipelined bool
+	if err == nil {
+		ramp, pipelined = st.ramp, st.pipelined
+	}
 	d.mu.Unlock()
 	if err != nil {
 		return err
 	}
+	st.stats.uploads.Add(1)
+	st.stats.bytes.Add(int64(len(src)))
+	chunk := st.size
+	if ramp > 0 && len(st.free) == cap(st.free) {
+		chunk = ramp // the ring is idle: start the GPU early
+	}
+	var sub *submitter
+	if pipelined && uint64(len(src)) > chunk {
+		sub = d.newSubmitter(st, sp.buf)
+	}
+	var uerr error
 	for pos := uint64(0); pos < uint64(len(src)); {
-		var s *staging
-		select {
-		case s = <-st.free:
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-d.lostCh:
-			return *d.lost.Load()
+		s, err := d.takeStaging(ctx, st)
+		if err != nil {
+			uerr = err
+			break
 		}
-		if s.err != nil {
-			st.free <- s
-			return s.err
-		}
-		if s.mapped == nil {
-			d.mu.Lock()
-			s.mapped = s.raw.GetMappedRange(0, uint(st.size))
-			d.mu.Unlock()
-		}
-		n := min(st.size, uint64(len(src))-pos)
+		n := min(chunk, uint64(len(src))-pos)
 		n4 := alignUp(n, 4)
+		t0 := time.Now()
 		parallelCopy(s.mapped[:n], src[pos:pos+n], st.works)
 		clear(s.mapped[n:n4])
-		if err := d.stageCopy(st, s, sp.buf, sp.off+pos, n4); err != nil {
-			return err
+		st.stats.copy.Add(int64(time.Since(t0)))
+		st.stats.chunks.Add(1)
+		if sub != nil {
+			if !sub.send(s, sp.off+pos, n4) {
+				break // the submitter failed; it says why below
+			}
+		} else if err := d.stageCopy(st, s, sp.buf, sp.off+pos, n4); err != nil {
+			uerr = err
+			break
 		}
 		pos += n
+		chunk = min(2*chunk, st.size)
 	}
-	return nil
+	if sub != nil {
+		if err := sub.finish(); err != nil {
+			uerr = err // the first failure: later ones follow from it
+		}
+	}
+	return uerr
+}
+
+// takeStaging waits for a free, mapped staging buffer.
+func (d *Device) takeStaging(ctx context.Context, st *stager) (*staging, error) {
+	t0 := time.Now()
+	defer func() { st.stats.wait.Add(int64(time.Since(t0))) }()
+	var s *staging
+	select {
+	case s = <-st.free:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-d.lostCh:
+		return nil, *d.lost.Load()
+	}
+	if s.err != nil {
+		st.free <- s
+		return nil, s.err
+	}
+	if s.mapped == nil {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		if err := d.usable(); err != nil { // Close destroys the ring
+			st.free <- s
+			return nil, err
+		}
+		s.mapped = s.raw.GetMappedRange(0, uint(st.size))
+	}
+	return s, nil
+}
+
+// submitter submits the filled staging buffers of one Upload from its own
+// goroutine, in order. After a failure it returns the buffers it is sent
+// to the ring unsubmitted.
+type submitter struct {
+	jobs chan stageJob
+	done chan struct{}
+	err  error // set before done closes
+	bad  atomic.Bool
+}
+
+type stageJob struct {
+	s      *staging
+	off, n uint64
+}
+
+func (d *Device) newSubmitter(st *stager, dst *Buffer) *submitter {
+	u := &submitter{jobs: make(chan stageJob, cap(st.free)), done: make(chan struct{})}
+	go func() {
+		defer close(u.done)
+		for j := range u.jobs {
+			if u.err != nil {
+				st.free <- j.s
+				continue
+			}
+			if err := d.stageCopy(st, j.s, dst, j.off, j.n); err != nil {
+				u.err = err
+				u.bad.Store(true)
+			}
+		}
+	}()
+	return u
+}
+
+// send queues a filled buffer; false (and s back in the ring) once the
+// submitter has failed. The channel holds as many jobs as the ring has
+// buffers, so send never blocks for long.
+func (u *submitter) send(s *staging, off, n uint64) bool {
+	u.jobs <- stageJob{s, off, n}
+	return !u.bad.Load()
+}
+
+// finish waits until every queued buffer is submitted (or returned) and
+// returns the first error.
+func (u *submitter) finish() error {
+	close(u.jobs)
+	<-u.done
+	return u.err
 }
 
 // stageCopy unmaps s, copies its first n bytes to dst at off on the GPU and
 // asks for s to be mapped again; the map callback returns s to the ring.
 func (d *Device) stageCopy(st *stager, s *staging, dst *Buffer, off, n uint64) error {
+	t0 := time.Now()
+	defer func() { st.stats.submit.Add(int64(time.Since(t0))) }()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if err := d.usable(); err != nil {
@@ -145,6 +332,7 @@ func (d *Device) stageCopy(st *stager, s *staging, dst *Buffer, off, n uint64) e
 		return s.err
 	}
 	d.noteSubmit(idx)
+	s.submitted = time.Now()
 	op := d.newOp(func(status uint32) {
 		if status != statusSuccess {
 			s.err = fmt.Errorf("upload: %w: staging map failed with status %d", ErrValidation, status)
@@ -152,6 +340,7 @@ func (d *Device) stageCopy(st *stager, s *staging, dst *Buffer, off, n uint64) e
 				s.err = fmt.Errorf("upload: %w", ErrDeviceLost)
 			}
 		}
+		st.stats.turn.Add(int64(time.Since(s.submitted)))
 		st.free <- s
 	})
 	if ne := mapAsync(d.dev, s.raw, wgpu.MapModeWrite, 0, st.size, op.complete); ne != nil {
@@ -162,10 +351,9 @@ func (d *Device) stageCopy(st *stager, s *staging, dst *Buffer, off, n uint64) e
 }
 
 // parallelCopy copies src to dst with up to workers goroutines, each at
-// least 1 MiB.
+// least copyPart bytes.
 func parallelCopy(dst, src []byte, workers int) {
-	const minPart = 1 << 20
-	parts := min(workers, max(1, len(src)/minPart))
+	parts := min(workers, max(1, len(src)/copyPart))
 	if parts <= 1 {
 		copy(dst, src)
 		return

@@ -7,10 +7,12 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/rdrr/peer/cas"
+	"github.com/rdrr/peer/gpu"
 	"golang.org/x/sys/unix"
 )
 
@@ -98,4 +100,123 @@ func drop(path string) {
 	defer f.Close()
 	f.Sync()
 	unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED)
+}
+
+// BenchmarkRAMToVRAM promotes keys from the RAM level to VRAM through the
+// cache (Get at VRAM of keys RAM holds, into an arena half their number, so
+// every Get evicts and uploads) and reports the rate as a ratio of plain
+// gpu.Device.Upload calls of the same bytes into the same slots, measured
+// in the same run (x-of-upload), and of PCIe 5 x16 (64 GB/s). Sequential
+// is one Get at a time (then Sync); parallel is four goroutines, as a
+// demand and the prefetch workers run.
+func BenchmarkRAMToVRAM(b *testing.B) {
+	if os.Getenv("XDG_RUNTIME_DIR") == "" {
+		b.Setenv("XDG_RUNTIME_DIR", b.TempDir())
+	}
+	var o gpu.Options
+	if s := os.Getenv("RDRR_GPU_BACKEND"); s != "" {
+		o.Backend, _ = gpu.ParseBackend(s)
+	}
+	ctx := context.Background()
+	d, err := gpu.Open(ctx, o)
+	if err != nil {
+		b.Skipf("no GPU adapter: %v", err)
+	}
+	defer d.Close()
+	keyLen, nkeys := int64(64<<20), 16
+	if d.Info().Type == "cpu" {
+		keyLen, nkeys = 8<<20, 8
+	}
+	data := make([]byte, keyLen*int64(nkeys))
+	r := rand.New(rand.NewPCG(5, 6))
+	for i := 0; i+8 <= len(data); i += 8 {
+		binary.LittleEndian.PutUint64(data[i:], r.Uint64())
+	}
+	blob := cas.Sum(data[:1024]) // a name only: memSource does not verify
+	keys := make([]Key, nkeys)
+	for i := range keys {
+		keys[i] = Key{Blob: blob, Size: int64(len(data)), Off: int64(i) * keyLen, Len: keyLen}
+	}
+	arena, err := NewGPUArena(d, keyLen, nkeys/2, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer arena.Release()
+	c, err := New(Config{RAM: int64(len(data)), Arena: arena, Disk: memSource(data), Policy: "lru"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	for _, k := range keys {
+		l, err := c.Get(ctx, k, RAM)
+		if err != nil {
+			b.Fatal(err)
+		}
+		l.Release()
+	}
+	drain := func() {
+		if err := d.Sync(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+	timed := func(workers int, get func(i int)) float64 {
+		drain()
+		start := time.Now()
+		var wg sync.WaitGroup
+		for w := 0; w < workers; w++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := w; i < nkeys; i += workers {
+					get(i)
+				}
+			}()
+		}
+		wg.Wait()
+		drain()
+		return float64(nkeys) * float64(keyLen) / time.Since(start).Seconds()
+	}
+	promote := func(i int) {
+		l, err := c.Get(ctx, keys[i], VRAM)
+		if err != nil {
+			b.Error(err)
+			return
+		}
+		l.Release()
+	}
+	raw := func(i int) {
+		k := keys[i]
+		if err := arena.Upload(ctx, i%arena.Slots(), data[k.Off:k.Off+k.Len]); err != nil {
+			b.Error(err)
+		}
+	}
+	timed(1, promote) // warm: the staging ring, the arena's pages
+	var seqCache, seqRaw, parCache, parRaw float64
+	for i := 0; i < b.N; i++ {
+		seqRaw += timed(1, raw)
+		seqCache += timed(1, promote)
+		parRaw += timed(4, raw)
+		parCache += timed(4, promote)
+	}
+	n := float64(b.N)
+	b.ReportMetric(seqCache/n/1e9, "GB/s")
+	b.ReportMetric(seqCache/seqRaw, "x-of-upload")
+	b.ReportMetric(seqCache/n/pcie5x16, "x-of-pcie5x16")
+	b.ReportMetric(parCache/n/1e9, "parallel-GB/s")
+	b.ReportMetric(parCache/parRaw, "parallel-x-of-upload")
+	b.ReportMetric(parCache/n/pcie5x16, "parallel-x-of-pcie5x16")
+}
+
+// pcie5x16 is the data-sheet limit of a PCIe 5 x16 link, 64 GB/s each way
+// (the H100's host link).
+const pcie5x16 = 64e9
+
+// memSource is a source in memory that trusts its bytes (for benchmarks
+// of the levels above it).
+type memSource []byte
+
+func (m memSource) Has(Key) bool { return true }
+func (m memSource) Read(_ context.Context, k Key, dst []byte) error {
+	copy(dst, m[k.Off:k.Off+k.Len])
+	return nil
 }
