@@ -2,11 +2,14 @@ package kernels
 
 import (
 	"bytes"
+	"container/heap"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"math"
+	"regexp"
+	"sync"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/crypto"
@@ -15,29 +18,32 @@ import (
 )
 
 // An Endorsement is a peer's signed statement that a kernel variant is
-// correct and faster than the baseline on a class of device, for a shape
+// correct and faster than a baseline on a class of device, for a shape
 // bucket of an op. ENDORSEMENT.md gives the canonical encoding, the
 // signature and the threat model.
+//
+// The fields are in the order of their JSON names, sorted (RFC 8785), so
+// that encoding/json writes the canonical form.
 type Endorsement struct {
-	Version     int     `json:"v"`
-	Kernel      cas.CID `json:"kernel"` // the variant's descriptor blob
+	ABI         int     `json:"abi"`         // the op's ABI version
+	Baseline    cas.CID `json:"baseline"`    // the variant it was timed against
+	BaselineNs  int64   `json:"baselineNs"`  // median time of one baseline dispatch
+	CandidateNs int64   `json:"candidateNs"` // median time of one candidate dispatch
+	Class       string  `json:"class"`       // exact device class
+	Coarse      string  `json:"coarse"`      // coarse device class (the gossip topic)
+	Expires     int64   `json:"expires"`     // Unix seconds
+	Issued      int64   `json:"issued"`      // Unix seconds
+	Kernel      cas.CID `json:"kernel"`      // the variant's descriptor blob
+	Nonce       uint64  `json:"nonce"`       // never reused by a peer
 	Op          string  `json:"op"`
-	ABI         int     `json:"abi"`
-	Class       string  `json:"class"`  // exact device class
-	Coarse      string  `json:"coarse"` // coarse device class (the gossip topic)
-	Shape       string  `json:"shape"`  // shape bucket
-	Baseline    cas.CID `json:"baseline"`
-	CandidateNs int64   `json:"candidateNs"` // median time of one dispatch
-	BaselineNs  int64   `json:"baselineNs"`
+	Peer        string  `json:"peer"`  // the endorser's peer ID
+	Seed        uint64  `json:"seed"`  // of the gate's and the timing's inputs
+	Shape       string  `json:"shape"` // shape bucket (Bucket)
 	Speedup     float64 `json:"speedup"`
-	SpeedupLow  float64 `json:"speedupLow"` // bootstrap 95% interval
-	SpeedupHigh float64 `json:"speedupHigh"`
-	Seed        uint64  `json:"seed"`    // of the gate's and the timing's inputs
-	Tool        string  `json:"tool"`    // tool version
-	Peer        string  `json:"peer"`    // the endorser's peer ID
-	Issued      int64   `json:"issued"`  // Unix seconds
-	Expires     int64   `json:"expires"` // Unix seconds
-	Nonce       uint64  `json:"nonce"`
+	SpeedupHigh float64 `json:"speedupHigh"` // bootstrap 95% interval
+	SpeedupLow  float64 `json:"speedupLow"`
+	Tool        string  `json:"tool"` // tool version
+	Version     int     `json:"v"`
 }
 
 // SignedEndorsement is an endorsement with its signature: the wire and
@@ -50,41 +56,45 @@ type SignedEndorsement struct {
 // Version of the endorsement format.
 const Version = 1
 
-// Limits on what Decode accepts.
+// Limits on what Decode and Verify accept.
 const (
-	MaxEndorsementBytes = 4096
+	MaxEndorsementBytes = 2048
 	MaxLifetime         = 90 * 24 * time.Hour
 	MaxClockSkew        = 10 * time.Minute
+	maxSafeInt          = 1<<53 - 1 // integers survive a float64 (RFC 8785 numbers)
+	maxSpeedup          = 1000
 )
 
-// The rule for endorsing: at least MinSpeedup, and the interval's low end
-// above 1.
+// MinSpeedup is the rule for endorsing: a speedup of at least MinSpeedup
+// whose interval's low end is above 1.
 const MinSpeedup = 1.2
 
 // domain separates endorsement signatures from every other use of a key.
 const domain = "rdrr-endorsement-v1\x00"
 
-// Errors of Verify, each wrapping ErrInvalid.
 var (
-	ErrInvalid   = errors.New("kernels: invalid endorsement")
-	ErrSignature = fmt.Errorf("%w: bad signature", ErrInvalid)
-	ErrExpired   = fmt.Errorf("%w: expired", ErrInvalid)
-	ErrReplay    = fmt.Errorf("%w: replayed", ErrInvalid)
-	ErrClass     = fmt.Errorf("%w: another device class", ErrInvalid)
-	ErrABI       = fmt.Errorf("%w: another ABI", ErrInvalid)
-	ErrSchema    = fmt.Errorf("%w: malformed", ErrInvalid)
-	ErrNotFaster = fmt.Errorf("%w: not faster by the rule", ErrInvalid)
+	classPart = `[a-z0-9._-]{1,48}`
+	coarseRE  = regexp.MustCompile(`^` + classPart + `/` + classPart + `/` + classPart + `$`)
+	driverRE  = regexp.MustCompile(`^` + classPart + `$`)
+	toolRE    = regexp.MustCompile(`^[A-Za-z0-9._+/-]{1,64}$`)
 )
 
-// Canonical returns the bytes that are signed: compact JSON with the
-// fields in the order of the struct (encoding/json's order), no
-// white space, numbers as encoding/json writes them.
+// Canonical returns the bytes that are signed: the RFC 8785 (JCS) form of
+// the endorsement, which is what encoding/json writes for it (sorted
+// fields, no white space, ECMAScript number form; every string is from a
+// charset that needs no escaping).
 func (e *Endorsement) Canonical() []byte {
-	b, _ := json.Marshal(e)
+	b, err := json.Marshal(e)
+	if err != nil {
+		panic(fmt.Sprintf("kernels: encode endorsement: %v", err)) // only NaN/Inf, which check refuses
+	}
 	return b
 }
 
-// Sign signs e with key (whose peer ID must be e.Peer).
+// message is what the signature covers.
+func (e *Endorsement) message() []byte { return append([]byte(domain), e.Canonical()...) }
+
+// Sign checks e and signs it with key (whose peer ID must be e.Peer).
 func Sign(e Endorsement, key crypto.PrivKey) (*SignedEndorsement, error) {
 	id, err := peer.IDFromPrivateKey(key)
 	if err != nil {
@@ -93,22 +103,30 @@ func Sign(e Endorsement, key crypto.PrivKey) (*SignedEndorsement, error) {
 	if e.Peer != id.String() {
 		return nil, fmt.Errorf("kernels: endorsement names peer %s; the key is %s's", e.Peer, id)
 	}
-	sig, err := key.Sign(append([]byte(domain), e.Canonical()...))
+	if err := e.check(); err != nil {
+		return nil, err
+	}
+	sig, err := key.Sign(e.message())
 	if err != nil {
 		return nil, err
 	}
 	return &SignedEndorsement{Endorsement: e, Sig: sig}, nil
 }
 
-// Encode returns the signed endorsement's wire bytes.
+// Encode returns the signed endorsement's wire bytes (RFC 8785 of
+// {"endorsement": ..., "sig": base64}).
 func (s *SignedEndorsement) Encode() []byte {
-	b, _ := json.Marshal(s)
+	b, err := json.Marshal(s)
+	if err != nil {
+		panic(fmt.Sprintf("kernels: encode endorsement: %v", err))
+	}
 	return b
 }
 
 // Decode parses wire bytes strictly: at most MaxEndorsementBytes, no
-// unknown fields, no trailing data, the canonical form only (so one
-// endorsement has one encoding and one ID).
+// unknown fields, no trailing data, every field in bounds, and the
+// canonical form only (so one endorsement has one encoding). It does not
+// check the signature: Verify does. Errors wrap ErrSchema.
 func Decode(b []byte) (*SignedEndorsement, error) {
 	if len(b) > MaxEndorsementBytes {
 		return nil, fmt.Errorf("%w: %d bytes (limit %d)", ErrSchema, len(b), MaxEndorsementBytes)
@@ -122,48 +140,63 @@ func Decode(b []byte) (*SignedEndorsement, error) {
 	if dec.More() {
 		return nil, fmt.Errorf("%w: trailing data", ErrSchema)
 	}
+	if err := s.Endorsement.check(); err != nil {
+		return nil, err
+	}
+	if len(s.Sig) != 64 {
+		return nil, fmt.Errorf("%w: signature of %d bytes (Ed25519: 64)", ErrSchema, len(s.Sig))
+	}
 	if !bytes.Equal(s.Encode(), b) {
 		return nil, fmt.Errorf("%w: not canonical", ErrSchema)
 	}
 	return &s, nil
 }
 
-// ID is the endorsement's identity for replay detection: the hash of its
-// canonical bytes.
+// ID is the endorsement's identity: the SHA-256 of its canonical bytes.
 func (e *Endorsement) ID() [32]byte { return sha256.Sum256(e.Canonical()) }
 
-// check validates the fields alone (no signature, no time).
+// check validates the fields alone (no signature, no clock).
 func (e *Endorsement) check() error {
 	bad := func(f string, args ...any) error { return fmt.Errorf("%w: %s", ErrSchema, fmt.Sprintf(f, args...)) }
 	switch {
 	case e.Version != Version:
 		return bad("version %d (want %d)", e.Version, Version)
-	case e.Kernel.IsCollection() || e.Baseline.IsCollection() || e.Kernel == (cas.CID{}) || e.Baseline == (cas.CID{}):
+	case e.Kernel.IsZero() || e.Kernel.IsCollection() || e.Baseline.IsZero() || e.Baseline.IsCollection():
 		return bad("kernel and baseline must be raw CIDs")
+	case e.Kernel == e.Baseline:
+		return bad("kernel %s is its own baseline", e.Kernel)
 	case !validOp(e.Op):
 		return bad("unknown op %q", e.Op)
 	case e.ABI <= 0 || e.ABI > 1000:
 		return bad("abi %d", e.ABI)
-	case e.Class == "" || len(e.Class) > 256 || e.Coarse == "" || len(e.Coarse) > 128 || len(e.Shape) > 64 || len(e.Tool) > 64:
-		return bad("class, coarse class, shape or tool out of bounds")
-	case e.CandidateNs <= 0 || e.BaselineNs <= 0:
-		return bad("times must be positive")
-	case !finite(e.Speedup, e.SpeedupLow, e.SpeedupHigh) || e.SpeedupLow > e.Speedup || e.Speedup > e.SpeedupHigh:
-		return bad("speedup %g outside its interval [%g, %g]", e.Speedup, e.SpeedupLow, e.SpeedupHigh)
+	case !coarseRE.MatchString(e.Coarse) || len(e.Class) <= len(e.Coarse)+1 || e.Class[:len(e.Coarse)+1] != e.Coarse+"/" ||
+		!driverRE.MatchString(e.Class[len(e.Coarse)+1:]):
+		return bad("class %q and coarse class %q (want backend/vendor/device/driver and its first three parts)", e.Class, e.Coarse)
+	case !toolRE.MatchString(e.Tool):
+		return bad("tool %q", e.Tool)
+	case e.CandidateNs <= 0 || e.BaselineNs <= 0 || e.CandidateNs > maxSafeInt || e.BaselineNs > maxSafeInt:
+		return bad("times %d, %d ns (1..2^53-1)", e.CandidateNs, e.BaselineNs)
+	case e.Seed > maxSafeInt || e.Nonce > maxSafeInt:
+		return bad("seed %d and nonce %d must be below 2^53", e.Seed, e.Nonce)
+	case !inRange(e.Speedup, e.SpeedupLow, e.SpeedupHigh) || e.SpeedupLow > e.Speedup || e.Speedup > e.SpeedupHigh:
+		return bad("speedup %g and its interval [%g, %g] (0 < low <= speedup <= high <= %d)", e.Speedup, e.SpeedupLow, e.SpeedupHigh, maxSpeedup)
 	case math.Abs(float64(e.BaselineNs)/float64(e.CandidateNs)-e.Speedup) > 0.05*e.Speedup:
 		return bad("speedup %g does not match the times (%d / %d ns)", e.Speedup, e.BaselineNs, e.CandidateNs)
-	case e.Expires <= e.Issued || time.Duration(e.Expires-e.Issued)*time.Second > MaxLifetime:
+	case e.Issued <= 0 || e.Expires <= e.Issued || e.Expires-e.Issued > int64(MaxLifetime/time.Second):
 		return bad("lifetime [%d, %d] (at most %v)", e.Issued, e.Expires, MaxLifetime)
 	}
-	if _, err := peer.Decode(e.Peer); err != nil {
+	if err := checkBucket(e.Op, e.Shape); err != nil {
+		return bad("%v", err)
+	}
+	if err := canonicalPeer(e.Peer); err != nil {
 		return bad("peer: %v", err)
 	}
 	return nil
 }
 
-func finite(xs ...float64) bool {
+func inRange(xs ...float64) bool {
 	for _, x := range xs {
-		if math.IsNaN(x) || math.IsInf(x, 0) || x <= 0 {
+		if !(x > 0 && x <= maxSpeedup) { // false for NaN
 			return false
 		}
 	}
@@ -174,67 +207,79 @@ func finite(xs ...float64) bool {
 // MinSpeedup whose interval's low end is above 1.
 func (e *Endorsement) Faster() bool { return e.Speedup >= MinSpeedup && e.SpeedupLow > 1 }
 
-// Verifier checks received endorsements: schema, signature, class, ABI,
-// time and replay. Not safe for concurrent use.
+// Verifier checks received endorsements: schema, signature, device class,
+// ABI, time, the endorsing rule, and replay. Safe for concurrent use.
 type Verifier struct {
-	Class string         // this device's exact class
-	ABI   map[string]int // op -> this build's ABI version
-	Now   func() time.Time
-	seen  map[[32]byte]int64 // endorsement ID -> expiry
+	// Class is this device's class. An endorsement must name its exact
+	// class, or only its coarse class when AnyDriver is set (the local
+	// benchmark decides anyway).
+	Class     DeviceClass
+	AnyDriver bool
+	// ABI maps each op to this build's ABI version (ABIVersions()).
+	ABI map[string]int
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+	// MaxSeen bounds the replay set (0 means 1<<16). When it is full the
+	// entries that expire first are dropped: a record replayed after that
+	// is stored once anyway (the Registry keeps one copy per record, and
+	// Policy counts a peer once).
+	MaxSeen int
+
+	mu   sync.Mutex
+	seen seenSet
 }
 
-// maxSeen bounds the replay set; expired entries are dropped first.
-const maxSeen = 1 << 16
-
 // Verify checks s. An error wraps ErrInvalid and one of the specific
-// errors above.
+// errors (ErrSchema, ErrSignature, ErrClass, ErrABI, ErrExpired,
+// ErrNotYetValid, ErrNotFaster, ErrReplay).
 func (v *Verifier) Verify(s *SignedEndorsement) error {
 	e := &s.Endorsement
 	if err := e.check(); err != nil {
 		return err
 	}
-	id, _ := peer.Decode(e.Peer)
-	pub, err := id.ExtractPublicKey()
-	if err != nil || pub.Type() != crypto.Ed25519 {
-		return fmt.Errorf("%w: peer ID carries no Ed25519 key", ErrSignature)
+	if err := checkSignature(e, s.Sig); err != nil {
+		return err
 	}
-	if ok, err := pub.Verify(append([]byte(domain), e.Canonical()...), s.Sig); err != nil || !ok {
-		return ErrSignature
-	}
-	if e.Class != v.Class {
-		return fmt.Errorf("%w: %q, this device is %q", ErrClass, e.Class, v.Class)
+	switch {
+	case e.Class == v.Class.Exact():
+	case v.AnyDriver && e.Coarse == v.Class.Coarse():
+	default:
+		return fmt.Errorf("%w: %q; this device is %q", ErrClass, e.Class, v.Class.Exact())
 	}
 	if want, ok := v.ABI[e.Op]; !ok || e.ABI != want {
 		return fmt.Errorf("%w: %s ABI %d (this build: %d)", ErrABI, e.Op, e.ABI, want)
 	}
-	t := v.now().Unix()
-	if t >= e.Expires {
-		return ErrExpired
+	now := v.now().Unix()
+	if now >= e.Expires {
+		return fmt.Errorf("%w: at %d", ErrExpired, e.Expires)
 	}
-	if e.Issued > t+int64(MaxClockSkew/time.Second) {
-		return fmt.Errorf("%w: issued in the future", ErrSchema)
+	if e.Issued > now+int64(MaxClockSkew/time.Second) {
+		return fmt.Errorf("%w: at %d, now %d", ErrNotYetValid, e.Issued, now)
 	}
 	if !e.Faster() {
-		return ErrNotFaster
+		return fmt.Errorf("%w: speedup %g, interval low %g", ErrNotFaster, e.Speedup, e.SpeedupLow)
 	}
-	if v.seen == nil {
-		v.seen = map[[32]byte]int64{}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if !v.seen.add(replayKey(e), e.Expires, now, v.MaxSeen) {
+		return fmt.Errorf("%w: %s nonce %d", ErrReplay, e.Peer, e.Nonce)
 	}
-	key := e.ID()
-	if _, dup := v.seen[key]; dup {
-		return ErrReplay
+	return nil
+}
+
+// checkSignature checks sig over e against the key e.Peer embeds.
+func checkSignature(e *Endorsement, sig []byte) error {
+	id, err := peer.Decode(e.Peer)
+	if err != nil {
+		return fmt.Errorf("%w: peer %q: %v", ErrSignature, e.Peer, err)
 	}
-	if len(v.seen) >= maxSeen {
-		for k, exp := range v.seen {
-			if exp <= t {
-				delete(v.seen, k)
-			}
-		}
-		if len(v.seen) >= maxSeen {
-			return fmt.Errorf("%w: too many endorsements in flight", ErrInvalid)
-		}
+	pub, err := id.ExtractPublicKey()
+	if err != nil || pub.Type() != crypto.Ed25519 {
+		return fmt.Errorf("%w: peer ID %s carries no Ed25519 key", ErrSignature, e.Peer)
 	}
-	v.seen[key] = e.Expires
+	if ok, err := pub.Verify(e.message(), sig); err != nil || !ok {
+		return fmt.Errorf("%w: from %s", ErrSignature, e.Peer)
+	}
 	return nil
 }
 
@@ -245,17 +290,62 @@ func (v *Verifier) now() time.Time {
 	return time.Now()
 }
 
-func errorsIs(err, target error) bool { return errors.Is(err, target) }
-
-func validOp(op string) bool {
-	for _, o := range Ops {
-		if o == op {
-			return true
-		}
-	}
-	return false
+// replayKey identifies a record for replay: its peer and nonce. A peer
+// never reuses a nonce, so a second record with the same pair is either
+// the same record again or not one the peer meant.
+func replayKey(e *Endorsement) [32]byte {
+	h := sha256.New()
+	h.Write([]byte(e.Peer))
+	h.Write([]byte{0})
+	h.Write(binary.BigEndian.AppendUint64(nil, e.Nonce))
+	var k [32]byte
+	h.Sum(k[:0])
+	return k
 }
 
-// Ops are the ops whose kernels can be endorsed.
-var Ops = []string{"q4k_matvec", "q4k_matvec_group", "q4k_matmul", "q4k_dequant", "dense_matmul", "rmsnorm",
-	"softmax", "rope", "attention_decode", "route_topk", "swiglu", "accumulate", "embed", "argmax", "topp"}
+// seenSet is a bounded set of keys, each until its expiry; when full, the
+// entries that expire first leave first.
+type seenSet struct {
+	keys map[[32]byte]bool
+	h    expiryHeap
+}
+
+// add inserts k (expiring at exp) and reports whether it was new.
+func (s *seenSet) add(k [32]byte, exp, now int64, limit int) bool {
+	if limit <= 0 {
+		limit = 1 << 16
+	}
+	if s.keys == nil {
+		s.keys = map[[32]byte]bool{}
+	}
+	for s.h.Len() > 0 && s.h[0].exp <= now {
+		delete(s.keys, heap.Pop(&s.h).(seenEntry).key)
+	}
+	if s.keys[k] {
+		return false
+	}
+	for s.h.Len() >= limit {
+		delete(s.keys, heap.Pop(&s.h).(seenEntry).key)
+	}
+	s.keys[k] = true
+	heap.Push(&s.h, seenEntry{exp, k})
+	return true
+}
+
+type seenEntry struct {
+	exp int64
+	key [32]byte
+}
+
+type expiryHeap []seenEntry
+
+func (h expiryHeap) Len() int           { return len(h) }
+func (h expiryHeap) Less(i, j int) bool { return h[i].exp < h[j].exp }
+func (h expiryHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *expiryHeap) Push(x any)        { *h = append(*h, x.(seenEntry)) }
+func (h *expiryHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
+}

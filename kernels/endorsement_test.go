@@ -3,79 +3,42 @@ package kernels
 import (
 	"bytes"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
-	"flag"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/peer"
-	"github.com/rdrr/peer/cas"
 )
 
-var update = flag.Bool("update", false, "rewrite testdata/endorsement-vector.json")
+const (
+	vectorFile   = "testdata/endorsement-vector.json"
+	messageFile  = "testdata/endorsement-vector-message.hex"
+	invalidFile  = "testdata/endorsement-invalid.json"
+	keyInfoFile  = "testdata/endorsement-vector-key.txt"
+	vectorVerify = "class vulkan/10de/2330/580.159.04, attention_decode ABI 1, now 2026-11-23T01:00:00Z"
+)
 
-// testKey returns a deterministic Ed25519 key for seed.
-func testKey(t testing.TB, seed uint64) (crypto.PrivKey, peer.ID) {
-	t.Helper()
-	r := rand.New(rand.NewPCG(seed, seed))
-	key, _, err := crypto.GenerateEd25519Key(readerFunc(func(p []byte) (int, error) {
-		for i := range p {
-			p[i] = byte(r.Uint32())
-		}
-		return len(p), nil
-	}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	id, _ := peer.IDFromPrivateKey(key)
-	return key, id
-}
-
-type readerFunc func([]byte) (int, error)
-
-func (f readerFunc) Read(p []byte) (int, error) { return f(p) }
-
-const testClass = "vulkan/10de/2330/580.159.04"
-
-var t0 = time.Date(2026, 11, 23, 0, 0, 0, 0, time.UTC)
-
-func sample(id peer.ID) Endorsement {
-	return Endorsement{
-		Version: Version, Kernel: cas.Sum([]byte("variant")), Op: "attention_decode", ABI: 1,
-		Class: testClass, Coarse: "vulkan/10de/2330", Shape: "32x8x128x4096", Baseline: cas.Sum([]byte("builtin")),
-		CandidateNs: 400_000, BaselineNs: 725_000, Speedup: 1.8125, SpeedupLow: 1.7, SpeedupHigh: 1.9,
-		Seed: 42, Tool: "peer/0.2", Peer: id.String(), Issued: t0.Unix(), Expires: t0.Add(30 * 24 * time.Hour).Unix(), Nonce: 7,
-	}
-}
-
-func verifier() *Verifier {
-	return &Verifier{Class: testClass, ABI: map[string]int{"attention_decode": 1}, Now: func() time.Time { return t0.Add(time.Hour) }}
-}
-
-// The committed vector: its bytes decode, verify and re-encode to the
-// same bytes; the signature is over the documented message.
+// The committed vector: signing the sample with the seed-1 key gives its
+// bytes exactly; they decode, verify and re-encode to the same bytes; the
+// signature is over the documented message.
 func TestEndorsementVector(t *testing.T) {
 	key, id := testKey(t, 1)
-	s, err := Sign(sample(id), key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join("testdata", "endorsement-vector.json")
+	s := signed(t, sample(id), key)
+	msg := s.Endorsement.message()
 	if *update {
-		os.MkdirAll("testdata", 0o755)
-		msg := append([]byte(domain), s.Endorsement.Canonical()...)
-		os.WriteFile(path, append(s.Encode(), '\n'), 0o644)
-		os.WriteFile(filepath.Join("testdata", "endorsement-vector-message.hex"), []byte(hex.EncodeToString(msg)+"\n"), 0o644)
+		raw, _ := key.Raw()
+		pub, _ := key.GetPublic().Raw()
+		info := "seed " + hex.EncodeToString(raw[:32]) + "\npublic key " + hex.EncodeToString(pub) + "\npeer " + id.String() + "\nverified as " + vectorVerify + "\n"
+		writeGolden(t, keyInfoFile, []byte(info))
+		writeGolden(t, vectorFile, append(s.Encode(), '\n'))
+		writeGolden(t, messageFile, []byte(hex.EncodeToString(msg)+"\n"))
 	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want = bytes.TrimSuffix(want, []byte("\n"))
+	want := bytes.TrimSuffix(readGolden(t, vectorFile), []byte("\n"))
 	if !bytes.Equal(s.Encode(), want) {
 		t.Fatalf("signing the sample gives\n%s\nthe vector is\n%s", s.Encode(), want)
 	}
@@ -86,187 +49,334 @@ func TestEndorsementVector(t *testing.T) {
 	if err := verifier().Verify(got); err != nil {
 		t.Fatal(err)
 	}
-	msgHex, _ := os.ReadFile(filepath.Join("testdata", "endorsement-vector-message.hex"))
-	if hex.EncodeToString(append([]byte(domain), got.Endorsement.Canonical()...)) != string(bytes.TrimSpace(msgHex)) {
+	if hex.EncodeToString(got.Endorsement.message()) != string(bytes.TrimSpace(readGolden(t, messageFile))) {
 		t.Fatal("the signed message is not the documented one")
+	}
+	if !strings.HasPrefix(string(msg), "rdrr-endorsement-v1\x00{\"abi\":1,") {
+		t.Fatalf("message starts %q", msg[:30])
 	}
 }
 
-// Every kind of bad record is refused with its own error.
-func TestVerifyRejects(t *testing.T) {
+// The canonical bytes are RFC 8785: what a generic JSON value with sorted
+// keys encodes to (checked with a map, whose keys encoding/json sorts,
+// not with the struct).
+func TestCanonicalIsSortedJSON(t *testing.T) {
+	_, id := testKey(t, 1)
+	e := sample(id)
+	for _, b := range [][]byte{e.Canonical(), signed(t, e, mustKey(t, 1)).Encode()} {
+		var v any
+		dec := json.NewDecoder(bytes.NewReader(b))
+		dec.UseNumber()
+		if err := dec.Decode(&v); err != nil {
+			t.Fatal(err)
+		}
+		again, _ := json.Marshal(v)
+		if !bytes.Equal(again, b) {
+			t.Fatalf("not in sorted canonical form:\n%s\n%s", b, again)
+		}
+	}
+}
+
+func mustKey(t *testing.T, n byte) crypto.PrivKey { k, _ := testKey(t, n); return k }
+
+// invalidCase is a record and the error it must get.
+type invalidCase struct {
+	name string
+	mod  func(e *Endorsement)
+	sign func(e Endorsement) *SignedEndorsement // nil: sign with the seed-1 key
+	want error
+}
+
+func invalidCases(t *testing.T) []invalidCase {
 	key, id := testKey(t, 1)
 	other, _ := testKey(t, 2)
-	for _, tc := range []struct {
-		name string
-		mod  func(e *Endorsement)
-		sign crypto.PrivKey
-		want error
-	}{
-		{"forged signature", nil, other, ErrSignature},
-		{"wrong class", func(e *Endorsement) { e.Class = "vulkan/1002/73bf/x" }, key, ErrClass},
-		{"wrong ABI", func(e *Endorsement) { e.ABI = 2 }, key, ErrABI},
-		{"expired", func(e *Endorsement) { e.Issued, e.Expires = t0.Add(-48*time.Hour).Unix(), t0.Add(-time.Hour).Unix() }, key, ErrExpired},
+	raw := func(e Endorsement, k crypto.PrivKey) *SignedEndorsement {
+		sig, err := k.Sign(e.message())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &SignedEndorsement{Endorsement: e, Sig: sig}
+	}
+	return []invalidCase{
+		{"forged signature", nil, func(e Endorsement) *SignedEndorsement { return raw(e, other) }, ErrSignature},
+		{"signature without the domain", nil, func(e Endorsement) *SignedEndorsement {
+			sig, _ := key.Sign(e.Canonical())
+			return &SignedEndorsement{Endorsement: e, Sig: sig}
+		}, ErrSignature},
+		{"wrong class", func(e *Endorsement) { e.Class, e.Coarse = otherClass.Exact(), otherClass.Coarse() }, nil, ErrClass},
+		{"other driver", func(e *Endorsement) { e.Class = testClass.Coarse() + "/999.1" }, nil, ErrClass},
+		{"wrong ABI", func(e *Endorsement) { e.ABI = 2 }, nil, ErrABI},
+		{"expired", func(e *Endorsement) { e.Issued, e.Expires = t0.Add(-48*time.Hour).Unix(), t0.Add(-time.Hour).Unix() }, nil, ErrExpired},
+		{"not yet valid", func(e *Endorsement) { e.Issued, e.Expires = t0.Add(48*time.Hour).Unix(), t0.Add(72*time.Hour).Unix() }, nil, ErrNotYetValid},
 		{"not faster", func(e *Endorsement) {
 			e.CandidateNs, e.Speedup, e.SpeedupLow, e.SpeedupHigh = 700_000, 1.0357, 0.98, 1.1
-		}, key, ErrNotFaster},
-		{"speedup lies about times", func(e *Endorsement) { e.Speedup, e.SpeedupHigh = 3, 3.1 }, key, ErrSchema},
-		{"unknown op", func(e *Endorsement) { e.Op = "mine" }, key, ErrSchema},
-		{"too long lived", func(e *Endorsement) { e.Expires = t0.Add(365 * 24 * time.Hour).Unix() }, key, ErrSchema},
-		{"from the future", func(e *Endorsement) { e.Issued, e.Expires = t0.Add(48*time.Hour).Unix(), t0.Add(72*time.Hour).Unix() }, key, ErrSchema},
-	} {
+		}, nil, ErrNotFaster},
+		{"interval reaches 1", func(e *Endorsement) {
+			e.CandidateNs, e.Speedup, e.SpeedupLow, e.SpeedupHigh = 580_000, 1.25, 1.0, 1.5
+		}, nil, ErrNotFaster},
+		{"speedup lies about times", func(e *Endorsement) { e.Speedup, e.SpeedupHigh = 3, 3.1 }, nil, ErrSchema},
+		{"speedup outside interval", func(e *Endorsement) { e.SpeedupLow = 1.85 }, nil, ErrSchema},
+		{"unknown op", func(e *Endorsement) { e.Op = "mine" }, nil, ErrSchema},
+		{"shape of another op", func(e *Endorsement) { e.Shape = "4096x4096" }, nil, ErrSchema},
+		{"shape not a bucket", func(e *Endorsement) { e.Shape = "32x8x128x4000" }, nil, ErrSchema},
+		{"kernel is its baseline", func(e *Endorsement) { e.Kernel = e.Baseline }, nil, ErrSchema},
+		{"coarse class not the class's", func(e *Endorsement) { e.Coarse = otherClass.Coarse() }, nil, ErrSchema},
+		{"class with spaces", func(e *Endorsement) { e.Class = testClass.Coarse() + "/580 NVIDIA" }, nil, ErrSchema},
+		{"too long lived", func(e *Endorsement) { e.Expires = t0.Add(365 * 24 * time.Hour).Unix() }, nil, ErrSchema},
+		{"nonce beyond 2^53", func(e *Endorsement) { e.Nonce = 1 << 60 }, nil, ErrSchema},
+		{"tool with quotes", func(e *Endorsement) { e.Tool = `peer "0.2"` }, nil, ErrSchema},
+		{"version 2", func(e *Endorsement) { e.Version = 2 }, nil, ErrSchema},
+		// One key, two spellings of its peer ID: it must not count as two
+		// endorsers.
+		{"peer ID as a CID", func(e *Endorsement) { e.Peer = peer.ToCid(id).String() }, func(e Endorsement) *SignedEndorsement { return raw(e, key) }, ErrSchema},
+	}
+}
+
+// build makes tc's record.
+func (tc invalidCase) build(t *testing.T) *SignedEndorsement {
+	key, id := testKey(t, 1)
+	e := sample(id)
+	if tc.mod != nil {
+		tc.mod(&e)
+	}
+	if tc.sign != nil {
+		return tc.sign(e)
+	}
+	sig, err := key.Sign(e.message()) // not Sign: it refuses malformed records
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &SignedEndorsement{Endorsement: e, Sig: sig}
+}
+
+// check runs a record through the receiving path: Decode, then Verify.
+func check(v *Verifier, b []byte) error {
+	s, err := Decode(b)
+	if err != nil {
+		return err
+	}
+	return v.Verify(s)
+}
+
+// Every kind of bad record is refused with its own error, both from the
+// struct and from its wire bytes; the committed negative vectors get the
+// same errors.
+func TestVerifyRejects(t *testing.T) {
+	type vector struct {
+		Name   string `json:"name"`
+		Record string `json:"record"`
+		Error  string `json:"error"`
+	}
+	var vectors []vector
+	for _, tc := range invalidCases(t) {
 		t.Run(tc.name, func(t *testing.T) {
-			e := sample(id)
-			if tc.mod != nil {
-				tc.mod(&e)
-			}
-			var s *SignedEndorsement
-			if tc.sign == other {
-				s, _ = Sign(e, key)
-				forged, _ := other.Sign(append([]byte(domain), e.Canonical()...))
-				s.Sig = forged
-			} else {
-				s, _ = Sign(e, tc.sign)
-			}
+			s := tc.build(t)
 			if err := verifier().Verify(s); !errors.Is(err, tc.want) {
 				t.Fatalf("Verify: %v; want %v", err, tc.want)
 			}
+			if err := check(verifier(), s.Encode()); !errors.Is(err, tc.want) {
+				t.Fatalf("Decode+Verify: %v; want %v", err, tc.want)
+			}
+			vectors = append(vectors, vector{tc.name, string(s.Encode()), tc.want.Error()})
 		})
 	}
-	// Replayed: the same record twice.
-	s, _ := Sign(sample(id), key)
+	if *update {
+		b, _ := json.MarshalIndent(vectors, "", "  ")
+		writeGolden(t, invalidFile, append(b, '\n'))
+	}
+	var golden []vector
+	if err := json.Unmarshal(readGolden(t, invalidFile), &golden); err != nil {
+		t.Fatal(err)
+	}
+	if len(golden) != len(vectors) {
+		t.Fatalf("%d negative vectors committed; %d cases (run with -update)", len(golden), len(vectors))
+	}
+	for _, g := range golden {
+		if err := check(verifier(), []byte(g.Record)); err == nil || !strings.HasPrefix(err.Error(), g.Error) {
+			t.Errorf("vector %q: %v; want %q", g.Name, err, g.Error)
+		}
+	}
+}
+
+// Sign refuses what Verify would refuse as malformed, and a key that is
+// not the named peer's.
+func TestSignChecks(t *testing.T) {
+	key, id := testKey(t, 1)
+	other, _ := testKey(t, 2)
+	e := sample(id)
+	if _, err := Sign(e, other); err == nil {
+		t.Fatal("signed a record naming another peer")
+	}
+	e.Shape = "3x3"
+	if _, err := Sign(e, key); !errors.Is(err, ErrSchema) {
+		t.Fatalf("Sign of a bad shape: %v; want ErrSchema", err)
+	}
+}
+
+func TestReplay(t *testing.T) {
+	key, id := testKey(t, 1)
+	s := signed(t, sample(id), key)
 	v := verifier()
 	if err := v.Verify(s); err != nil {
 		t.Fatal(err)
 	}
 	if err := v.Verify(s); !errors.Is(err, ErrReplay) {
-		t.Fatalf("replay: %v; want ErrReplay", err)
+		t.Fatalf("the same record again: %v; want ErrReplay", err)
 	}
-	// Truncated and bit-flipped wire bytes.
-	b := s.Encode()
-	if _, err := Decode(b[:len(b)-3]); !errors.Is(err, ErrSchema) {
-		t.Fatalf("truncated: %v", err)
+	// Another record with the same nonce is a replay too: a peer never
+	// reuses one.
+	e := sample(id)
+	e.Shape = "64x8x128x4096"
+	if err := v.Verify(signed(t, e, key)); !errors.Is(err, ErrReplay) {
+		t.Fatalf("a new record with a used nonce: %v; want ErrReplay", err)
 	}
-	flipped := bytes.Replace(b, []byte(`"nonce":7`), []byte(`"nonce":8`), 1)
-	fs, err := Decode(flipped)
-	if err != nil {
-		t.Fatal(err)
+	e.Nonce = 8
+	if err := v.Verify(signed(t, e, key)); err != nil {
+		t.Fatalf("a new nonce: %v", err)
 	}
-	if err := verifier().Verify(fs); !errors.Is(err, ErrSignature) {
-		t.Fatalf("a flipped field: %v; want ErrSignature", err)
-	}
-	spaced := bytes.Replace(b, []byte(`,"sig"`), []byte(`, "sig"`), 1)
-	if _, err := Decode(spaced); !errors.Is(err, ErrSchema) {
-		t.Fatalf("non-canonical bytes: %v; want ErrSchema", err)
-	}
-}
-
-// Quorum counts distinct peers: ten records from one peer are one vote.
-func TestQuorumCountsDistinctPeers(t *testing.T) {
-	var es []Endorsement
-	_, a := testKey(t, 1)
-	_, b := testKey(t, 2)
-	for i := 0; i < 10; i++ {
-		e := sample(a)
-		e.Nonce = uint64(i)
-		es = append(es, e)
-	}
-	p := Policy{Quorum: 2}
-	if c := p.Candidates(es); len(c) != 0 {
-		t.Fatalf("10 endorsements from one peer made %d candidates; want none", len(c))
-	}
-	es = append(es, sample(b))
-	c := p.Candidates(es)
-	if len(c) != 1 || len(c[0].Endorsers) != 2 {
-		t.Fatalf("two peers: %+v", c)
-	}
-	// One endorsement from a trusted key is enough.
-	trusted := Policy{Quorum: 2, Trusted: map[peer.ID]bool{b: true}}
-	if c := trusted.Candidates([]Endorsement{sample(b)}); len(c) != 1 || !c[0].Trusted {
-		t.Fatalf("trusted key: %+v", c)
+	// Another peer may use the same nonce.
+	key2, id2 := testKey(t, 2)
+	if err := v.Verify(signed(t, sample(id2), key2)); err != nil {
+		t.Fatalf("another peer's nonce 7: %v", err)
 	}
 }
 
-func TestRegistryRollback(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "kernels.json")
-	r, err := OpenRegistry(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	v1, v2 := cas.Sum([]byte("v1")).String(), cas.Sum([]byte("v2")).String()
-	if r.Active("rmsnorm") != Builtin {
-		t.Fatal("a fresh registry is not on the builtin")
-	}
-	r.Use("rmsnorm", v1)
-	r.Use("rmsnorm", v2)
-	// Reopened: the state survived.
-	r, _ = OpenRegistry(path)
-	if r.Active("rmsnorm") != v2 {
-		t.Fatalf("active %s; want %s", r.Active("rmsnorm"), v2)
-	}
-	if prev, err := r.Rollback("rmsnorm"); err != nil || prev != v1 || r.Active("rmsnorm") != v1 {
-		t.Fatalf("rollback: %s %v; active %s", prev, err, r.Active("rmsnorm"))
-	}
-	if _, err := r.Rollback("attention_decode"); err == nil {
-		t.Fatal("rollback of an op never changed succeeded")
-	}
-	if err := r.Use("nope", v1); err == nil {
-		t.Fatal("Use of an unknown op succeeded")
-	}
-}
-
-// Gossip: A endorses, B (same class) verifies and stores it, C (another
-// class) drops it; a forged record is dropped and counted by reason.
-func TestGossipByClass(t *testing.T) {
+// The seen-set stays within MaxSeen, dropping the entries that expire
+// first, and still catches a replay of what it keeps.
+func TestReplaySetBounded(t *testing.T) {
 	key, id := testKey(t, 1)
-	g := &LocalGossip{From: id}
-	vb := verifier()
-	vc := &Verifier{Class: "vulkan/1002/73bf/x", ABI: map[string]int{"attention_decode": 1}, Now: vb.Now}
-	rb, _ := OpenRegistry(filepath.Join(t.TempDir(), "b.json"))
-	B := &Receiver{V: vb, Registry: rb}
-	C := &Receiver{V: vc}
-	topic := Topic("vulkan/10de/2330")
-	g.Subscribe(topic, B.Handle)
-	g.Subscribe(topic, C.Handle)
-	s, _ := Sign(sample(id), key)
-	g.Publish(topic, s.Encode())
-	bad := *s
-	bad.Sig = append([]byte(nil), s.Sig...)
-	bad.Sig[0] ^= 1
-	g.Publish(topic, bad.Encode())
-	if B.Accepted != 1 || len(rb.Endorsements()) != 1 || B.Dropped[ErrSignature.Error()] != 1 {
-		t.Fatalf("B accepted %d, stored %d, dropped %v", B.Accepted, len(rb.Endorsements()), B.Dropped)
+	v := verifier()
+	v.MaxSeen = 4
+	var recs []*SignedEndorsement
+	for i := range 10 {
+		e := sample(id)
+		e.Nonce = uint64(i)
+		e.Expires = t0.Add(time.Duration(24*(i+1)) * time.Hour).Unix()
+		s := signed(t, e, key)
+		if err := v.Verify(s); err != nil {
+			t.Fatal(err)
+		}
+		recs = append(recs, s)
 	}
-	if C.Accepted != 0 || C.Dropped[ErrClass.Error()] != 1 {
-		t.Fatalf("C accepted %d, dropped %v", C.Accepted, C.Dropped)
+	if n := len(v.seen.keys); n != 4 || v.seen.h.Len() != 4 {
+		t.Fatalf("seen-set holds %d keys, %d heap entries; want 4", n, v.seen.h.Len())
+	}
+	if err := v.Verify(recs[9]); !errors.Is(err, ErrReplay) {
+		t.Fatalf("replay of the latest: %v; want ErrReplay", err)
+	}
+	// The earliest expiring was dropped: it verifies again (the registry
+	// keeps one copy, the policy counts its peer once).
+	if err := v.Verify(recs[0]); err != nil {
+		t.Fatalf("evicted record: %v", err)
+	}
+}
+
+// Truncated records and every single flipped bit are refused.
+func TestTruncatedAndBitFlipped(t *testing.T) {
+	key, id := testKey(t, 1)
+	b := signed(t, sample(id), key).Encode()
+	for n := range len(b) {
+		if _, err := Decode(b[:n]); !errors.Is(err, ErrSchema) {
+			t.Fatalf("truncated to %d bytes: %v; want ErrSchema", n, err)
+		}
+	}
+	for i := range len(b) {
+		for bit := range 8 {
+			c := bytes.Clone(b)
+			c[i] ^= 1 << bit
+			if err := check(verifier(), c); err == nil {
+				t.Fatalf("byte %d bit %d flipped (%q): accepted", i, bit, c[max(0, i-10):min(len(c), i+10)])
+			} else if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("byte %d bit %d: %v does not wrap ErrInvalid", i, bit, err)
+			}
+		}
+	}
+	for _, tc := range []struct{ name, from, to string }{
+		{"space", `,"sig"`, `, "sig"`},
+		{"escaped character", `"op":"attention_decode"`, `"op":"attention\u005fdecode"`},
+		{"upper-case key", `"nonce":7`, `"Nonce":7`},
+		{"duplicate key", `"nonce":7`, `"nonce":7,"nonce":7`},
+		{"unknown field", `"nonce":7`, `"nonce":7,"x":1`},
+		{"number as float", `"nonce":7`, `"nonce":7.0`},
+		{"trailing data", `"}`, `"} {}`},
+	} {
+		c := bytes.Replace(b, []byte(tc.from), []byte(tc.to), 1)
+		if bytes.Equal(c, b) {
+			t.Fatalf("%s: no change", tc.name)
+		}
+		if _, err := Decode(c); !errors.Is(err, ErrSchema) {
+			t.Errorf("%s: %v; want ErrSchema", tc.name, err)
+		}
+	}
+	if _, err := Decode(append(bytes.Repeat([]byte(" "), MaxEndorsementBytes), b...)); !errors.Is(err, ErrSchema) {
+		t.Fatalf("oversized: %v", err)
+	}
+}
+
+// AnyDriver accepts the same device under another driver, never another
+// device.
+func TestVerifyAnyDriver(t *testing.T) {
+	key, id := testKey(t, 1)
+	e := sample(id)
+	e.Class = testClass.Coarse() + "/999.1"
+	v := verifier()
+	v.AnyDriver = true
+	if err := v.Verify(signed(t, e, key)); err != nil {
+		t.Fatal(err)
+	}
+	e.Class, e.Coarse, e.Nonce = otherClass.Exact(), otherClass.Coarse(), 8
+	if err := v.Verify(signed(t, e, key)); !errors.Is(err, ErrClass) {
+		t.Fatalf("another device with AnyDriver: %v; want ErrClass", err)
 	}
 }
 
 func FuzzEndorsement(f *testing.F) {
 	key, id := testKey(f, 1)
-	s, _ := Sign(sample(id), key)
-	f.Add(s.Encode())
+	f.Add(signed(f, sample(id), key).Encode())
 	f.Add([]byte(`{"endorsement":{},"sig":""}`))
+	if b, err := os.ReadFile(invalidFile); err == nil {
+		var vs []struct{ Record string }
+		json.Unmarshal(b, &vs)
+		for _, v := range vs {
+			f.Add([]byte(v.Record))
+		}
+	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		s, err := Decode(b)
 		if err != nil {
+			if !errors.Is(err, ErrSchema) {
+				t.Fatalf("Decode error %v does not wrap ErrSchema", err)
+			}
 			return
 		}
 		if !bytes.Equal(s.Encode(), b) {
 			t.Fatal("decoded bytes re-encode differently")
 		}
-		v := verifier()
-		if v.Verify(s) == nil && !s.Endorsement.Faster() {
-			t.Fatal("verified an endorsement that is not faster")
+		err = verifier().Verify(s)
+		if err == nil && (!s.Endorsement.Faster() || s.Endorsement.Class != testClass.Exact()) {
+			t.Fatal("verified an endorsement that breaks the rule or is for another class")
+		}
+		if err != nil && !errors.Is(err, ErrInvalid) {
+			t.Fatalf("Verify error %v does not wrap ErrInvalid", err)
 		}
 	})
 }
 
-func TestShapeBucketAndClass(t *testing.T) {
-	if got := ShapeBucket(4000, 14000, 1); got != "4096x16384x1" {
-		t.Fatalf("bucket %s", got)
+func readGolden(t *testing.T, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run go test ./kernels -run %s -update)", err, t.Name())
 	}
-	c := DeviceClass{Backend: "Vulkan", Vendor: "10de", Device: "2330", Driver: "580.159.04 (NVIDIA)"}
-	if c.Coarse() != "vulkan/10de/2330" || c.Exact() != "vulkan/10de/2330/580.159.04-nvidia" {
-		t.Fatalf("class %q / %q", c.Coarse(), c.Exact())
+	return b
+}
+
+func writeGolden(t *testing.T, path string, b []byte) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
 	}
 }
