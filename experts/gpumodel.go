@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"time"
 
 	"github.com/rdrr/peer/gpu"
 	"github.com/rdrr/peer/tiers"
@@ -40,6 +41,24 @@ type GPUModel struct {
 	// router then really chose.
 	Predicted, Correct int
 	predicted          map[int][]*tiers.Prefetch // expert -> its matrices' prefetches
+	// Profile is where the steps' wall time went.
+	Profile StepProfile
+}
+
+// StepProfile splits the wall time of the decode steps: recording and
+// submitting work, waiting for the router's choice to come back, waiting
+// for experts to be paged into VRAM (the stall), and waiting for the
+// logits. What is left of Total is the GPU running while the host waits in
+// one of the waits, or host work not counted here.
+type StepProfile struct {
+	Steps      int           `json:"steps"`
+	Submits    int           `json:"submits"`
+	Readbacks  int           `json:"readbacks"`
+	Total      time.Duration `json:"totalNs"`
+	Record     time.Duration `json:"recordNs"`     // recording and submitting dispatches
+	RouteWait  time.Duration `json:"routeWaitNs"`  // reading back the router's choice
+	PageWait   time.Duration `json:"pageWaitNs"`   // leases: experts paged into VRAM
+	LogitsWait time.Duration `json:"logitsWaitNs"` // reading back the logits
 }
 
 // NewGPUModel uploads m's dense tensors (read through cache) and sizes the
@@ -97,9 +116,9 @@ func NewGPUModel(ctx context.Context, m *Manifest, d *gpu.Device, cache *tiers.C
 	sizes := map[string]int{
 		"dgate": wide * 4, "dup": wide * 4, "dact": wide * 4, "dy": h * 4,
 		"tok": 4, "x": h * 4, "xn": h * 4, "q": nq * hd * 4, "att": nq * hd * 4, "o": h * 4,
-		"rlogits": c.Experts() * 4, "ids": k * 4, "w": k * 4, "gate": k * ffn * 4, "up": k * ffn * 4,
+		"rlogits": c.Experts() * 4, "ids": idsPredOff + k*4, "w": k * 4, "gate": k * ffn * 4, "up": k * ffn * 4,
 		"act": k * ffn * 4, "y": k * h * 4, "logits": c.VocabSize * 4, "ones": 16, "freqs": hd / 2 * 4,
-		"pxn": h * 4, "plogits": c.Experts() * 4, "pids": k * 4, "pw": k * 4,
+		"pxn": h * 4, "plogits": c.Experts() * 4, "pw": k * 4,
 	}
 	for name, n := range sizes {
 		b, err := d.Alloc(uint64(n))
@@ -129,6 +148,11 @@ func NewGPUModel(ctx context.Context, m *Manifest, d *gpu.Device, cache *tiers.C
 	}
 	return g, nil
 }
+
+// idsPredOff is where, in the ids buffer, the next layer's predicted
+// experts go after this layer's chosen ones: one read-back brings both.
+// 256 is WebGPU's largest minStorageBufferOffsetAlignment.
+const idsPredOff = 256
 
 // route is the router's shape: Mixtral softmax over the top-k, or
 // DeepSeek-V3 sigmoid with group-limited selection.
@@ -214,11 +238,29 @@ func (g *GPUModel) prefetch(l int, ids []byte) {
 			continue
 		}
 		for _, name := range ex.Tensors {
-			t := g.m.Tensors[name]
-			s := &g.m.Shards[t.Shard]
-			g.predicted[e] = append(g.predicted[e], g.cache.Prefetch(tiers.Key{Blob: s.CID(), Size: s.Size, Off: t.Offset, Len: t.Size}, tiers.VRAM, 1))
+			g.predicted[e] = append(g.predicted[e], g.cache.Prefetch(g.matrixKey(name), tiers.VRAM, 1))
 		}
 	}
+}
+
+// matrixKey is the cache key of an expert matrix: its byte range, which
+// lies inside one shard (NewGPUModel checked that it is one arena slot).
+func (g *GPUModel) matrixKey(name string) tiers.Key {
+	t := g.m.Tensors[name]
+	s := &g.m.Shards[t.Shard]
+	return tiers.Key{Blob: s.CID(), Size: s.Size, Off: t.Offset, Len: t.Size}
+}
+
+// ExpertKeys returns the cache keys of every expert matrix, in the
+// manifest's order: what Cache.Warm takes to make a run start warm.
+func (g *GPUModel) ExpertKeys() []tiers.Key {
+	var keys []tiers.Key
+	for _, e := range g.m.Experts {
+		for _, name := range e.Tensors {
+			keys = append(keys, g.matrixKey(name))
+		}
+	}
+	return keys
 }
 
 // ExpertMatrixBytes is the size of one expert matrix of m (gate, up and
@@ -285,6 +327,11 @@ func (g *GPUModel) Step(ctx context.Context, token int) ([]float32, error) {
 		return nil, fmt.Errorf("experts: position %d: the KV cache holds %d", g.pos, g.MaxPos)
 	}
 	B := g.buf
+	pr := &g.Profile
+	tStep := time.Now()
+	mark := tStep
+	lap := func(d *time.Duration) { now := time.Now(); *d += now.Sub(mark); mark = now }
+	defer func() { pr.Steps++; pr.Total += time.Since(tStep) }()
 	if err := g.d.Write(B["tok"], binary.LittleEndian.AppendUint32(nil, uint32(token))); err != nil {
 		return nil, err
 	}
@@ -319,23 +366,29 @@ func (g *GPUModel) Step(ctx context.Context, token int) ([]float32, error) {
 			q := fmt.Sprintf("model.layers.%d.", l+1)
 			g.k.RMSNorm(ctx, b, B["x"], g.dense[q+"post_attention_layernorm.weight"], B["pxn"], 1, h, float32(c.RMSNormEps))
 			g.k.MatVec(ctx, b, gpu.F32, g.dense[q+"mlp.gate.weight"], B["pxn"], B["plogits"], c.Experts(), h)
-			g.k.Route(ctx, b, B["plogits"], nil, B["pids"], B["pw"], g.route())
+			g.k.Route(ctx, b, B["plogits"], nil, B["ids"].Sub(idsPredOff, uint64(k*4)), B["pw"], g.route())
 		}
 		if err := b.Submit(ctx); err != nil {
 			return nil, err
 		}
-		// The experts chosen: page them into VRAM slots.
-		idb := make([]byte, k*4)
-		if err := g.d.Read(ctx, B["ids"], idb); err != nil {
+		pr.Submits++
+		lap(&pr.Record)
+		// The experts chosen (and the next layer's guess, in the same
+		// read-back): page them into VRAM slots.
+		n := k * 4
+		if predict {
+			n = idsPredOff + k*4
+		}
+		both := make([]byte, n)
+		if err := g.d.Read(ctx, B["ids"].Sub(0, uint64(n)), both); err != nil {
 			return nil, err
 		}
+		pr.Readbacks++
+		lap(&pr.RouteWait)
+		idb := both[:k*4]
 		g.score(idb)
 		if predict {
-			pb := make([]byte, k*4)
-			if err := g.d.Read(ctx, B["pids"], pb); err != nil {
-				return nil, err
-			}
-			g.prefetch(l+1, pb)
+			g.prefetch(l+1, both[idsPredOff:])
 		}
 		var slots [3][]int // gate, up, down: one arena slot per matrix
 		var leases []*tiers.Lease
@@ -352,9 +405,7 @@ func (g *GPUModel) Step(ctx context.Context, token int) ([]float32, error) {
 				return nil, fmt.Errorf("experts: layer %d: the router chose expert %d, which the manifest lacks", l, e)
 			}
 			for j, name := range ex.Tensors {
-				t := g.m.Tensors[name]
-				s := &g.m.Shards[t.Shard]
-				lease, err := g.cache.Get(ctx, tiers.Key{Blob: s.CID(), Size: s.Size, Off: t.Offset, Len: t.Size}, tiers.VRAM)
+				lease, err := g.cache.Get(ctx, g.matrixKey(name), tiers.VRAM)
 				if err != nil {
 					release()
 					return nil, fmt.Errorf("layer %d expert %d: %w", l, e, err)
@@ -363,6 +414,7 @@ func (g *GPUModel) Step(ctx context.Context, token int) ([]float32, error) {
 				slots[j] = append(slots[j], lease.Slot())
 			}
 		}
+		lap(&pr.PageWait)
 		b = g.d.Batch()
 		g.group(ctx, b, slots[0], B["xn"], true, B["gate"], ffn, h)
 		g.group(ctx, b, slots[1], B["xn"], true, B["up"], ffn, h)
@@ -380,6 +432,8 @@ func (g *GPUModel) Step(ctx context.Context, token int) ([]float32, error) {
 		if err != nil {
 			return nil, err
 		}
+		pr.Submits++
+		lap(&pr.Record)
 		b = g.d.Batch()
 	}
 	g.k.RMSNorm(ctx, b, B["x"], g.dense["model.norm.weight"], B["xn"], 1, h, float32(c.RMSNormEps))
@@ -387,10 +441,14 @@ func (g *GPUModel) Step(ctx context.Context, token int) ([]float32, error) {
 	if err := b.Submit(ctx); err != nil {
 		return nil, err
 	}
+	pr.Submits++
+	lap(&pr.Record)
 	out := make([]byte, c.VocabSize*4)
 	if err := g.d.Read(ctx, B["logits"], out); err != nil {
 		return nil, err
 	}
+	pr.Readbacks++
+	lap(&pr.LogitsWait)
 	g.pos++
 	logits := make([]float32, c.VocabSize)
 	for i := range logits {

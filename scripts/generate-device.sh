@@ -3,6 +3,8 @@
 # synthetic models regenerated there (--procedural: nothing stored):
 #   device tool: carry ["bin", ".gl"], command: bash scripts/generate-device.sh
 # .gl holds the Vulkan loader and glvnd debs (see gpu/bench-device.sh).
+# PRESETS, VRAMS, TOKENS and PROMPT choose the runs; GEN_ARGS adds flags
+# (e.g. --json). Each run leaves its trace and a Go CPU profile in $OUT.
 set -uo pipefail
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
@@ -20,7 +22,8 @@ for preset in ${PRESETS:-tiny-moe mixtral-8x7b}; do
   for vram in ${VRAMS:-2GiB}; do
     echo "== $preset, --vram $vram" | tee -a "$out/generate.txt"
     $peer --home /tmp/h-$preset generate - --procedural /tmp/$preset/manifest.json --engine gpu --vram $vram --ram 100GiB \
-      --prompt "${PROMPT:-The swarm is}" --max-tokens ${TOKENS:-16} --trace "$out/$preset-$vram.trace" --log-level warn 2>&1 \
+      --prompt "${PROMPT:-The swarm is}" --max-tokens ${TOKENS:-16} --trace "$out/$preset-$vram.trace" \
+      --cpuprofile "$out/$preset-$vram.pprof" --log-level warn ${GEN_ARGS:-} 2>&1 \
       | grep -v '^\[wgpu\]' | tee -a "$out/generate.txt"
   done
 done

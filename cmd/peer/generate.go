@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
+	"runtime/pprof"
+	"sync"
 	"time"
 
 	"github.com/rdrr/peer/cas"
@@ -17,7 +20,8 @@ import (
 )
 
 func generateCmd(a *app) *cobra.Command {
-	var prompt, tracePath, policy, engine, procedural string
+	var warm bool
+	var prompt, tracePath, cpuProfile, policy, engine, procedural string
 	var maxTokens int
 	var prefetch bool
 	var s experts.Sampling
@@ -118,8 +122,28 @@ step. Synthetic models use bytes as tokens.`,
 					cache = step.Cache()
 				}
 				load := time.Since(t0)
+				var warmed []tiers.LevelStats
+				if warm {
+					if step == nil {
+						return errors.New("generate: --warm needs --engine gpu")
+					}
+					if warmed, err = warmUp(ctx, a, step, cache); err != nil {
+						return err
+					}
+				}
 				if m.Config.VocabSize < 256 {
 					return errors.New("generate: this model's vocabulary is not byte-level and its tokenizer is not supported yet")
+				}
+				if cpuProfile != "" {
+					f, err := os.Create(cpuProfile)
+					if err != nil {
+						return err
+					}
+					if err := pprof.StartCPUProfile(f); err != nil {
+						f.Close()
+						return err
+					}
+					defer func() { pprof.StopCPUProfile(); f.Close() }()
 				}
 				t1 := time.Now()
 				gen := func(p []int, n int, s experts.Sampling, emit func(int)) ([]int, error) {
@@ -151,23 +175,39 @@ step. Synthetic models use bytes as tokens.`,
 					}
 				}
 				stats := cache.Stats()
+				if warmed != nil {
+					for i := range stats {
+						stats[i] = stats[i].Since(warmed[i])
+					}
+				}
 				engineName := "ref-cpu-float64"
 				if step != nil {
 					engineName = "gpu"
 				}
 				var predicted, correct int
+				var prof *experts.StepProfile
 				if step != nil {
 					predicted, correct = step.Prefetched()
+					prof = step.Profile()
 				}
 				res := map[string]any{"model": m.ModelID, "engine": engineName, "tokens": toks,
 					"prefetchPredicted": predicted, "prefetchCorrect": correct,
 					"promptTokens": len(prompt), "seconds": secs, "tokPerSec": float64(len(prompt)+len(toks)) / secs,
 					"loadSeconds": load.Seconds(), "levels": stats}
+				if prof != nil {
+					res["profile"] = prof
+					res["stallSeconds"] = prof.PageWait.Seconds()
+				}
 				return a.print(res, func(w io.Writer) {
 					fmt.Fprintf(w, "\n%d prompt + %d generated tokens in %.2f s: %.1f tok/s (engine %s; dense weights loaded in %.2f s)\n",
 						len(prompt), len(toks), secs, float64(len(prompt)+len(toks))/secs, engineName, load.Seconds())
 					if predicted > 0 {
 						fmt.Fprintf(w, "  next-layer prefetch: %d of %d guesses right (%.2f)\n", correct, predicted, float64(correct)/float64(predicted))
+					}
+					if prof != nil && prof.Steps > 0 {
+						per := func(d time.Duration) string { return (d / time.Duration(prof.Steps)).Round(time.Microsecond).String() }
+						fmt.Fprintf(w, "  per step: %s = record+submit %s, router read-back %s, paging stall %s, logits read-back %s (%d submits, %d read-backs per step)\n",
+							per(prof.Total), per(prof.Record), per(prof.RouteWait), per(prof.PageWait), per(prof.LogitsWait), prof.Submits/prof.Steps, prof.Readbacks/prof.Steps)
 					}
 					for _, s := range stats {
 						if s.Hits+s.Misses > 0 {
@@ -185,6 +225,8 @@ step. Synthetic models use bytes as tokens.`,
 	f.Float64Var(&s.TopP, "top-p", 1, "nucleus sampling mass")
 	f.Uint64Var(&s.Seed, "seed", 1, "sampling seed")
 	f.StringVar(&policy, "policy", "cost", "eviction policy: lru, lfu or cost")
+	f.BoolVar(&warm, "warm", false, "gpu engine: before timing, load every expert into RAM, and into VRAM when --vram holds them all (the stats are then those of the timed run)")
+	f.StringVar(&cpuProfile, "cpuprofile", "", "write a Go CPU profile of the generation (not the load) here")
 	f.StringVar(&tracePath, "trace", "", "write the expert access trace here (tiers/TRACE.md)")
 	f.StringVar(&engine, "engine", "ref", "decode engine: ref (float64 CPU reference) or gpu (wgpu kernels, experts paged into a VRAM arena of --vram bytes)")
 	f.BoolVar(&prefetch, "prefetch", true, "gpu engine: prefetch each next layer's likely experts (its router on the current hidden state)")
@@ -227,6 +269,8 @@ func fetchManifest(ctx context.Context, c cas.CID, r *swarm.Ranges) (*experts.Ma
 type stepper interface {
 	Cache() *tiers.Cache
 	Prefetched() (predicted, correct int)
+	Profile() *experts.StepProfile
+	ExpertKeys() []tiers.Key
 	Generate(ctx context.Context, prompt []int, n int, s experts.Sampling, emit func(int)) ([]int, error)
 }
 
@@ -281,6 +325,44 @@ type gpuStepper struct {
 
 func (s gpuStepper) Cache() *tiers.Cache                  { return s.cache }
 func (s gpuStepper) Prefetched() (predicted, correct int) { return s.g.Predicted, s.g.Correct }
+func (s gpuStepper) Profile() *experts.StepProfile        { return &s.g.Profile }
+func (s gpuStepper) ExpertKeys() []tiers.Key              { return s.g.ExpertKeys() }
 func (s gpuStepper) Generate(ctx context.Context, prompt []int, n int, smp experts.Sampling, emit func(int)) ([]int, error) {
 	return s.g.Generate(ctx, prompt, n, smp, emit)
+}
+
+// warmUp loads every expert matrix into RAM, and into VRAM when the
+// arena holds them all, logging what it did, and returns the stats at
+// its end (what the timed run's are measured from).
+func warmUp(ctx context.Context, a *app, step stepper, cache *tiers.Cache) ([]tiers.LevelStats, error) {
+	keys := step.ExpertKeys()
+	var total int64
+	for _, k := range keys {
+		total += k.Len
+	}
+	workers := max(2, runtime.NumCPU())
+	levels := cache.Stats()
+	for _, lv := range []tiers.Level{tiers.RAM, tiers.VRAM} {
+		if levels[lv].Budget < total {
+			a.log.Warn("generate: --warm: the experts do not all fit; this level starts cold", "level", lv, "experts", formatBytes(total), "budget", formatBytes(levels[lv].Budget))
+			continue
+		}
+		t := time.Now()
+		last := time.Now()
+		var mu sync.Mutex
+		err := cache.Warm(ctx, keys, lv, workers, func(done, n int) {
+			mu.Lock()
+			defer mu.Unlock()
+			if time.Since(last) > 5*time.Second {
+				last = time.Now()
+				a.log.Info("generate: warming", "level", lv, "done", done, "of", n)
+			}
+		})
+		if err != nil {
+			return nil, err
+		}
+		sec := time.Since(t).Seconds()
+		a.log.Info("generate: warm", "level", lv, "matrices", len(keys), "bytes", formatBytes(total), "seconds", sec, "GBps", float64(total)/sec/1e9)
+	}
+	return cache.Stats(), nil
 }
