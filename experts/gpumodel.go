@@ -59,6 +59,9 @@ type StepProfile struct {
 	RouteWait  time.Duration `json:"routeWaitNs"`  // reading back the router's choice
 	PageWait   time.Duration `json:"pageWaitNs"`   // leases: experts paged into VRAM
 	LogitsWait time.Duration `json:"logitsWaitNs"` // reading back the logits
+	// MaskedLayers counts MoE layers run with all their experts resident
+	// and the router's choice left on the GPU (no read-back).
+	MaskedLayers int `json:"maskedLayers"`
 }
 
 // NewGPUModel uploads m's dense tensors (read through cache) and sizes the
@@ -116,8 +119,8 @@ func NewGPUModel(ctx context.Context, m *Manifest, d *gpu.Device, cache *tiers.C
 	sizes := map[string]int{
 		"dgate": wide * 4, "dup": wide * 4, "dact": wide * 4, "dy": h * 4,
 		"tok": 4, "x": h * 4, "xn": h * 4, "q": nq * hd * 4, "att": nq * hd * 4, "o": h * 4,
-		"rlogits": c.Experts() * 4, "ids": idsPredOff + k*4, "w": k * 4, "gate": k * ffn * 4, "up": k * ffn * 4,
-		"act": k * ffn * 4, "y": k * h * 4, "logits": c.VocabSize * 4, "ones": 16, "freqs": hd / 2 * 4,
+		"rlogits": c.Experts() * 4, "ids": idsPredOff + k*4, "w": k * 4, "gu": 2 * ((k*ffn*4 + 255) / 256 * 256),
+		"act": k * ffn * 4, "y": k * h * 4, "out": (c.VocabSize*4+255)/256*256 + c.NumHiddenLayers*256, "ones": 16, "freqs": hd / 2 * 4,
 		"pxn": h * 4, "plogits": c.Experts() * 4, "pw": k * 4,
 	}
 	for name, n := range sizes {
@@ -143,6 +146,10 @@ func NewGPUModel(ctx context.Context, m *Manifest, d *gpu.Device, cache *tiers.C
 		return nil, err
 	}
 	if err := d.Write(g.buf["freqs"], gpu.Bytes(gpu.RopeFreqs(c.RopeTheta, hd))); err != nil {
+		g.Close()
+		return nil, err
+	}
+	if err := g.compile(ctx); err != nil {
 		g.Close()
 		return nil, err
 	}
@@ -181,7 +188,7 @@ func (g *GPUModel) ffn(ctx context.Context, b *gpu.Batch, prefix string, n int) 
 // (one x for all if shared, else one per product), rows of each product
 // one after another. Slots in one arena buffer run as one
 // Q4KMatVecGroup; slots spread over several buffers run one by one.
-func (g *GPUModel) group(ctx context.Context, b *gpu.Batch, slots []int, x gpu.Region, shared bool, y *gpu.Buffer, rows, cols int) {
+func (g *GPUModel) group(ctx context.Context, b *gpu.Batch, slots []int, x gpu.Region, shared bool, y *gpu.Buffer, yOff uint64, rows, cols int) {
 	buf0, _ := g.arena.Locate(slots[0])
 	idx := make([]int, len(slots))
 	same := true
@@ -191,7 +198,7 @@ func (g *GPUModel) group(ctx context.Context, b *gpu.Batch, slots []int, x gpu.R
 		same = same && buf == buf0
 	}
 	if same {
-		g.k.Q4KMatVecGroup(ctx, b, buf0, idx, x, shared, y, rows, cols)
+		g.k.Q4KMatVecGroup(ctx, b, buf0, idx, x, shared, y.Sub(yOff, uint64(len(slots)*rows*4)), rows, cols)
 		return
 	}
 	xb := x.(*gpu.Buffer)
@@ -201,7 +208,7 @@ func (g *GPUModel) group(ctx context.Context, b *gpu.Batch, slots []int, x gpu.R
 		if !shared {
 			xi = xb.Sub(uint64(i*cols*4), uint64(cols*4))
 		}
-		g.k.Q4KMatVecGroup(ctx, b, buf, []int{j}, xi, true, y.Sub(uint64(i*rows*4), uint64(rows*4)), rows, cols)
+		g.k.Q4KMatVecGroup(ctx, b, buf, []int{j}, xi, true, y.Sub(yOff+uint64(i*rows*4), uint64(rows*4)), rows, cols)
 	}
 }
 
@@ -316,10 +323,19 @@ func (g *GPUModel) Close() {
 }
 
 // Step runs one token at the next position and returns the logits.
+//
+// A MoE layer runs one of two ways. If every matrix of every one of its
+// experts is in VRAM (held, so that nothing evicts them while the step
+// runs), the router's choice stays on the GPU: masked products
+// (Q4KMatVecMasked) run the experts it chose, and the layer costs no
+// submit and no read-back. Otherwise the step submits what it has
+// recorded, reads the choice back (with the next layer's guess), pages
+// the chosen experts into VRAM and goes on. A fully resident model runs a
+// token as one submission and one read-back (the logits and every masked
+// layer's choice, for the stats and the trace).
 func (g *GPUModel) Step(ctx context.Context, token int) ([]float32, error) {
 	c := &g.m.Config
-	h, hd, ffn := c.HiddenSize, c.HeadDimension(), c.ExpertFFN()
-	nq, nkv, k := c.NumAttentionHeads, c.NumKeyValueHeads, c.NumExpertsPerTok
+	k := c.NumExpertsPerTok
 	if token < 0 || token >= c.VocabSize {
 		return nil, fmt.Errorf("experts: token %d outside the vocabulary of %d", token, c.VocabSize)
 	}
@@ -335,43 +351,65 @@ func (g *GPUModel) Step(ctx context.Context, token int) ([]float32, error) {
 	if err := g.d.Write(B["tok"], binary.LittleEndian.AppendUint32(nil, uint32(token))); err != nil {
 		return nil, err
 	}
+	var held []*tiers.Lease // matrices of the masked layers, until their submit
+	defer func() {
+		for _, l := range held {
+			l.Release()
+		}
+	}()
+	var masked []int // layers that ran masked: their choice comes back at the end
 	b := g.d.Batch()
-	g.k.Embed(ctx, b, gpu.Q4K, g.dense["model.embed_tokens.weight"], B["tok"], B["x"], 1, h, c.VocabSize)
-	kvRow := uint64(nkv * hd * 4)
+	g.k.Embed(ctx, b, gpu.Q4K, g.dense["model.embed_tokens.weight"], B["tok"], B["x"], 1, c.HiddenSize, c.VocabSize)
 	for l := 0; l < c.NumHiddenLayers; l++ {
+		g.recordAttention(ctx, b, l)
 		p := fmt.Sprintf("model.layers.%d.", l)
-		ks := g.kc[l].Sub(uint64(g.pos)*kvRow, kvRow)
-		vs := g.vc[l].Sub(uint64(g.pos)*kvRow, kvRow)
-		g.k.RMSNorm(ctx, b, B["x"], g.dense[p+"input_layernorm.weight"], B["xn"], 1, h, float32(c.RMSNormEps))
-		g.k.Q4KMatVec(ctx, b, g.dense[p+"self_attn.q_proj.weight"], B["xn"], B["q"], nq*hd, h)
-		g.k.Q4KMatVec(ctx, b, g.dense[p+"self_attn.k_proj.weight"], B["xn"], ks, nkv*hd, h)
-		g.k.Q4KMatVec(ctx, b, g.dense[p+"self_attn.v_proj.weight"], B["xn"], vs, nkv*hd, h)
-		g.k.Rope(ctx, b, B["q"], B["freqs"], gpu.RopeShape{Tokens: 1, Heads: nq, HeadDim: hd, RotDim: hd, Pos0: g.pos, Style: gpu.RopeNeoX})
-		g.k.Rope(ctx, b, ks, B["freqs"], gpu.RopeShape{Tokens: 1, Heads: nkv, HeadDim: hd, RotDim: hd, Pos0: g.pos, Style: gpu.RopeNeoX})
-		g.k.Attention(ctx, b, B["q"], g.kc[l], g.vc[l], B["att"], gpu.AttnShape{Heads: nq, KVHeads: nkv, HeadDim: hd, KVLen: g.pos + 1, Scale: float32(1 / math.Sqrt(float64(hd)))})
-		g.k.Q4KMatVec(ctx, b, g.dense[p+"self_attn.o_proj.weight"], B["att"], B["o"], h, nq*hd)
-		g.k.Accumulate(ctx, b, B["o"], B["ones"], B["x"], 1, h, 0)
-		g.k.RMSNorm(ctx, b, B["x"], g.dense[p+"post_attention_layernorm.weight"], B["xn"], 1, h, float32(c.RMSNormEps))
 		if !c.IsMoE(l) {
 			// A dense layer (DeepSeek's first ones): its FFN, resident.
 			g.ffn(ctx, b, p+"mlp.", c.IntermediateSize)
-			continue // no read-back: the next layer records into the same batch
+			continue
 		}
-		g.k.MatVec(ctx, b, gpu.F32, g.dense[p+"mlp.gate.weight"], B["xn"], B["rlogits"], c.Experts(), h)
+		g.k.MatVec(ctx, b, gpu.F32, g.dense[p+"mlp.gate.weight"], B["xn"], B["rlogits"], c.Experts(), c.HiddenSize)
+		if layer := g.holdLayer(l); layer != nil {
+			// The choice goes straight into the out buffer, read back
+			// with the logits.
+			sel := B["out"].Sub(g.idsAt(l), uint64(k*4))
+			g.k.Route(ctx, b, B["rlogits"], nil, sel, B["w"], g.route())
+			held = append(held, layer...)
+			g.recordMasked(ctx, b, l, layer, sel)
+			masked = append(masked, l)
+			if len(masked)%maskedPerSubmit == 0 {
+				// Submit as we go: the GPU runs these layers while the
+				// next ones are recorded.
+				if err := b.Submit(ctx); err != nil {
+					return nil, err
+				}
+				pr.Submits++
+				for _, l := range held {
+					l.Release()
+				}
+				held = held[:0]
+				b = g.d.Batch()
+			}
+			continue
+		}
 		g.k.Route(ctx, b, B["rlogits"], nil, B["ids"], B["w"], g.route())
 		predict := g.Prefetch && l+1 < c.NumHiddenLayers && c.IsMoE(l+1)
 		if predict {
 			// Layer l+1's router on this hidden state, normalized as l+1
 			// will normalize its own: the guess of its experts.
 			q := fmt.Sprintf("model.layers.%d.", l+1)
-			g.k.RMSNorm(ctx, b, B["x"], g.dense[q+"post_attention_layernorm.weight"], B["pxn"], 1, h, float32(c.RMSNormEps))
-			g.k.MatVec(ctx, b, gpu.F32, g.dense[q+"mlp.gate.weight"], B["pxn"], B["plogits"], c.Experts(), h)
+			g.k.RMSNorm(ctx, b, B["x"], g.dense[q+"post_attention_layernorm.weight"], B["pxn"], 1, c.HiddenSize, float32(c.RMSNormEps))
+			g.k.MatVec(ctx, b, gpu.F32, g.dense[q+"mlp.gate.weight"], B["pxn"], B["plogits"], c.Experts(), c.HiddenSize)
 			g.k.Route(ctx, b, B["plogits"], nil, B["ids"].Sub(idsPredOff, uint64(k*4)), B["pw"], g.route())
 		}
 		if err := b.Submit(ctx); err != nil {
 			return nil, err
 		}
 		pr.Submits++
+		for _, l := range held {
+			l.Release() // submitted: a later upload into their slots queues after
+		}
+		held = held[:0]
 		lap(&pr.Record)
 		// The experts chosen (and the next layer's guess, in the same
 		// read-back): page them into VRAM slots.
@@ -416,13 +454,9 @@ func (g *GPUModel) Step(ctx context.Context, token int) ([]float32, error) {
 		}
 		lap(&pr.PageWait)
 		b = g.d.Batch()
-		g.group(ctx, b, slots[0], B["xn"], true, B["gate"], ffn, h)
-		g.group(ctx, b, slots[1], B["xn"], true, B["up"], ffn, h)
-		g.k.SwiGLU(ctx, b, B["gate"], B["up"], B["act"], k*ffn)
-		g.group(ctx, b, slots[2], B["act"], false, B["y"], h, ffn)
-		g.k.Accumulate(ctx, b, B["y"], B["w"], B["x"], k, h, 0)
+		g.recordPaged(ctx, b, slots)
 		if c.NumSharedExperts > 0 {
-			g.ffn(ctx, b, p+"mlp.shared_experts.", ffn*c.NumSharedExperts)
+			g.ffn(ctx, b, p+"mlp.shared_experts.", c.ExpertFFN()*c.NumSharedExperts)
 		}
 		// The leases can end as soon as the dispatches are submitted: a
 		// later upload into one of these slots is a copy on the same
@@ -436,25 +470,225 @@ func (g *GPUModel) Step(ctx context.Context, token int) ([]float32, error) {
 		lap(&pr.Record)
 		b = g.d.Batch()
 	}
-	g.k.RMSNorm(ctx, b, B["x"], g.dense["model.norm.weight"], B["xn"], 1, h, float32(c.RMSNormEps))
-	g.k.Q4KMatVec(ctx, b, g.dense["lm_head.weight"], B["xn"], B["logits"], c.VocabSize, h)
+	g.k.RMSNorm(ctx, b, B["x"], g.dense["model.norm.weight"], B["xn"], 1, c.HiddenSize, float32(c.RMSNormEps))
+	g.k.Q4KMatVec(ctx, b, g.dense["lm_head.weight"], B["xn"], B["out"].Sub(0, uint64(c.VocabSize*4)), c.VocabSize, c.HiddenSize)
 	if err := b.Submit(ctx); err != nil {
 		return nil, err
 	}
 	pr.Submits++
 	lap(&pr.Record)
-	out := make([]byte, c.VocabSize*4)
-	if err := g.d.Read(ctx, B["logits"], out); err != nil {
+	n := uint64(c.VocabSize * 4)
+	if len(masked) > 0 {
+		n = g.idsAt(masked[len(masked)-1]) + uint64(k*4)
+	}
+	out := make([]byte, n)
+	if err := g.d.Read(ctx, B["out"].Sub(0, n), out); err != nil {
 		return nil, err
 	}
 	pr.Readbacks++
 	lap(&pr.LogitsWait)
+	for _, l := range masked {
+		// What the masked layers chose: count it as the paged path does.
+		idb := out[g.idsAt(l):][:k*4]
+		for i := 0; i < k; i++ {
+			e := int(binary.LittleEndian.Uint32(idb[4*i:]))
+			ex, ok := g.m.Expert(l, e)
+			if !ok {
+				return nil, fmt.Errorf("experts: layer %d: the router chose expert %d, which the manifest lacks", l, e)
+			}
+			for _, name := range ex.Tensors {
+				g.cache.Touch(g.matrixKey(name), tiers.VRAM)
+			}
+		}
+	}
+	pr.MaskedLayers += len(masked)
 	g.pos++
 	logits := make([]float32, c.VocabSize)
 	for i := range logits {
 		logits[i] = math.Float32frombits(binary.LittleEndian.Uint32(out[4*i:]))
 	}
 	return logits, nil
+}
+
+// compile records one step's kernels into a batch that is never
+// submitted: the pipelines they need compile now (tens of milliseconds
+// each on some drivers), not during the first tokens.
+func (g *GPUModel) compile(ctx context.Context) error {
+	c := &g.m.Config
+	B := g.buf
+	h, ffn, k := c.HiddenSize, c.ExpertFFN(), c.NumExpertsPerTok
+	b := g.d.Batch()
+	g.k.Embed(ctx, b, gpu.Q4K, g.dense["model.embed_tokens.weight"], B["tok"], B["x"], 1, h, c.VocabSize)
+	g.recordAttention(ctx, b, 0)
+	for l := 0; l < c.NumHiddenLayers; l++ {
+		if !c.IsMoE(l) {
+			g.ffn(ctx, b, fmt.Sprintf("model.layers.%d.mlp.", l), c.IntermediateSize)
+			break
+		}
+	}
+	for l := 0; l < c.NumHiddenLayers; l++ {
+		if !c.IsMoE(l) {
+			continue
+		}
+		p := fmt.Sprintf("model.layers.%d.", l)
+		g.k.MatVec(ctx, b, gpu.F32, g.dense[p+"mlp.gate.weight"], B["xn"], B["rlogits"], c.Experts(), h)
+		g.k.Route(ctx, b, B["rlogits"], nil, B["ids"], B["w"], g.route())
+		var slots [3][]int
+		for j := range slots {
+			slots[j] = make([]int, k)
+		}
+		g.recordPaged(ctx, b, slots)
+		buf, _ := g.arena.Locate(0)
+		n := min(c.Experts(), gpu.MaxGroup)
+		zeros, ids := make([]int, n), make([]int, n)
+		for i := range ids {
+			ids[i] = i
+		}
+		g.k.Q4KMatVecMasked(ctx, b, buf, zeros, ids, B["ids"], k, B["xn"], true, B["gu"], g.upOff(), ffn, h)
+		g.k.Q4KMatVecMasked(ctx, b, buf, zeros, ids, B["ids"], k, B["act"], false, B["y"], 0, h, ffn)
+		if c.NumSharedExperts > 0 {
+			g.ffn(ctx, b, p+"mlp.shared_experts.", ffn*c.NumSharedExperts)
+		}
+		break
+	}
+	g.k.Q4KMatVec(ctx, b, g.dense["lm_head.weight"], B["xn"], B["out"].Sub(0, uint64(c.VocabSize*4)), c.VocabSize, h)
+	return b.Err()
+}
+
+// upOff is where the up products start in the gu buffer (gate products
+// first): a storage binding's offset alignment past them.
+func (g *GPUModel) upOff() int {
+	c := &g.m.Config
+	return (c.NumExpertsPerTok*c.ExpertFFN()*4 + 255) / 256 * 256
+}
+
+// maskedPerSubmit is how many masked layers a step records before it
+// submits them, so that the GPU works while the host records the rest
+// (recording a Mixtral-shaped layer takes about as long as running it).
+const maskedPerSubmit = 4
+
+// idsAt is where, in the out buffer, the router writes layer l's choice
+// when the layer runs masked: after the logits, 256 bytes a layer (a
+// storage binding's offset alignment).
+func (g *GPUModel) idsAt(l int) uint64 {
+	return (uint64(g.m.Config.VocabSize*4)+255)/256*256 + uint64(l)*256
+}
+
+// recordAttention records layer l up to its FFN input: x += attention(x)
+// at the current position, then xn = the FFN's RMSNorm of x.
+func (g *GPUModel) recordAttention(ctx context.Context, b *gpu.Batch, l int) {
+	c := &g.m.Config
+	B := g.buf
+	h, hd := c.HiddenSize, c.HeadDimension()
+	nq, nkv := c.NumAttentionHeads, c.NumKeyValueHeads
+	p := fmt.Sprintf("model.layers.%d.", l)
+	kvRow := uint64(nkv * hd * 4)
+	ks := g.kc[l].Sub(uint64(g.pos)*kvRow, kvRow)
+	vs := g.vc[l].Sub(uint64(g.pos)*kvRow, kvRow)
+	g.k.RMSNorm(ctx, b, B["x"], g.dense[p+"input_layernorm.weight"], B["xn"], 1, h, float32(c.RMSNormEps))
+	g.k.Q4KMatVec(ctx, b, g.dense[p+"self_attn.q_proj.weight"], B["xn"], B["q"], nq*hd, h)
+	g.k.Q4KMatVec(ctx, b, g.dense[p+"self_attn.k_proj.weight"], B["xn"], ks, nkv*hd, h)
+	g.k.Q4KMatVec(ctx, b, g.dense[p+"self_attn.v_proj.weight"], B["xn"], vs, nkv*hd, h)
+	g.k.Rope(ctx, b, B["q"], B["freqs"], gpu.RopeShape{Tokens: 1, Heads: nq, HeadDim: hd, RotDim: hd, Pos0: g.pos, Style: gpu.RopeNeoX})
+	g.k.Rope(ctx, b, ks, B["freqs"], gpu.RopeShape{Tokens: 1, Heads: nkv, HeadDim: hd, RotDim: hd, Pos0: g.pos, Style: gpu.RopeNeoX})
+	g.k.Attention(ctx, b, B["q"], g.kc[l], g.vc[l], B["att"], gpu.AttnShape{Heads: nq, KVHeads: nkv, HeadDim: hd, KVLen: g.pos + 1, Scale: float32(1 / math.Sqrt(float64(hd)))})
+	g.k.Q4KMatVec(ctx, b, g.dense[p+"self_attn.o_proj.weight"], B["att"], B["o"], h, nq*hd)
+	g.k.Accumulate(ctx, b, B["o"], B["ones"], B["x"], 1, h, 0)
+	g.k.RMSNorm(ctx, b, B["x"], g.dense[p+"post_attention_layernorm.weight"], B["xn"], 1, h, float32(c.RMSNormEps))
+}
+
+// recordPaged records a MoE layer's experts from the arena slots of the
+// chosen ones (gate, up and down matrices, in the router's order).
+func (g *GPUModel) recordPaged(ctx context.Context, b *gpu.Batch, slots [3][]int) {
+	c := &g.m.Config
+	B := g.buf
+	h, ffn, k := c.HiddenSize, c.ExpertFFN(), c.NumExpertsPerTok
+	up := uint64(g.upOff())
+	g.group(ctx, b, slots[0], B["xn"], true, B["gu"], 0, ffn, h)
+	g.group(ctx, b, slots[1], B["xn"], true, B["gu"], up, ffn, h)
+	g.k.SwiGLU(ctx, b, B["gu"].Sub(0, uint64(k*ffn*4)), B["gu"].Sub(up, uint64(k*ffn*4)), B["act"], k*ffn)
+	g.group(ctx, b, slots[2], B["act"], false, B["y"], 0, h, ffn)
+	g.k.Accumulate(ctx, b, B["y"], B["w"], B["x"], k, h, 0)
+}
+
+// holdLayer holds every matrix of every expert of MoE layer l in VRAM and
+// returns the leases (gate, up, down of expert 0, then expert 1, ...), or
+// nil, holding nothing, if one is not there.
+func (g *GPUModel) holdLayer(l int) []*tiers.Lease {
+	E := g.m.Config.Experts()
+	out := make([]*tiers.Lease, 0, 3*E)
+	for e := 0; e < E; e++ {
+		ex, ok := g.m.Expert(l, e)
+		if !ok {
+			break
+		}
+		for _, name := range ex.Tensors {
+			lease := g.cache.Hold(g.matrixKey(name), tiers.VRAM)
+			if lease == nil {
+				for _, h := range out {
+					h.Release()
+				}
+				return nil
+			}
+			out = append(out, lease)
+		}
+	}
+	if len(out) != 3*E {
+		for _, h := range out {
+			h.Release()
+		}
+		return nil
+	}
+	return out
+}
+
+// recordMasked records a MoE layer whose experts are all resident (layer:
+// holdLayer's leases) with the router's choice (ids) left on the GPU:
+// one masked dispatch per matrix kind and arena buffer.
+// sel is where the router wrote its choice.
+func (g *GPUModel) recordMasked(ctx context.Context, b *gpu.Batch, l int, layer []*tiers.Lease, sel gpu.Region) {
+	c := &g.m.Config
+	B := g.buf
+	h, ffn, k := c.HiddenSize, c.ExpertFFN(), c.NumExpertsPerTok
+	// products records the products of matrix kinds js (0 gate, 1 up, 2
+	// down), one dispatch per arena buffer and MaxGroup products; kind 1
+	// goes to y's upper half (gate and up share a dispatch).
+	products := func(js []int, x gpu.Region, shared bool, y gpu.Region, upper, rows, cols int) {
+		type run struct{ slots, experts []int }
+		var order []*gpu.Buffer
+		runs := map[*gpu.Buffer]*run{}
+		for _, j := range js {
+			for e := 0; e < len(layer)/3; e++ {
+				buf, idx := g.arena.Locate(layer[3*e+j].Slot())
+				r := runs[buf]
+				if r == nil {
+					r = &run{}
+					runs[buf] = r
+					order = append(order, buf)
+				}
+				id := e
+				if j == 1 {
+					id |= gpu.MaskedUpper
+				}
+				r.slots, r.experts = append(r.slots, idx), append(r.experts, id)
+			}
+		}
+		for _, buf := range order {
+			r := runs[buf]
+			for i := 0; i < len(r.slots); i += gpu.MaxGroup {
+				end := min(i+gpu.MaxGroup, len(r.slots))
+				g.k.Q4KMatVecMasked(ctx, b, buf, r.slots[i:end], r.experts[i:end], sel, k, x, shared, y, upper, rows, cols)
+			}
+		}
+	}
+	upper := g.upOff()
+	products([]int{0, 1}, B["xn"], true, B["gu"], upper, ffn, h)
+	g.k.SwiGLU(ctx, b, B["gu"].Sub(0, uint64(k*ffn*4)), B["gu"].Sub(uint64(upper), uint64(k*ffn*4)), B["act"], k*ffn)
+	products([]int{2}, B["act"], false, B["y"], 0, h, ffn)
+	g.k.Accumulate(ctx, b, B["y"], B["w"], B["x"], k, h, 0)
+	if c.NumSharedExperts > 0 {
+		g.ffn(ctx, b, fmt.Sprintf("model.layers.%d.mlp.shared_experts.", l), ffn*c.NumSharedExperts)
+	}
 }
 
 // Generate feeds prompt then generates up to maxTokens tokens (as

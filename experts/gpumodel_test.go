@@ -16,15 +16,20 @@ import (
 // steps, with a VRAM arena that holds a quarter of the experts (so
 // experts are paged in and evicted), and greedy tokens are identical.
 func TestGPUModelMatchesReference(t *testing.T) {
-	t.Run("one arena buffer", func(t *testing.T) { testGPUModelMatches(t, "tiny-moe", 0) })
+	t.Run("one arena buffer", func(t *testing.T) { testGPUModelMatches(t, "tiny-moe", 0, false) })
 	// 256 KiB buffers: 3 expert matrices per arena buffer, so a layer's
 	// experts are spread over buffers and run one by one.
-	t.Run("arena over several buffers", func(t *testing.T) { testGPUModelMatches(t, "tiny-moe", 256<<10) })
+	t.Run("arena over several buffers", func(t *testing.T) { testGPUModelMatches(t, "tiny-moe", 256<<10, false) })
 	// A dense first layer, a shared expert, sigmoid group-limited top-4.
-	t.Run("deepseek-style", func(t *testing.T) { testGPUModelMatches(t, "tiny-deepseek", 0) })
+	t.Run("deepseek-style", func(t *testing.T) { testGPUModelMatches(t, "tiny-deepseek", 0, false) })
+	// Every expert resident (warmed into VRAM first): every MoE layer runs
+	// masked, the router's choice staying on the GPU, one read-back a step.
+	t.Run("resident", func(t *testing.T) { testGPUModelMatches(t, "tiny-moe", 0, true) })
+	t.Run("resident, arena over several buffers", func(t *testing.T) { testGPUModelMatches(t, "tiny-moe", 256<<10, true) })
+	t.Run("resident deepseek-style", func(t *testing.T) { testGPUModelMatches(t, "tiny-deepseek", 0, true) })
 }
 
-func testGPUModelMatches(t *testing.T, preset string, maxBuf uint64) {
+func testGPUModelMatches(t *testing.T, preset string, maxBuf uint64, resident bool) {
 	if os.Getenv("XDG_RUNTIME_DIR") == "" {
 		t.Setenv("XDG_RUNTIME_DIR", t.TempDir())
 	}
@@ -40,7 +45,11 @@ func testGPUModelMatches(t *testing.T, preset string, maxBuf uint64) {
 	defer d.Close()
 	m, src := presetInStore(t, preset, 1)
 	ctx := context.Background()
-	arena, err := tiers.NewGPUArena(d, ExpertMatrixBytes(m), 3*len(m.Experts)/4, nil)
+	slots := 3 * len(m.Experts) / 4
+	if resident {
+		slots = 3 * len(m.Experts)
+	}
+	arena, err := tiers.NewGPUArena(d, ExpertMatrixBytes(m), slots, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,6 +64,12 @@ func testGPUModelMatches(t *testing.T, preset string, maxBuf uint64) {
 		t.Fatal(err)
 	}
 	defer g.Close()
+	if resident {
+		if err := gcache.Warm(ctx, g.ExpertKeys(), tiers.VRAM, 2, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	warm := gcache.Stats()[tiers.VRAM]
 	rcache, _ := tiers.New(tiers.Config{RAM: m.TotalSize, Disk: src})
 	defer rcache.Close()
 	rm, err := NewRefModel(ctx, m, rcache)
@@ -96,7 +111,26 @@ func testGPUModelMatches(t *testing.T, preset string, maxBuf uint64) {
 	if worst > tol {
 		t.Fatalf("largest logit difference %.2e of the largest logit; tolerance %.0e", worst, tol)
 	}
-	vr := gcache.Stats()[tiers.VRAM]
+	vr := gcache.Stats()[tiers.VRAM].Since(warm)
+	moe := 0
+	for l := range m.Config.NumHiddenLayers {
+		if m.Config.IsMoE(l) {
+			moe++
+		}
+	}
+	pr := g.Profile
+	if resident {
+		// Every MoE layer ran masked, each step one submit and one
+		// read-back, and every chosen matrix was counted as a VRAM hit.
+		if pr.MaskedLayers != 32*moe || pr.Readbacks != 32 || pr.Submits != 32*(1+moe/maskedPerSubmit) {
+			t.Fatalf("resident: %d of %d layers masked, %d read-backs and %d submits in 32 steps", pr.MaskedLayers, 32*moe, pr.Readbacks, pr.Submits)
+		}
+		if want := int64(32 * moe * 3 * m.Config.NumExpertsPerTok); vr.Hits != want || vr.Misses != 0 || vr.Evictions != 0 {
+			t.Fatalf("resident: VRAM %d hits (want %d), %d misses, %d evictions", vr.Hits, want, vr.Misses, vr.Evictions)
+		}
+		t.Logf("32 steps, all %d MoE layers masked: worst logit difference %.2e of the largest", moe, worst)
+		return
+	}
 	if vr.Evictions == 0 {
 		t.Fatalf("VRAM level: %d hits, %d misses, no evictions: paging did not happen", vr.Hits, vr.Misses)
 	}

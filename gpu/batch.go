@@ -47,6 +47,11 @@ func (b *Batch) note(err error) error {
 	return err
 }
 
+// Err returns the first error recorded so far (what Submit would return
+// first), without submitting: a batch recorded only to compile its
+// pipelines is checked this way and dropped.
+func (b *Batch) Err() error { return b.err }
+
 // Len is the number of recorded commands.
 func (b *Batch) Len() int { return len(b.cmds) }
 

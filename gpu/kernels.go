@@ -7,6 +7,8 @@ import (
 	"math"
 	"math/bits"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
 )
 
@@ -45,30 +47,64 @@ func (t DType) Bytes(n int) uint64 {
 	return uint64(n) * 4
 }
 
-// builtin describes a built-in kernel: its WGSL file and ABI.
+// builtin describes a built-in kernel: its WGSL file and ABI, and the
+// flavor of the file it is (see flavored).
 type builtin struct {
 	file     string
 	bindings []Access
 	params   int
+	flavor   string
+}
+
+// flavored returns src as flavor f: a line starting with "//+f " is kept
+// (without the marker) only in flavor f, one starting with "//-f " only
+// outside it. One WGSL file then holds kernels that differ in a binding or
+// a field, which WGSL's override constants cannot add or remove.
+func flavored(src string, f string) string {
+	if !strings.Contains(src, "//+") && !strings.Contains(src, "//-") {
+		return src
+	}
+	lines := strings.SplitAfter(src, "\n")
+	out := lines[:0]
+	for _, l := range lines {
+		t := strings.TrimLeft(l, " ")
+		switch {
+		case strings.HasPrefix(t, "//+"):
+			name, rest, _ := strings.Cut(t[3:], " ")
+			if name != f {
+				continue
+			}
+			l = rest
+		case strings.HasPrefix(t, "//-"):
+			name, rest, _ := strings.Cut(t[3:], " ")
+			if name == f {
+				continue
+			}
+			l = rest
+		}
+		out = append(out, l)
+	}
+	return strings.Join(out, "")
 }
 
 // builtins is a read-only table of the built-in kernels.
 var builtins = map[string]builtin{
-	"q4k_matmul":    {"q4k_matmul.wgsl", []Access{ReadOnly, ReadOnly, ReadWrite}, 96},
-	"q4k_dequant":   {"q4k_dequant.wgsl", []Access{ReadOnly, ReadWrite}, 8},
-	"q4k_matvec_co": {"q4k_matvec_co.wgsl", []Access{ReadOnly, ReadOnly, ReadWrite}, 20},
-	"dense_matmul":  {"dense_matmul.wgsl", []Access{ReadOnly, ReadOnly, ReadWrite}, 20},
-	"rmsnorm":       {"rmsnorm.wgsl", []Access{ReadOnly, ReadOnly, ReadWrite}, 16},
-	"softmax":       {"softmax.wgsl", []Access{ReadOnly, ReadWrite}, 12},
-	"rope":          {"rope.wgsl", []Access{ReadWrite, ReadOnly}, 28},
-	"attention":     {"attention.wgsl", []Access{ReadOnly, ReadOnly, ReadOnly, ReadWrite}, 20},
-	"route":         {"route.wgsl", []Access{ReadOnly, ReadOnly, ReadWrite, ReadWrite}, 32},
-	"swiglu":        {"swiglu.wgsl", []Access{ReadOnly, ReadOnly, ReadWrite}, 8},
-	"accumulate":    {"accumulate.wgsl", []Access{ReadOnly, ReadOnly, ReadWrite}, 16},
-	"embed":         {"embed.wgsl", []Access{ReadOnly, ReadOnly, ReadWrite}, 16},
-	"argmax":        {"argmax.wgsl", []Access{ReadOnly, ReadWrite}, 4},
-	"topp":          {"topp.wgsl", []Access{ReadOnly, ReadWrite}, 16},
-	"copy":          {"copy.wgsl", []Access{ReadOnly, ReadWrite}, 8},
+	"q4k_matmul":        {"q4k_matmul.wgsl", []Access{ReadOnly, ReadOnly, ReadWrite}, 96, ""},
+	"q4k_matmul_masked": {"q4k_matmul.wgsl", []Access{ReadOnly, ReadOnly, ReadWrite, ReadOnly}, 176, "MASKED"},
+	"q4k_dequant":       {"q4k_dequant.wgsl", []Access{ReadOnly, ReadWrite}, 8, ""},
+	"q4k_matvec_co":     {"q4k_matvec_co.wgsl", []Access{ReadOnly, ReadOnly, ReadWrite}, 20, ""},
+	"dense_matmul":      {"dense_matmul.wgsl", []Access{ReadOnly, ReadOnly, ReadWrite}, 20, ""},
+	"rmsnorm":           {"rmsnorm.wgsl", []Access{ReadOnly, ReadOnly, ReadWrite}, 16, ""},
+	"softmax":           {"softmax.wgsl", []Access{ReadOnly, ReadWrite}, 12, ""},
+	"rope":              {"rope.wgsl", []Access{ReadWrite, ReadOnly}, 28, ""},
+	"attention":         {"attention.wgsl", []Access{ReadOnly, ReadOnly, ReadOnly, ReadWrite}, 20, ""},
+	"route":             {"route.wgsl", []Access{ReadOnly, ReadOnly, ReadWrite, ReadWrite}, 32, ""},
+	"swiglu":            {"swiglu.wgsl", []Access{ReadOnly, ReadOnly, ReadWrite}, 8, ""},
+	"accumulate":        {"accumulate.wgsl", []Access{ReadOnly, ReadOnly, ReadWrite}, 16, ""},
+	"embed":             {"embed.wgsl", []Access{ReadOnly, ReadOnly, ReadWrite}, 16, ""},
+	"argmax":            {"argmax.wgsl", []Access{ReadOnly, ReadWrite}, 4, ""},
+	"topp":              {"topp.wgsl", []Access{ReadOnly, ReadWrite}, 16, ""},
+	"copy":              {"copy.wgsl", []Access{ReadOnly, ReadWrite}, 8, ""},
 }
 
 // BuiltinNames lists the built-in kernels.
@@ -94,7 +130,7 @@ func Builtin(name string, constants map[string]float64) (Kernel, error) {
 	if err != nil {
 		return Kernel{}, err
 	}
-	return Kernel{Name: name, Source: string(src), Constants: constants, Bindings: b.bindings, Params: b.params}, nil
+	return Kernel{Name: name, Source: flavored(string(src), b.flavor), Constants: constants, Bindings: b.bindings, Params: b.params}, nil
 }
 
 // Kernels runs the built-in kernels on a device. Pipelines compile on first
@@ -123,14 +159,24 @@ func (k *Kernels) Close() {
 }
 
 func (k *Kernels) pipeline(ctx context.Context, name string, consts map[string]float64) (*Pipeline, error) {
+	// The key is built on every dispatch: no fmt, one allocation.
 	key := name
-	cs := make([]string, 0, len(consts))
-	for c, v := range consts {
-		cs = append(cs, fmt.Sprintf("%s=%v", c, v))
-	}
-	sort.Strings(cs)
-	for _, c := range cs {
-		key += "," + c
+	if len(consts) > 0 {
+		var names [16]string
+		cs := names[:0]
+		for c := range consts {
+			cs = append(cs, c)
+		}
+		sort.Strings(cs)
+		buf := make([]byte, 0, 64)
+		buf = append(buf, name...)
+		for _, c := range cs {
+			buf = append(buf, ',')
+			buf = append(buf, c...)
+			buf = append(buf, '=')
+			buf = strconv.AppendFloat(buf, consts[c], 'g', -1, 64)
+		}
+		key = string(buf)
 	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -361,7 +407,43 @@ func (k *Kernels) Q4KMatVecGroup(ctx context.Context, b *Batch, arena Region, sl
 
 // Q4KMatVecGroupWith is Q4KMatVecGroup with an explicit configuration.
 func (k *Kernels) Q4KMatVecGroupWith(ctx context.Context, b *Batch, cfg Q4KConfig, arena Region, slots []int, x Region, sharedX bool, y Region, rows, cols int) error {
-	const name = "q4k_matmul"
+	return k.q4kGroup(ctx, b, cfg, arena, slots, nil, nil, 0, x, sharedX, y, 0, rows, cols)
+}
+
+// Q4KMatVecMasked records an MoE layer's expert products with the router's
+// choice left on the GPU: product e is expert experts[e], its matrix in
+// arena slot slots[e], and sel holds the k expert ids the router chose
+// (u32, as Route writes them). If experts[e] is sel[j], the product reads
+// x[j] (or the one shared x) and writes y's rows j*rows..; if the router
+// did not choose it, it does nothing. Every expert the router can choose
+// must therefore be a product of one of the calls that fill y (several
+// calls when a layer's experts lie in several arena buffers); what the
+// caller knows is that all of the layer's experts are resident, not which
+// ones run, so there is no read-back between routing and the experts.
+//
+// An experts entry with MaskedUpper set writes its output yUpper bytes
+// further into y (a multiple of 4): an expert's up matrix can run in the
+// same dispatch as its gate, each filling its half of y.
+func (k *Kernels) Q4KMatVecMasked(ctx context.Context, b *Batch, arena Region, slots, experts []int, sel Region, kSel int, x Region, sharedX bool, y Region, yUpper int, rows, cols int) error {
+	cfg := DefaultQ4KConfig(rows*min(kSel, len(slots)), cols, 1)
+	if len(experts) != len(slots) || kSel <= 0 || kSel > 32 || yUpper < 0 || yUpper%4 != 0 {
+		return b.note(shapeErr("q4k_matmul_masked", "%d experts for %d slots, %d chosen (1..32), upper half at byte %d", len(experts), len(slots), kSel, yUpper))
+	}
+	return k.q4kGroup(ctx, b, cfg, arena, slots, experts, sel, kSel, x, sharedX, y, yUpper, rows, cols)
+}
+
+// MaskedUpper marks a Q4KMatVecMasked product whose output goes to the
+// upper half of y.
+const MaskedUpper = 1 << 31
+
+// q4kGroup records Q4KMatVecGroupWith, or Q4KMatVecMasked when experts is
+// not nil.
+func (k *Kernels) q4kGroup(ctx context.Context, b *Batch, cfg Q4KConfig, arena Region, slots, experts []int, sel Region, kSel int, x Region, sharedX bool, y Region, yUpper int, rows, cols int) error {
+	name := "q4k_matmul"
+	outs := len(slots) // products whose output y holds
+	if experts != nil {
+		name, outs = "q4k_matmul_masked", kSel
+	}
 	if rows <= 0 || cols <= 0 || cols%256 != 0 || len(slots) == 0 || len(slots) > MaxGroup {
 		return b.note(shapeErr(name, "group of %d products of %dx%d (1..%d products; cols a positive multiple of 256)", len(slots), rows, cols, MaxGroup))
 	}
@@ -376,21 +458,36 @@ func (k *Kernels) Q4KMatVecGroupWith(ctx context.Context, b *Batch, cfg Q4KConfi
 		}
 		maxSlot = max(maxSlot, s)
 	}
+	yBytes := uint64(outs * rows * 4)
+	for _, e := range experts {
+		if e&MaskedUpper != 0 {
+			yBytes = uint64(yUpper) + uint64(outs*rows*4)
+			e &^= MaskedUpper
+		}
+		if e < 0 || e >= MaskedUpper {
+			return b.note(shapeErr(name, "expert %d", e))
+		}
+	}
 	if err := need(name, "weight arena", arena, uint64(maxSlot+1)*slotBytes); err != nil {
 		return b.note(err)
 	}
 	if uint64(maxSlot+1)*slotBytes/16 > math.MaxUint32 {
 		return b.note(shapeErr(name, "slot %d is beyond 64 GiB", maxSlot))
 	}
-	nx := len(slots)
+	nx := outs
 	if sharedX {
 		nx = 1
 	}
 	if err := need(name, "x", x, uint64(nx*cols*4)); err != nil {
 		return b.note(err)
 	}
-	if err := need(name, "y", y, uint64(len(slots)*rows*4)); err != nil {
+	if err := need(name, "y", y, yBytes); err != nil {
 		return b.note(err)
+	}
+	if experts != nil {
+		if err := need(name, "sel", sel, uint64(kSel*4)); err != nil {
+			return b.note(err)
+		}
 	}
 	rowsPerWG := uint64(cfg.Rows * cfg.wg() / 8 / cfg.SPR)
 	gx, gy := grid(ceilDiv(uint64(rows), rowsPerWG))
@@ -399,17 +496,25 @@ func (k *Kernels) Q4KMatVecGroupWith(ctx context.Context, b *Batch, cfg Q4KConfi
 		xstride = 0
 	}
 	params := Params{}.U32(uint32(rows)).U32(uint32(cols / 256)).U32(uint32(cfg.SPR)).U32(1).U32(gx).
-		U32(uint32(slotBytes / 16)).U32(xstride).U32(0)
-	for i := range MaxGroup {
-		s := 0
-		if i < len(slots) {
-			s = slots[i]
+		U32(uint32(slotBytes / 16)).U32(xstride).U32(uint32(kSel))
+	table := func(v []int) {
+		for i := range MaxGroup {
+			s := 0
+			if i < len(v) {
+				s = v[i]
+			}
+			params = params.U32(uint32(s))
 		}
-		params = params.U32(uint32(s))
 	}
+	table(slots)
 	consts := q4kConsts(cfg, 1)
 	consts["GROUPED"] = 1
-	return k.run(ctx, b, name, consts, [3]uint32{gx, gy, uint32(len(slots))}, params, arena, x, y)
+	if experts == nil {
+		return k.run(ctx, b, name, consts, [3]uint32{gx, gy, uint32(len(slots))}, params, arena, x, y)
+	}
+	table(experts)
+	params = params.U32(uint32(yUpper / 4)).U32(0).U32(0).U32(0)
+	return k.run(ctx, b, name, consts, [3]uint32{gx, gy, uint32(len(slots))}, params, arena, x, y, sel)
 }
 
 // Q4KDequant records y = dequantize(w) for n weights (a multiple of 256)

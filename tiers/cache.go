@@ -541,3 +541,62 @@ func (c *Cache) check() error {
 	}
 	return nil
 }
+
+// Hold leases k at level if it is there and ready, without counting an
+// access: no stats, no trace, no change to what the policy knows. It is
+// for work that may or may not use k, such as a GPU step that picks among
+// a layer's resident experts on the GPU; count what it really used with
+// Touch. It returns nil if k is not ready at level.
+func (c *Cache) Hold(k Key, level Level) *Lease {
+	if level != VRAM && level != RAM {
+		return nil
+	}
+	lv := c.level(level)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.close {
+		return nil
+	}
+	id, ok := c.ids[k]
+	if !ok {
+		return nil
+	}
+	e := lv.entries[id]
+	if e == nil || !e.ready {
+		return nil
+	}
+	e.leases++
+	return &Lease{c: c, lv: lv, e: e, Key: k, Level: level}
+}
+
+// Touch counts a demand of k at level that found it there, as Get counts
+// a hit (stats, trace, policy), without a lease: the other half of Hold,
+// told after the fact which of the held keys were used. It reports
+// whether k was there; if it was not, nothing is counted.
+func (c *Cache) Touch(k Key, level Level) bool {
+	if level != VRAM && level != RAM {
+		return false
+	}
+	lv := c.level(level)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.close {
+		return false
+	}
+	id, ok := c.ids[k]
+	if !ok {
+		return false
+	}
+	e := lv.entries[id]
+	if e == nil || !e.ready {
+		return false
+	}
+	c.now++
+	if c.cfg.Trace != nil {
+		c.cfg.Trace.access(id, false)
+	}
+	e.lastDemand = c.now
+	c.stats[level].hits++
+	lv.touchLocked(id, e.size, c.now, true)
+	return true
+}

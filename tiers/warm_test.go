@@ -74,3 +74,52 @@ func TestWarmRefusesMoreThanTheBudget(t *testing.T) {
 		t.Fatal("warm at disk: no error")
 	}
 }
+
+// TestHoldAndTouch: Hold leases what is there without counting; a held
+// entry is not evicted; Touch counts a hit (stats, trace, policy) after
+// the fact, and nothing for what is not there.
+func TestHoldAndTouch(t *testing.T) {
+	w := newWorld(t, 3)
+	rec := &TraceRecorder{}
+	c, _ := conformance[0].cache(t, w, 2, nil) // RAM holds 2 keys
+	c.cfg.Trace = rec
+	ctx := context.Background()
+	if l := c.Hold(w.keys[0], RAM); l != nil {
+		t.Fatal("Hold of a key never loaded returned a lease")
+	}
+	if c.Touch(w.keys[0], RAM) {
+		t.Fatal("Touch of a key never loaded reported it there")
+	}
+	if err := c.Warm(ctx, w.keys[:2], RAM, 1, nil); err != nil {
+		t.Fatal(err)
+	}
+	before := c.Stats()[RAM]
+	held := c.Hold(w.keys[0], RAM)
+	if held == nil || !bytes.Equal(held.Bytes(), w.want(w.keys[0])) {
+		t.Fatal("Hold of a loaded key: no lease or wrong bytes")
+	}
+	if d := c.Stats()[RAM].Since(before); d.Hits != 0 || d.Misses != 0 || len(rec.Trace().Accesses) != 0 {
+		t.Fatalf("Hold counted an access: %+v, %d traced", d, len(rec.Trace().Accesses))
+	}
+	// Key 2 needs room: key 1 goes, key 0 is held.
+	l, err := c.Get(ctx, w.keys[2], RAM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Release()
+	if !c.Has(w.keys[0], RAM) || c.Has(w.keys[1], RAM) {
+		t.Fatal("a held entry was evicted, or the other one was not")
+	}
+	held.Release()
+	n := len(rec.Trace().Accesses)
+	if !c.Touch(w.keys[0], RAM) {
+		t.Fatal("Touch of a present key reported it absent")
+	}
+	if c.Touch(w.keys[1], RAM) {
+		t.Fatal("Touch of an evicted key reported it there")
+	}
+	d := c.Stats()[RAM].Since(before)
+	if d.Hits != 1 || d.Misses != 1 || len(rec.Trace().Accesses) != n+1 {
+		t.Fatalf("after Get and Touch: %+v, %d traced (want %d)", d, len(rec.Trace().Accesses), n+1)
+	}
+}

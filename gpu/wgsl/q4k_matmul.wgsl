@@ -22,6 +22,17 @@
 // keeps), its x at vec4 e * xstride of x (0: all share one x), its y at
 // e * rows of y. The fixed cost of a dispatch (launch, ramp-up, tail)
 // is then paid once for all of an MoE layer's expert products.
+//
+// The masked flavor (kernel q4k_matmul_masked; lines marked //+MASKED are
+// its own, lines marked //-MASKED the plain kernel's) runs an MoE layer
+// whose experts are all resident without the host knowing which ones the
+// router chose: product e is expert experts[e], and runs only if that
+// expert is among the router's k ids in sel, at position j; it then reads
+// x at j * xstride and writes y at j * rows (plus yupper if bit 31 of its
+// experts entry is set: an expert's up matrix in the same dispatch as its
+// gate, each into its half of y). Products of experts not chosen return at
+// once. The choice stays on the GPU: no read-back between the
+// router and the experts.
 
 struct Params {
   rows: u32,     // output rows
@@ -31,14 +42,34 @@ struct Params {
   gx: u32,       // workgroups along x (2-D grids for many rows)
   wstride: u32,  // GROUPED: vec4s per weight slot
   xstride: u32,  // GROUPED: vec4s between products' x (0: shared x)
-  _pad: u32,
+  k: u32,        // MASKED: ids in sel
   slots: array<vec4<u32>, 4>, // GROUPED: weight slot of product e, 4 per vec4
+//+MASKED  experts: array<vec4<u32>, 4>, // expert of product e (bit 31: output to the upper half)
+//+MASKED  yupper: u32,  // where the upper half of y starts (floats)
+//+MASKED  _p1: u32,
+//+MASKED  _p2: u32,
+//+MASKED  _p3: u32,
 }
 
 @group(0) @binding(0) var<storage, read> w: array<vec4<u32>>;
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
 @group(1) @binding(0) var<uniform> p: Params;
+//+MASKED @group(0) @binding(3) var<storage, read> sel: array<u32>;
+
+// chosen is where product e's expert is among the router's ids, or
+// 0xffffffff (MASKED); the plain kernel's products are all chosen, at e.
+//-MASKED fn chosen(e: u32) -> u32 { return e; }
+//-MASKED fn upper(e: u32) -> u32 { return 0u; }
+//+MASKED fn upper(e: u32) -> u32 { return select(0u, p.yupper, (p.experts[e >> 2u][e & 3u] >> 31u) == 1u); }
+//+MASKED fn chosen(e: u32) -> u32 {
+//+MASKED   let want = p.experts[e >> 2u][e & 3u] & 0x7fffffffu;
+//+MASKED   for (var i = 0u; i < min(p.k, 32u); i++) {
+//+MASKED     if (sel[i] == want) { return i; }
+//+MASKED   }
+//+MASKED   return 0xffffffffu;
+//+MASKED }
+var<workgroup> pick: u32;
 
 override ROWS: u32 = 2u;
 override TOK: u32 = 1u;
@@ -145,8 +176,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let e = select(0u, wid.z, grouped);            // product (GROUPED)
   let tok0 = select(wid.z * TOK, 0u, grouped);
   let wbase = select(0u, p.slots[e >> 2u][e & 3u] * p.wstride, grouped);
-  let xbase = select(0u, e * p.xstride, grouped);
-  let ybase = select(0u, e * p.rows, grouped);
+  if (tid == 0u) {
+    pick = chosen(e);
+  }
+  let at = workgroupUniformLoad(&pick); // where product e's output goes
+  if (at == 0xffffffffu) {
+    return; // MASKED: the router did not choose this expert
+  }
+  let xbase = select(0u, at * p.xstride, grouped);
+  let ybase = select(0u, upper(e) + at * p.rows, grouped);
   let j = c >> 1u;          // quant byte group: sub-blocks 2j (low), 2j+1 (high)
   let half = c & 1u;
   let sel = selector(j);

@@ -1,0 +1,166 @@
+package gpu
+
+import (
+	"errors"
+	"math"
+	"testing"
+
+	"github.com/rdrr/peer/gpu/ref"
+)
+
+// TestQ4KMatVecMasked checks the products that run with the router's
+// choice on the GPU: only the chosen experts run, each into the place of
+// its id in sel, from its own x; experts split over two arena buffers fill
+// one y from two calls; an unchosen product writes nothing.
+func TestQ4KMatVecMasked(t *testing.T) {
+	d, k := shared.d, shared.k
+	r := rng(t)
+	const rows, cols, nslots = 37, 512, 5
+	per := rows * cols / 256
+	arenas := [][]byte{randQ4K(r, nslots*per), randQ4K(r, nslots*per)}
+	bufs := []*Buffer{upload(t, d, arenas[0]), upload(t, d, arenas[1])}
+	// Eight experts: 0-3 in buffer 0 (slots 4,2,0,1), 4-7 in buffer 1
+	// (slots 3,0,4,2).
+	where := [8]struct{ buf, slot int }{{0, 4}, {0, 2}, {0, 0}, {0, 1}, {1, 3}, {1, 0}, {1, 4}, {1, 2}}
+	matrix := func(e int) []float64 {
+		w := where[e]
+		w64, err := ref.Q4K(arenas[w.buf][w.slot*per*144 : (w.slot+1)*per*144])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return w64
+	}
+	for _, c := range []struct {
+		sel     []uint32
+		sharedX bool
+	}{
+		{[]uint32{5, 2}, false},
+		{[]uint32{2, 5}, true},
+		{[]uint32{7, 6, 0, 3}, false},
+		{[]uint32{1}, true},
+	} {
+		kSel := len(c.sel)
+		nx := kSel
+		if c.sharedX {
+			nx = 1
+		}
+		x := randF32(r, nx*cols, 1)
+		var want, mag []float64
+		for j, e := range c.sel {
+			xe := x[:cols]
+			if !c.sharedX {
+				xe = x[j*cols : (j+1)*cols]
+			}
+			got, m := ref.MatMul(matrix(int(e)), ref.F32(xe), rows, cols, 1)
+			want, mag = append(want, got...), append(mag, m...)
+		}
+		xb := uploadF32(t, d, x)
+		sel := upload(t, d, Bytes(c.sel))
+		y := poisoned(t, d, kSel*rows*4)
+		run(t, d, func(b *Batch) error {
+			for bi := range bufs {
+				var slots, experts []int
+				for e, w := range where {
+					if w.buf == bi {
+						slots, experts = append(slots, w.slot), append(experts, e)
+					}
+				}
+				if err := k.Q4KMatVecMasked(ctxT(t), b, bufs[bi], slots, experts, sel, kSel, xb, c.sharedX, y, 0, rows, cols); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err := ref.Compare(readF32(t, d, y, kSel*rows), want, mag, ref.Tolerance(ref.OpMatMul)); err != nil {
+			t.Fatalf("sel %v shared %v: %v", c.sel, c.sharedX, err)
+		}
+	}
+	// A chosen expert that no product covers leaves its rows as they were:
+	// the products of unchosen experts write nothing.
+	sel := upload(t, d, Bytes([]uint32{6, 1}))
+	x := uploadF32(t, d, randF32(r, cols, 1))
+	y := poisoned(t, d, 2*rows*4)
+	run(t, d, func(b *Batch) error {
+		return k.Q4KMatVecMasked(ctxT(t), b, bufs[0], []int{4, 2, 0, 1}, []int{0, 1, 2, 3}, sel, 2, x, true, y, 0, rows, cols)
+	})
+	got := readF32(t, d, y, 2*rows)
+	for i, v := range got[:rows] {
+		if !math.IsNaN(float64(v)) && v != got[0] {
+			t.Fatalf("row %d of an uncovered expert's output was written: %v", i, v)
+		}
+	}
+	want, mag := ref.MatMul(matrix(1), ref.F32(readF32(t, d, x, cols)), rows, cols, 1)
+	if err := ref.Compare(got[rows:], want, mag, ref.Tolerance(ref.OpMatMul)); err != nil {
+		t.Fatal(err)
+	}
+	// Gate and up of the same experts in one dispatch: the up products
+	// (MaskedUpper) fill the upper half of y.
+	{
+		sel := upload(t, d, Bytes([]uint32{3, 0}))
+		xs := randF32(r, cols, 1)
+		x := uploadF32(t, d, xs)
+		const upper = 2*rows*4 + 12 // any multiple of 4
+		y := poisoned(t, d, upper+2*rows*4)
+		run(t, d, func(b *Batch) error {
+			// Buffer 0 holds experts 0-3's gates (slots 4,2,0,1) and, for
+			// this test, their up matrices (slots 3,0,4,2).
+			return k.Q4KMatVecMasked(ctxT(t), b, bufs[0], []int{4, 2, 0, 1, 3, 0, 4, 2}, []int{0, 1, 2, 3, 0 | MaskedUpper, 1 | MaskedUpper, 2 | MaskedUpper, 3 | MaskedUpper}, sel, 2, x, true, y, upper, rows, cols)
+		})
+		upMatrix := func(e int) []float64 { // buffer 0 again, slots 3,0,4,2
+			s := []int{3, 0, 4, 2}[e]
+			w64, err := ref.Q4K(arenas[0][s*per*144 : (s+1)*per*144])
+			if err != nil {
+				t.Fatal(err)
+			}
+			return w64
+		}
+		var want, mag []float64
+		for _, w := range [][]float64{matrix(3), matrix(0)} {
+			g, m := ref.MatMul(w, ref.F32(xs), rows, cols, 1)
+			want, mag = append(want, g...), append(mag, m...)
+		}
+		all := readF32(t, d, y, (upper+2*rows*4)/4)
+		if err := ref.Compare(all[:2*rows], want, mag, ref.Tolerance(ref.OpMatMul)); err != nil {
+			t.Fatalf("gate half: %v", err)
+		}
+		want, mag = nil, nil
+		for _, w := range [][]float64{upMatrix(3), upMatrix(0)} {
+			g, m := ref.MatMul(w, ref.F32(xs), rows, cols, 1)
+			want, mag = append(want, g...), append(mag, m...)
+		}
+		if err := ref.Compare(all[upper/4:], want, mag, ref.Tolerance(ref.OpMatMul)); err != nil {
+			t.Fatalf("upper half: %v", err)
+		}
+	}
+	// Bad shapes are refused.
+	for _, bad := range []func(b *Batch) error{
+		func(b *Batch) error {
+			return k.Q4KMatVecMasked(ctxT(t), b, bufs[0], []int{0, 1}, []int{0}, sel, 2, x, true, y, 0, rows, cols)
+		},
+		func(b *Batch) error {
+			return k.Q4KMatVecMasked(ctxT(t), b, bufs[0], []int{0}, []int{0}, sel, 0, x, true, y, 0, rows, cols)
+		},
+		func(b *Batch) error {
+			return k.Q4KMatVecMasked(ctxT(t), b, bufs[0], []int{0}, []int{0}, sel, 3, x, true, y, 0, rows, cols)
+		},
+		func(b *Batch) error {
+			return k.Q4KMatVecMasked(ctxT(t), b, bufs[0], []int{0}, []int{-1}, sel, 2, x, true, y, 0, rows, cols)
+		},
+	} {
+		b := d.Batch()
+		bad(b)
+		if err := b.Submit(ctxT(t)); !errors.Is(err, ErrShape) {
+			t.Errorf("bad call: %v; want ErrShape", err)
+		}
+	}
+}
+
+func TestFlavored(t *testing.T) {
+	src := "a\n//+M b\n  //-M c\n//+N d\ne"
+	if got := flavored(src, "M"); got != "a\nb\ne" {
+		t.Errorf("flavor M: %q", got)
+	}
+	if got := flavored(src, ""); got != "a\nc\ne" {
+		t.Errorf("no flavor: %q", got)
+	}
+}
