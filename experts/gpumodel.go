@@ -552,7 +552,9 @@ func (g *GPUModel) compile(ctx context.Context) error {
 		break
 	}
 	g.k.Q4KMatVec(ctx, b, g.dense["lm_head.weight"], B["xn"], B["out"].Sub(0, uint64(c.VocabSize*4)), c.VocabSize, h)
-	return b.Err()
+	err := b.Err()
+	b.Drop()
+	return err
 }
 
 // upOff is where the up products start in the gu buffer (gate products

@@ -23,6 +23,7 @@ type Batch struct {
 	params []byte // uniform arena: each dispatch's params at an aligned offset
 	err    error  // first recording error; Submit returns it
 	done   bool
+	temps  []*Buffer // scratch buffers of the batch's kernels, pooled again after Submit or Drop
 }
 
 type command struct {
@@ -45,6 +46,43 @@ func (b *Batch) note(err error) error {
 		b.err = err
 	}
 	return err
+}
+
+// temp returns a storage buffer of at least n bytes that the batch's
+// kernels can use as scratch between their dispatches, until the batch is
+// submitted or dropped.
+func (b *Batch) temp(n uint64) (*Buffer, error) {
+	if b.done {
+		return nil, fmt.Errorf("%w: batch already submitted", ErrClosed)
+	}
+	t, err := b.d.Alloc(n)
+	if err != nil {
+		return nil, b.note(err)
+	}
+	b.temps = append(b.temps, t)
+	return t, nil
+}
+
+func (b *Batch) releaseTemps() {
+	if len(b.temps) == 0 {
+		return
+	}
+	b.d.mu.Lock()
+	for _, t := range b.temps {
+		if t.state == bufLive {
+			b.d.releaseLocked(t)
+		}
+	}
+	b.d.mu.Unlock()
+	b.temps = nil
+}
+
+// Drop abandons a batch without submitting it (one recorded only to
+// compile its pipelines, or after a recording error), handing back its
+// scratch buffers.
+func (b *Batch) Drop() {
+	b.done = true
+	b.releaseTemps()
 }
 
 // Err returns the first error recorded so far (what Submit would return
@@ -222,6 +260,9 @@ func (b *Batch) Submit(ctx context.Context) error {
 		return fmt.Errorf("%w: batch already submitted", ErrClosed)
 	}
 	b.done = true
+	// Scratch goes back to the pool after the submit (this runs after the
+	// unlock below): queue order puts a later user's commands after ours.
+	defer b.releaseTemps()
 	if b.err != nil {
 		return b.err
 	}

@@ -97,7 +97,9 @@ var builtins = map[string]builtin{
 	"rmsnorm":           {"rmsnorm.wgsl", []Access{ReadOnly, ReadOnly, ReadWrite}, 16, ""},
 	"softmax":           {"softmax.wgsl", []Access{ReadOnly, ReadWrite}, 12, ""},
 	"rope":              {"rope.wgsl", []Access{ReadWrite, ReadOnly}, 28, ""},
-	"attention":         {"attention.wgsl", []Access{ReadOnly, ReadOnly, ReadOnly, ReadWrite}, 20, ""},
+	"attention":         {"attention.wgsl", []Access{ReadOnly, ReadOnly, ReadOnly, ReadWrite}, 20, ""}, // one workgroup per head: the kernel lab's single-dispatch baseline
+	"attention_split":   {"attention_split.wgsl", []Access{ReadOnly, ReadOnly, ReadOnly, ReadWrite}, 32, ""},
+	"attention_merge":   {"attention_merge.wgsl", []Access{ReadOnly, ReadWrite}, 16, ""},
 	"route":             {"route.wgsl", []Access{ReadOnly, ReadOnly, ReadWrite, ReadWrite}, 32, ""},
 	"swiglu":            {"swiglu.wgsl", []Access{ReadOnly, ReadOnly, ReadWrite}, 8, ""},
 	"accumulate":        {"accumulate.wgsl", []Access{ReadOnly, ReadOnly, ReadWrite}, 16, ""},
@@ -667,19 +669,29 @@ func (k *Kernels) Rope(ctx context.Context, b *Batch, x, freqs Region, s RopeSha
 }
 
 // AttnShape describes decode attention: Heads query heads of HeadDim
-// (<= 256), KVHeads cache heads (Heads a multiple of it), KVLen cached
-// positions; Scale multiplies q.k (usually 1/sqrt(HeadDim)).
+// (<= 256, a multiple of 4), KVHeads cache heads (Heads a multiple of it,
+// at most 8 query heads per cache head and at most 1024 of their
+// dimensions together), KVLen cached positions; Scale multiplies q.k
+// (usually 1/sqrt(HeadDim)).
 type AttnShape struct {
 	Heads, KVHeads, HeadDim, KVLen int
 	Scale                          float32
 }
 
+// attnChunk is the positions one attention_split workgroup takes.
+const attnChunk = 64
+
 // Attention records decode attention of q ([Heads][HeadDim]) over the
 // cache k, v ([>= KVLen][KVHeads][HeadDim]) into out ([Heads][HeadDim]).
+// It runs split over positions (flash-decoding): chunks of 64 positions
+// per workgroup, every cache head's query heads together, then a merge of
+// the chunks' softmax partials; the partials live in a scratch buffer of
+// the batch.
 func (k *Kernels) Attention(ctx context.Context, b *Batch, q, kc, vc, out Region, s AttnShape) error {
 	const name = "attention"
-	if s.Heads <= 0 || s.KVHeads <= 0 || s.Heads%s.KVHeads != 0 || s.HeadDim <= 0 || s.HeadDim > 256 || s.KVLen <= 0 || s.Heads > 65535 {
-		return b.note(shapeErr(name, "%+v (HeadDim <= 256, Heads a multiple of KVHeads)", s))
+	if s.Heads <= 0 || s.KVHeads <= 0 || s.Heads%s.KVHeads != 0 || s.HeadDim <= 0 || s.HeadDim > 256 || s.HeadDim%4 != 0 ||
+		s.KVLen <= 0 || s.Heads > 65535 || s.Heads/s.KVHeads > 8 || s.Heads/s.KVHeads*s.HeadDim > 1024 || s.KVLen > 1<<24 {
+		return b.note(shapeErr(name, "%+v (HeadDim <= 256 and a multiple of 4; Heads a multiple of KVHeads, at most 8 and 1024 dimensions per cache head; KVLen <= 2^24)", s))
 	}
 	kv := uint64(s.KVLen * s.KVHeads * s.HeadDim * 4)
 	for _, c := range []struct {
@@ -691,8 +703,18 @@ func (k *Kernels) Attention(ctx context.Context, b *Batch, q, kc, vc, out Region
 			return b.note(err)
 		}
 	}
-	p := Params{}.U32(uint32(s.Heads)).U32(uint32(s.KVHeads)).U32(uint32(s.HeadDim)).U32(uint32(s.KVLen)).F32(s.Scale)
-	return k.run(ctx, b, name, nil, [3]uint32{uint32(s.Heads), 1, 1}, p, q, kc, vc, out)
+	chunks := (s.KVLen + attnChunk - 1) / attnChunk
+	part, err := b.temp(uint64(s.Heads * chunks * (s.HeadDim + 2) * 4))
+	if err != nil {
+		return err
+	}
+	p := Params{}.U32(uint32(s.Heads)).U32(uint32(s.KVHeads)).U32(uint32(s.HeadDim)).U32(uint32(s.KVLen)).F32(s.Scale).
+		U32(uint32(chunks)).U32(0).U32(0)
+	if err := k.run(ctx, b, "attention_split", nil, [3]uint32{uint32(chunks), uint32(s.KVHeads), 1}, p, q, kc, vc, part); err != nil {
+		return err
+	}
+	p = Params{}.U32(uint32(s.Heads)).U32(uint32(s.HeadDim)).U32(uint32(chunks)).U32(0)
+	return k.run(ctx, b, "attention_merge", nil, [3]uint32{uint32(s.Heads), 1, 1}, p, part, out)
 }
 
 // RouteMode selects how router logits become expert weights (same values

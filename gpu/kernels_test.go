@@ -368,12 +368,19 @@ func TestAttention(t *testing.T) {
 	d, k := shared.d, shared.k
 	r := rng(t)
 	for _, s := range []AttnShape{
-		{Heads: 1, KVHeads: 1, HeadDim: 1, KVLen: 1},
+		{Heads: 1, KVHeads: 1, HeadDim: 4, KVLen: 1},
 		{Heads: 8, KVHeads: 2, HeadDim: 64, KVLen: 7},
 		{Heads: 4, KVHeads: 4, HeadDim: 24, KVLen: 300},
+		{Heads: 2, KVHeads: 2, HeadDim: 20, KVLen: 129},
 		{Heads: 6, KVHeads: 1, HeadDim: 100, KVLen: 513},
 		{Heads: 2, KVHeads: 1, HeadDim: 256, KVLen: 1000},
 		{Heads: 32, KVHeads: 8, HeadDim: 128, KVLen: 256},
+		// Chunk edges (64 positions a chunk), eight query heads a cache
+		// head, and a long cache.
+		{Heads: 8, KVHeads: 1, HeadDim: 128, KVLen: 64},
+		{Heads: 8, KVHeads: 1, HeadDim: 128, KVLen: 65},
+		{Heads: 3, KVHeads: 3, HeadDim: 36, KVLen: 127},
+		{Heads: 32, KVHeads: 8, HeadDim: 128, KVLen: 4096},
 	} {
 		s.Scale = float32(1 / math.Sqrt(float64(s.HeadDim)))
 		t.Run(fmt.Sprintf("%+v", s), func(t *testing.T) {
@@ -383,7 +390,11 @@ func TestAttention(t *testing.T) {
 			want := ref.Attention(ref.F32(q), ref.F32(kc), ref.F32(vc), s.Heads, s.KVHeads, s.HeadDim, s.KVLen, float64(s.Scale))
 			qb, kb, vb := uploadF32(t, d, q), uploadF32(t, d, kc), uploadF32(t, d, vc)
 			out := poisoned(t, d, s.Heads*s.HeadDim*4)
+			live := d.Stats().LiveBuffers
 			run(t, d, func(b *Batch) error { return k.Attention(ctxT(t), b, qb, kb, vb, out, s) })
+			if n := d.Stats().LiveBuffers; n != live {
+				t.Fatalf("%d buffers live after the batch, %d before: its scratch was not handed back", n, live)
+			}
 			if err := ref.Compare(readF32(t, d, out, s.Heads*s.HeadDim), want, nil, ref.Tolerance(ref.OpAttention)); err != nil {
 				t.Fatal(err)
 			}
