@@ -104,7 +104,8 @@ var builtins = map[string]builtin{
 	"swiglu":            {"swiglu.wgsl", []Access{ReadOnly, ReadOnly, ReadWrite}, 8, ""},
 	"accumulate":        {"accumulate.wgsl", []Access{ReadOnly, ReadOnly, ReadWrite}, 16, ""},
 	"embed":             {"embed.wgsl", []Access{ReadOnly, ReadOnly, ReadWrite}, 16, ""},
-	"argmax":            {"argmax.wgsl", []Access{ReadOnly, ReadWrite}, 4, ""},
+	"argmax":            {"argmax.wgsl", []Access{ReadOnly, ReadWrite}, 4, ""}, // one workgroup: the kernel lab's baseline
+	"argmax_blocks":     {"argmax_blocks.wgsl", []Access{ReadOnly, ReadWrite}, 16, ""},
 	"topp":              {"topp.wgsl", []Access{ReadOnly, ReadWrite}, 16, ""},
 	"copy":              {"copy.wgsl", []Access{ReadOnly, ReadWrite}, 8, ""},
 }
@@ -843,7 +844,9 @@ func (k *Kernels) Embed(ctx context.Context, b *Batch, dt DType, table, ids, y R
 	return k.run(ctx, b, name, nil, [3]uint32{gx, gy, 1}, p, table, ids, y)
 }
 
-// Argmax records out[0] = the index (u32) of the largest of n values.
+// Argmax records out[0] = the index (u32) of the largest of n values (the
+// lowest index of it; NaNs skipped): blocks of 4096 values over many
+// workgroups, then one workgroup over the blocks' winners.
 func (k *Kernels) Argmax(ctx context.Context, b *Batch, x, out Region, n int) error {
 	const name = "argmax"
 	if n <= 0 {
@@ -855,8 +858,23 @@ func (k *Kernels) Argmax(ctx context.Context, b *Batch, x, out Region, n int) er
 	if err := need(name, "out", out, 4); err != nil {
 		return b.note(err)
 	}
-	return k.run(ctx, b, name, nil, [3]uint32{1, 1, 1}, Params{}.U32(uint32(n)), x, out)
+	blocks := (n + argmaxBlock - 1) / argmaxBlock
+	if blocks == 1 {
+		return k.run(ctx, b, "argmax_blocks", nil, [3]uint32{1, 1, 1}, Params{}.U32(uint32(n)).U32(uint32(n)).U32(2).U32(0), x, out)
+	}
+	part, err := b.temp(uint64(blocks * 8))
+	if err != nil {
+		return err
+	}
+	if err := k.run(ctx, b, "argmax_blocks", nil, [3]uint32{uint32(blocks), 1, 1}, Params{}.U32(uint32(n)).U32(argmaxBlock).U32(0).U32(0), x, part); err != nil {
+		return err
+	}
+	return k.run(ctx, b, "argmax_blocks", nil, [3]uint32{1, 1, 1}, Params{}.U32(uint32(blocks)).U32(uint32(blocks)).U32(1).U32(0), part, out)
 }
+
+// argmaxBlock is the values one workgroup of Argmax's first pass takes:
+// 16 per thread, so that a 152k vocabulary spreads over 38 workgroups.
+const argmaxBlock = 4096
 
 // TopP records out[0] = a token sampled from the top-p nucleus of
 // softmax(logits/temperature) with the uniform draw u in [0, 1) (see

@@ -544,13 +544,22 @@ func TestEmbed(t *testing.T) {
 func TestArgmax(t *testing.T) {
 	d, k := shared.d, shared.k
 	r := rng(t)
-	for _, n := range []int{1, 7, 256, 257, 100003} {
+	for _, n := range []int{1, 7, 256, 257, 4096, 4097, 100003, 152064} {
 		t.Run(fmt.Sprint(n), func(t *testing.T) {
 			x := randF32(r, n, 1)
 			if n > 10 {
-				// A tie at the maximum: the lower index must win.
+				// A tie at the maximum: the lower index must win, also
+				// when the two are in different blocks of the first pass;
+				// NaNs are skipped.
 				m := float32(10)
-				x[n/3], x[n/2] = m, m
+				x[n/2], x[n/3] = m, m
+				x[n-1] = float32(math.NaN())
+				x[0] = float32(math.NaN())
+			}
+			if n > 8192 {
+				for i := 4096; i < 8192; i++ {
+					x[i] = float32(math.NaN()) // a block of NaNs
+				}
 			}
 			want := ref.Argmax(ref.F32(x))
 			xb := uploadF32(t, d, x)
