@@ -21,6 +21,30 @@ type description struct {
 	SDP  string   `json:"sdp"`
 	Caps linkCaps `json:"caps"`
 	Sig  []byte   `json:"sig"`
+	// P2P are the sender's libp2p addresses (PROTOCOL.md 2.1): hints,
+	// not signed, since libp2p's own handshake proves the peer ID of
+	// whoever answers at them.
+	P2P []string `json:"p2p,omitempty"`
+}
+
+// Bounds on the libp2p addresses a description may carry; beyond them
+// the addresses are ignored (the description is still used).
+const (
+	maxP2PAddrs   = 8
+	maxP2PAddrLen = 256
+)
+
+// p2pAddrs returns d's addresses if they are within the bounds, else none.
+func (d *description) p2pAddrs() []string {
+	if len(d.P2P) > maxP2PAddrs {
+		return nil
+	}
+	for _, a := range d.P2P {
+		if a == "" || len(a) > maxP2PAddrLen {
+			return nil
+		}
+	}
+	return d.P2P
 }
 
 // linkCaps are the signed connection parameters.
@@ -71,6 +95,12 @@ func sdpFingerprints(sdp string) []string {
 
 // signDescription makes the data of an offer or answer.
 func signDescription(key crypto.PrivKey, kind, sid string, from, to peer.ID, sdp string, caps linkCaps) (json.RawMessage, error) {
+	return signDescriptionAddrs(key, kind, sid, from, to, sdp, caps, nil)
+}
+
+// signDescriptionAddrs is signDescription with the sender's libp2p
+// addresses (unsigned hints).
+func signDescriptionAddrs(key crypto.PrivKey, kind, sid string, from, to peer.ID, sdp string, caps linkCaps, addrs []string) (json.RawMessage, error) {
 	fps := sdpFingerprints(sdp)
 	if len(fps) == 0 {
 		return nil, fmt.Errorf("swarm: %s has no DTLS fingerprint", kind)
@@ -79,7 +109,10 @@ func signDescription(key crypto.PrivKey, kind, sid string, from, to peer.ID, sdp
 	if err != nil {
 		return nil, err
 	}
-	return json.Marshal(description{SDP: sdp, Caps: caps, Sig: sig})
+	if len(addrs) > maxP2PAddrs {
+		addrs = addrs[:maxP2PAddrs]
+	}
+	return json.Marshal(description{SDP: sdp, Caps: caps, Sig: sig, P2P: addrs})
 }
 
 // verifyDescription parses the data of an offer or answer from `from` and

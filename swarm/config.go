@@ -2,6 +2,8 @@ package swarm
 
 import (
 	"errors"
+
+	"github.com/libp2p/go-libp2p/core/peer"
 	"log/slog"
 	"time"
 
@@ -90,6 +92,15 @@ type Config struct {
 	BanFor time.Duration
 	// Agent is sent in HELLO (default "rdrr-peer").
 	Agent string
+
+	// AnnounceAddrs, if set, returns the node's libp2p addresses, sent
+	// with every offer and answer (at most 8 of at most 256 bytes). Safe
+	// for concurrent use. Start sets it from an Overlay.
+	AnnounceAddrs func() []string
+	// OnPeerAddrs, if set, receives the libp2p addresses a peer sent in
+	// an offer or answer whose signature verified; called on the setup's
+	// goroutine, it must not block. Start sets it from an Overlay.
+	OnPeerAddrs func(p peer.ID, addrs []string)
 
 	testHooks testHooks // zero outside tests
 }

@@ -32,6 +32,9 @@ const (
 	defaultStall       = 2 * time.Minute
 	defaultFindTimeout = 30 * time.Second
 	defaultMaxPeers    = 8
+	// providerLookups is how many missing blobs a round looks up with
+	// FetchOptions.Providers.
+	providerLookups = 2
 	// wantBatch is how many CIDs are asked under one RequestTimeout (the
 	// link splits them further into WANTs whose HAVE fits a frame).
 	wantBatch = 1024
@@ -45,6 +48,10 @@ type FetchOptions struct {
 	// Discover, if set, is called for more peers each round (for example:
 	// the members of a signaling topic).
 	Discover func(ctx context.Context) ([]peer.ID, error)
+	// Providers, if set, is asked each round for peers that announced
+	// the first blobs still missing (content routing: the DHT of an
+	// overlay); they are asked right after the given Peers.
+	Providers func(ctx context.Context, c cas.CID) ([]peer.ID, error)
 	// FindTimeout bounds how long a fetch waits without progress for a
 	// peer that has what is missing (default 30s). Without Discover, a
 	// fetch whose given and connected peers were all dropped or banned
@@ -292,8 +299,19 @@ func (f *fetcher) fetch(ctx context.Context, wants []*want) error {
 // yet, then others not asked yet, at random, up to MaxPeers. fresh is how
 // many were never asked before; when none is left, everyone becomes
 // eligible again.
-func (f *fetcher) candidates(ctx context.Context) (out []peer.ID, fresh int) {
+func (f *fetcher) candidates(ctx context.Context, wants []*want) (out []peer.ID, fresh int) {
 	given := slices.Clone(f.opt.Peers)
+	if f.opt.Providers != nil {
+		// The first few missing blobs: shards of one collection are
+		// mostly held by the same peers.
+		for _, w := range wants[:min(len(wants), providerLookups)] {
+			ps, err := f.opt.Providers(ctx, w.cid)
+			if err != nil {
+				f.n.log.Debug("swarm: fetch: providers", "cid", w.cid, "err", err)
+			}
+			given = append(given, ps...)
+		}
+	}
 	others := f.n.Peers()
 	if f.opt.Discover != nil {
 		if more, err := f.opt.Discover(ctx); err == nil {
@@ -355,7 +373,7 @@ type answer struct {
 // round asks the candidates who has what, proves unknown sizes, and runs
 // one scheduler over everything someone has.
 func (f *fetcher) round(ctx context.Context, wants []*want) (roundResult, error) {
-	peers, fresh := f.candidates(ctx)
+	peers, fresh := f.candidates(ctx, wants)
 	res := roundResult{fresh: fresh, asked: len(peers)}
 	answers := f.ask(ctx, peers, wants)
 

@@ -194,7 +194,15 @@ func (n *Node) signDescription(kind, sid string, to peer.ID, sdp string, caps li
 	if n.cfg.testHooks.signingKey != nil {
 		key = n.cfg.testHooks.signingKey
 	}
-	d, err := signDescription(key, kind, sid, n.id.ID, to, sdp, caps)
+	var addrs []string
+	if n.cfg.AnnounceAddrs != nil {
+		for _, a := range n.cfg.AnnounceAddrs() {
+			if len(a) <= maxP2PAddrLen && len(addrs) < maxP2PAddrs {
+				addrs = append(addrs, a)
+			}
+		}
+	}
+	d, err := signDescriptionAddrs(key, kind, sid, n.id.ID, to, sdp, caps, addrs)
 	if err == nil && n.cfg.testHooks.tamper != nil {
 		d = n.cfg.testHooks.tamper(kind, d)
 	}
@@ -223,6 +231,7 @@ func (s *setup) negotiate(ctx context.Context, l *link, offerer bool) error {
 				l.mu.Lock()
 				l.fps = fps
 				l.mu.Unlock()
+				s.n.peerAddrs(s.remote, d)
 				if err := l.pc.SetRemoteDescription(webrtc.SessionDescription{Type: webrtc.SDPTypeAnswer, SDP: d.SDP}); err != nil {
 					l.close(err)
 					return fmt.Errorf("swarm: answer from %s: %w", s.remote, err)
@@ -309,6 +318,17 @@ func (n *Node) acceptOffer(remote peer.ID, m *signaling.Message) {
 	}()
 }
 
+// peerAddrs passes the libp2p addresses of a verified description to
+// Config.OnPeerAddrs.
+func (n *Node) peerAddrs(p peer.ID, d *description) {
+	if n.cfg.OnPeerAddrs == nil {
+		return
+	}
+	if addrs := d.p2pAddrs(); len(addrs) > 0 {
+		n.cfg.OnPeerAddrs(p, addrs)
+	}
+}
+
 func (n *Node) signaler() Signaler {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -322,6 +342,7 @@ func (n *Node) answer(ctx context.Context, s *setup, m *signaling.Message) error
 		s.bye("identity: " + err.Error())
 		return err
 	}
+	n.peerAddrs(s.remote, d)
 	if d.Caps.Bulk < 1 || d.Caps.Bulk > maxBulk {
 		s.bye(fmt.Sprintf("bulk channels must be 1..%d", maxBulk))
 		return fmt.Errorf("swarm: offer from %s asks for %d bulk channels", s.remote, d.Caps.Bulk)

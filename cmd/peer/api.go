@@ -87,9 +87,27 @@ func (a *app) startAPI(listen string, hooks *serveHooks) (stop func(), err error
 			hooks.mu.Lock()
 			st := hooks.store
 			hooks.mu.Unlock()
-			_, err := n.Fetch(ctx, st, c, swarm.FetchOptions{Discover: m.Discover, Progress: progress})
+			_, err := n.Fetch(ctx, st, c, swarm.FetchOptions{Discover: m.Discover, Providers: m.Providers, Progress: progress})
+			if err == nil {
+				m.AnnounceSoon() // what was fetched is served: say so now
+			}
 			return err
 		},
+		Online: func() bool {
+			_, m := hooks.node()
+			return m != nil && m.Online()
+		},
+		P2P: func() *api.P2PStatus {
+			hooks.mu.Lock()
+			ov, m := hooks.ov, hooks.member
+			hooks.mu.Unlock()
+			if ov == nil {
+				return nil
+			}
+			return &api.P2PStatus{Addrs: ov.P2PAddrs(), Peers: len(ov.Host.Network().Peers()),
+				RoutingTable: ov.DHT.RoutingTableSize(), Provided: m.Announced()}
+		},
+		Registry: hooks.reg,
 	}
 	addr := "http://" + ln.Addr().String()
 	hs := &http.Server{ReadHeaderTimeout: 10 * time.Second}
@@ -165,6 +183,12 @@ func apiCommands(a *app) []*cobra.Command {
 				fmt.Fprintf(w, "%d peers, %d links; served %s, fetched %s; %d bad slices, %d bans\n", st.Peers, st.Swarm.Links,
 					formatBytes(st.Swarm.ServedBytes), formatBytes(st.Swarm.FetchedBytes), st.Swarm.BadSlices, st.Swarm.Bans)
 				fmt.Fprintf(w, "store: %d blobs, %s, %d pinned; %d fetches running\n", st.Blobs, formatBytes(st.StoreBytes), st.Pinned, st.Fetches)
+				if p := st.P2P; p != nil {
+					fmt.Fprintf(w, "p2p: %d peers, routing table %d, %d blobs provided\n", p.Peers, p.RoutingTable, p.Provided)
+					for _, addr := range p.Addrs {
+						fmt.Fprintln(w, "  "+addr)
+					}
+				}
 			})
 		},
 	}

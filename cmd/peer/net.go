@@ -8,16 +8,22 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
 
+	ma "github.com/multiformats/go-multiaddr"
+	manet "github.com/multiformats/go-multiaddr/net"
 	"github.com/pion/webrtc/v4"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/rdrr/peer/cas"
+	"github.com/rdrr/peer/internal/atomicfile"
 	"github.com/rdrr/peer/signaling"
 	"github.com/rdrr/peer/swarm"
+	"github.com/rdrr/peer/swarm/p2p"
 	"github.com/spf13/cobra"
 )
 
@@ -112,26 +118,86 @@ type netFlags struct {
 	loopback   bool
 	iceServers []string
 	procedural []string // manifests of synthetic models served without storing them
+
+	// The libp2p overlay (swarm/p2p): DHT, gossip, signaling without a
+	// server.
+	p2p        bool
+	p2pListen  []string
+	bootstrap  []string
+	announce   time.Duration
+	reprovide  time.Duration
+	registerer prometheus.Registerer // the daemon's /metrics, if any
 }
 
 func (nf *netFlags) add(cmd *cobra.Command) {
 	f := cmd.Flags()
 	f.StringVar(&nf.signal, "signal", "", "signaling server (ws://host:port)")
 	f.StringSliceVar(&nf.topics, "topic", []string{defaultTopic}, "swarm topics to join (repeatable)")
-	f.BoolVar(&nf.loopback, "loopback", false, "connect over 127.0.0.1 only (default: true when the signaling server is on loopback)")
+	f.BoolVar(&nf.loopback, "loopback", false, "connect over 127.0.0.1 only (default: true when the signaling server, or every bootstrap peer, is on loopback)")
 	f.StringSliceVar(&nf.iceServers, "ice-server", nil, "STUN/TURN server URL (repeatable)")
+	nf.p2p = true
+}
+
+// addOverlay adds the flags of the libp2p overlay (serve, daemon).
+func (nf *netFlags) addOverlay(cmd *cobra.Command) {
+	f := cmd.Flags()
+	f.BoolVar(&nf.p2p, "p2p", true, "also run the libp2p overlay: DHT provider records, gossip, WebRTC signaling between peers without the server")
+	f.StringSliceVar(&nf.p2pListen, "p2p-listen", nil, "libp2p listen multiaddrs (default: TCP and QUIC on every address, on 127.0.0.1 with --loopback; ports chosen by the system)")
+	f.StringSliceVar(&nf.bootstrap, "bootstrap", nil, "libp2p multiaddrs /ip4/.../tcp/N/p2p/12D3KooW... of peers to join the overlay through (repeatable; a daemon writes its own to p2p.addr in its home)")
+	f.DurationVar(&nf.announce, "announce-interval", time.Minute, "how often new blobs of the store are announced on the DHT and gossip")
+	f.DurationVar(&nf.reprovide, "reprovide-interval", 12*time.Hour, "how often every announced blob is announced again (DHT records live 48 h)")
+}
+
+// p2pAddrFile is where a daemon writes its libp2p multiaddrs, one a line.
+const p2pAddrFile = "p2p.addr"
+
+// startOverlay starts the libp2p overlay of the net flags, or returns nil
+// when it is off.
+func (a *app) startOverlay(ctx context.Context, nf *netFlags, id *swarm.Identity, loopback bool) (*p2p.Overlay, error) {
+	if !nf.p2p {
+		return nil, nil
+	}
+	ov, err := p2p.NewOverlay(ctx, p2p.OverlayConfig{
+		Identity:          id,
+		Loopback:          loopback,
+		ListenAddrs:       nf.p2pListen,
+		Bootstrap:         nf.bootstrap,
+		SwarmName:         nf.topics[0],
+		ReprovideInterval: nf.reprovide,
+		Registerer:        nf.registerer,
+		Logger:            a.log,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("p2p overlay: %w", err)
+	}
+	a.log.Info("p2p overlay listening", "addrs", ov.P2PAddrs(), "bootstrap", nf.bootstrap)
+	return ov, nil
+}
+
+// allLoopback reports whether every multiaddr names a loopback address.
+func allLoopback(addrs []string) bool {
+	for _, s := range addrs {
+		m, err := ma.NewMultiaddr(s)
+		if err != nil || !manet.IsIPLoopback(m) {
+			return false
+		}
+	}
+	return len(addrs) > 0
 }
 
 // nodeConfig is the node configuration of the net flags: loopback when the
 // signaling server is on loopback (unless --loopback says otherwise).
 func (a *app) nodeConfig(cmd *cobra.Command, nf *netFlags, id *swarm.Identity, src swarm.Source) (swarm.Config, string, error) {
-	sigURL, err := signalURL(nf.signal)
-	if err != nil {
-		return swarm.Config{}, "", err
-	}
+	var sigURL string
 	loopback := nf.loopback
+	if nf.signal != "" || len(nf.bootstrap) == 0 {
+		var err error
+		if sigURL, err = signalURL(nf.signal); err != nil {
+			return swarm.Config{}, "", err
+		}
+	}
 	if cmd == nil || !cmd.Flags().Changed("loopback") {
-		loopback = isLoopbackURL(sigURL)
+		loopback = sigURL != "" && isLoopbackURL(sigURL) || sigURL == "" && allLoopback(nf.bootstrap)
 	}
 	cfg := swarm.Config{Identity: id, Source: src, Loopback: loopback, Logger: a.log}
 	for _, s := range nf.iceServers {
@@ -145,17 +211,43 @@ func (a *app) nodeConfig(cmd *cobra.Command, nf *netFlags, id *swarm.Identity, s
 
 // startMember signs a node in to the swarm (swarm.Start) for a one-off
 // command: a fetch, a generation.
-func (a *app) startMember(ctx context.Context, cmd *cobra.Command, nf *netFlags, id *swarm.Identity, src swarm.Source) (*swarm.Member, error) {
+func (a *app) startMember(ctx context.Context, cmd *cobra.Command, nf *netFlags, id *swarm.Identity, src swarm.Source) (*member, error) {
 	cfg, sigURL, err := a.nodeConfig(cmd, nf, id, src)
 	if err != nil {
 		return nil, err
 	}
-	m, err := swarm.Start(ctx, swarm.StartOptions{Config: cfg, SignalURL: sigURL, Topics: nf.topics, Once: true})
+	ov, err := a.startOverlay(ctx, nf, id, cfg.Loopback)
 	if err != nil {
 		return nil, err
 	}
+	opt := swarm.StartOptions{Config: cfg, SignalURL: sigURL, Topics: nf.topics, Once: true}
+	if ov != nil {
+		opt.Overlay = ov
+	}
+	m, err := swarm.Start(ctx, opt)
+	if err != nil {
+		if ov != nil {
+			ov.Close()
+		}
+		return nil, err
+	}
 	a.log.Info("joined the swarm", "peer", id.ID, "signal", sigURL, "topics", nf.topics, "loopback", cfg.Loopback, "big_mtu", m.Node().BigMTU())
-	return m, nil
+	return &member{Member: m, ov: ov}, nil
+}
+
+// member is a swarm membership and the overlay it owns.
+type member struct {
+	*swarm.Member
+	ov *p2p.Overlay // nil: none
+}
+
+// Close leaves the swarm, then stops the overlay.
+func (m *member) Close() error {
+	err := m.Member.Close()
+	if m.ov != nil {
+		err = errors.Join(err, m.ov.Close())
+	}
+	return err
 }
 
 func serveCmd(a *app) *cobra.Command {
@@ -165,13 +257,14 @@ func serveCmd(a *app) *cobra.Command {
 		Short: "Answer requests for stored blobs from peers of the swarm until interrupted",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if nf.signal == "" {
-				return errors.New("serve: --signal is required")
+			if nf.signal == "" && len(nf.bootstrap) == 0 {
+				return errors.New("serve: --signal (or --bootstrap) is required")
 			}
 			return a.serve(cmd, &nf)
 		},
 	}
 	nf.add(cmd)
+	nf.addOverlay(cmd)
 	nf.addProcedural(cmd)
 	return cmd
 }
@@ -195,10 +288,11 @@ func daemonCmd(a *app) *cobra.Command {
 					nf.signal = sig.url
 				}
 			}
-			if nf.signal == "" {
-				return errors.New("daemon: give --signal URL, or --signal-listen to embed a signaling server")
+			if nf.signal == "" && len(nf.bootstrap) == 0 {
+				return errors.New("daemon: give --signal URL, or --signal-listen to embed a signaling server, or --bootstrap")
 			}
-			var hooks serveHooks
+			hooks := serveHooks{reg: prometheus.NewRegistry()}
+			nf.registerer = hooks.reg
 			if apiListen != "" {
 				stop, err := a.startAPI(apiListen, &hooks)
 				if err != nil {
@@ -210,6 +304,7 @@ func daemonCmd(a *app) *cobra.Command {
 		},
 	}
 	nf.add(cmd)
+	nf.addOverlay(cmd)
 	nf.addProcedural(cmd)
 	cmd.Flags().StringVar(&apiListen, "api-listen", "127.0.0.1:7780", "HTTP listener of the JSON API, /metrics and the status page (empty: none); its address is written to api.addr in the home")
 	cmd.Flags().StringVar(&listen, "signal-listen", "", "also run a signaling server (with /metrics) on this address")
@@ -222,8 +317,10 @@ func daemonCmd(a *app) *cobra.Command {
 type serveHooks struct {
 	mu     sync.Mutex
 	member *swarm.Member
+	ov     *p2p.Overlay // nil: none
 	store  *cas.Store
-	ready  chan struct{} // closed once the store is open
+	ready  chan struct{}        // closed once the store is open
+	reg    *prometheus.Registry // the overlay's metrics, served on /metrics
 }
 
 // node returns the node of the moment and the membership (nil, nil before
@@ -272,18 +369,52 @@ func (a *app) serveWith(cmd *cobra.Command, nf *netFlags, hooks *serveHooks) err
 		if err != nil {
 			return err
 		}
-		m, err := swarm.Start(ctx, swarm.StartOptions{Config: cfg, SignalURL: sigURL, Topics: nf.topics, Persist: true})
+		ov, err := a.startOverlay(ctx, nf, id, cfg.Loopback)
 		if err != nil {
+			return err
+		}
+		opt := swarm.StartOptions{Config: cfg, SignalURL: sigURL, Topics: nf.topics, Persist: true}
+		if ov != nil {
+			opt.Overlay = ov
+			opt.AnnounceEvery = nf.announce
+			opt.Announce = func(context.Context) ([]cas.CID, error) { return storedCIDs(st) }
+			addrs := strings.Join(ov.P2PAddrs(), "\n") + "\n"
+			if err := atomicfile.Write(filepath.Join(a.home, p2pAddrFile), []byte(addrs), 0o644); err != nil {
+				a.log.Warn("cannot write the p2p address file", "err", err)
+			}
+			defer os.Remove(filepath.Join(a.home, p2pAddrFile))
+		}
+		m, err := swarm.Start(ctx, opt)
+		if err != nil {
+			if ov != nil {
+				ov.Close()
+			}
 			return err
 		}
 		if hooks != nil {
 			hooks.mu.Lock()
-			hooks.member = m
+			hooks.member, hooks.ov = m, ov
 			hooks.mu.Unlock()
 		}
 		<-ctx.Done()
-		return m.Close()
+		err = m.Close()
+		if ov != nil {
+			err = errors.Join(err, ov.Close())
+		}
+		return err
 	})
+}
+
+// storedCIDs lists the whole blobs of st (what the daemon announces).
+func storedCIDs(st *cas.Store) ([]cas.CID, error) {
+	var out []cas.CID
+	err := st.List(func(i cas.Info) error {
+		if !i.Corrupt {
+			out = append(out, i.CID)
+		}
+		return nil
+	})
+	return out, err
 }
 
 // fetchFromSwarm makes blob c (and its shards, if it is a collection)
@@ -295,7 +426,7 @@ func fetchFromSwarm(ctx context.Context, a *app, st *cas.Store, c cas.CID, signa
 	if err != nil {
 		return err
 	}
-	nf := netFlags{signal: signalURL, topics: []string{topic}}
+	nf := netFlags{signal: signalURL, topics: []string{topic}, p2p: true}
 	if topic == "" {
 		nf.topics = []string{defaultTopic, c.String()}
 	}
@@ -309,7 +440,8 @@ func fetchFromSwarm(ctx context.Context, a *app, st *cas.Store, c cas.CID, signa
 	start := time.Now()
 	last := start
 	_, err = node.Fetch(ctx, st, c, swarm.FetchOptions{
-		Discover: discover,
+		Discover:  discover,
+		Providers: m.Providers,
 		Progress: func(done, total int64) {
 			if now := time.Now(); now.Sub(last) >= time.Second || done == total {
 				last = now

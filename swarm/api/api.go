@@ -38,6 +38,11 @@ type Server struct {
 	Fetch func(ctx context.Context, c cas.CID, progress func(done, total int64)) error
 	// Providers lists the peers that hold a blob (nil: refused).
 	Providers func(ctx context.Context, c cas.CID) ([]swarm.Provider, error)
+	// Online reports whether the daemon is signed in to its signaling
+	// server (nil: whether Node returns a node).
+	Online func() bool
+	// P2P, if set, describes the daemon's libp2p overlay for the status.
+	P2P func() *P2PStatus
 	// Token authorizes state changes. Required.
 	Token string
 	// Registry, if not nil, has more collectors for /metrics.
@@ -136,12 +141,29 @@ type Status struct {
 	StoreBytes    int64       `json:"storeBytes"`
 	Pinned        int         `json:"pinned"`
 	Fetches       int         `json:"fetchesRunning"`
+	P2P           *P2PStatus  `json:"p2p,omitempty"`
+}
+
+// P2PStatus is the libp2p overlay's part of the status.
+type P2PStatus struct {
+	// Addrs are the overlay's addresses with the /p2p/ part (what
+	// another daemon's --bootstrap takes).
+	Addrs        []string `json:"addrs"`
+	Peers        int      `json:"peers"`        // libp2p connections' peers
+	RoutingTable int      `json:"routingTable"` // DHT routing table size
+	Provided     int      `json:"provided"`     // blobs announced on the DHT
 }
 
 func (s *Server) statusNow() Status {
 	st := Status{UptimeSeconds: time.Since(s.start).Seconds()}
 	if n := s.Node(); n != nil {
 		st.Peer, st.Online, st.Peers, st.Swarm = n.ID().String(), true, len(n.Peers()), n.Stats()
+	}
+	if s.Online != nil {
+		st.Online = s.Online()
+	}
+	if s.P2P != nil {
+		st.P2P = s.P2P()
 	}
 	s.Store.List(func(i cas.Info) error {
 		st.Blobs++
