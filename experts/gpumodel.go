@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"sync"
 	"time"
 
 	"github.com/rdrr/peer/gpu"
@@ -435,22 +436,49 @@ func (g *GPUModel) Step(ctx context.Context, token int) ([]float32, error) {
 				l.Release()
 			}
 		}
+		// Page the chosen matrices in at once: their uploads overlap (one
+		// at a time, a 64 MiB upload moves about half what several do).
+		type want struct {
+			e, j int
+			name string
+		}
+		var wants []want
 		for i := 0; i < k; i++ {
 			e := int(binary.LittleEndian.Uint32(idb[4*i:]))
 			ex, ok := g.m.Expert(l, e)
 			if !ok {
-				release()
 				return nil, fmt.Errorf("experts: layer %d: the router chose expert %d, which the manifest lacks", l, e)
 			}
 			for j, name := range ex.Tensors {
-				lease, err := g.cache.Get(ctx, g.matrixKey(name), tiers.VRAM)
-				if err != nil {
-					release()
-					return nil, fmt.Errorf("layer %d expert %d: %w", l, e, err)
-				}
-				leases = append(leases, lease)
-				slots[j] = append(slots[j], lease.Slot())
+				wants = append(wants, want{e, j, name})
 			}
+		}
+		got := make([]*tiers.Lease, len(wants))
+		errs := make([]error, len(wants))
+		var wg sync.WaitGroup
+		for i, w := range wants {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				got[i], errs[i] = g.cache.Get(ctx, g.matrixKey(w.name), tiers.VRAM)
+			}()
+		}
+		wg.Wait()
+		var err error
+		for i, w := range wants {
+			if got[i] != nil {
+				leases = append(leases, got[i])
+			}
+			if errs[i] != nil && err == nil {
+				err = fmt.Errorf("layer %d expert %d: %w", l, w.e, errs[i])
+			}
+		}
+		if err != nil {
+			release()
+			return nil, err
+		}
+		for i, w := range wants {
+			slots[w.j] = append(slots[w.j], got[i].Slot())
 		}
 		lap(&pr.PageWait)
 		b = g.d.Batch()
@@ -461,7 +489,7 @@ func (g *GPUModel) Step(ctx context.Context, token int) ([]float32, error) {
 		// The leases can end as soon as the dispatches are submitted: a
 		// later upload into one of these slots is a copy on the same
 		// queue, so it runs after them (one queue, in order).
-		err := b.Submit(ctx)
+		err = b.Submit(ctx)
 		release()
 		if err != nil {
 			return nil, err
