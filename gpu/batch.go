@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
-	"strconv"
 	"strings"
 
 	"github.com/cogentcore/webgpu/wgpu"
@@ -413,24 +412,22 @@ func (b *Batch) encodeLocked(arena *Buffer) (uint64, error) {
 // bindGroupLocked returns a cached bind group for these ranges under the
 // given layout, creating it on a miss.
 func (d *Device) bindGroupLocked(l *layoutEntry, bgl *wgpu.BindGroupLayout, spans []Span) (*wgpu.BindGroup, error) {
-	var kb strings.Builder
-	kb.WriteString(l.key)
+	if len(spans) > maxBindings {
+		return nil, fmt.Errorf("%w: %d bindings (at most %d)", ErrValidation, len(spans), maxBindings)
+	}
+	key := bgKey{layout: l, n: uint8(len(spans))}
 	if bgl == l.group1 {
-		kb.WriteString("#1")
+		key.group = 1
+	}
+	for i, s := range spans {
+		key.spans[i] = bgSpan{s.buf.id, s.off, s.size}
+	}
+	if bg := d.bgs.get(key); bg != nil {
+		return bg, nil
 	}
 	ids := make([]uint64, len(spans))
 	for i, s := range spans {
 		ids[i] = s.buf.id
-		kb.WriteByte('|')
-		kb.WriteString(strconv.FormatUint(s.buf.id, 36))
-		kb.WriteByte(':')
-		kb.WriteString(strconv.FormatUint(s.off, 36))
-		kb.WriteByte(':')
-		kb.WriteString(strconv.FormatUint(s.size, 36))
-	}
-	key := kb.String()
-	if bg := d.bgs.get(key); bg != nil {
-		return bg, nil
 	}
 	entries := make([]wgpu.BindGroupEntry, len(spans))
 	for i, s := range spans {

@@ -267,11 +267,27 @@ func (d *Device) TrimPool() {
 // thousand distinct arena slots): they are retired, and released once the
 // encoding is over (releaseRetired; wgpu keeps what a submission uses).
 type bindGroupCache struct {
-	m       map[string]*wgpu.BindGroup
-	byBuf   map[uint64][]string
+	m       map[bgKey]*wgpu.BindGroup
+	byBuf   map[uint64][]bgKey
 	limit   int
 	retired []*wgpu.BindGroup
 }
+
+// bgKey names a bind group: its layout, the group, and the buffer ranges
+// bound. A comparable struct, so a lookup (every dispatch) allocates
+// nothing.
+type bgKey struct {
+	layout *layoutEntry
+	group  uint8
+	n      uint8
+	spans  [maxBindings]bgSpan
+}
+
+type bgSpan struct{ id, off, size uint64 }
+
+// maxBindings bounds a kernel's storage bindings (layoutLocked refuses
+// more).
+const maxBindings = 8
 
 // releaseRetired releases the groups that a clear retired.
 func (c *bindGroupCache) releaseRetired() {
@@ -281,19 +297,19 @@ func (c *bindGroupCache) releaseRetired() {
 	c.retired = nil
 }
 
-func (c *bindGroupCache) get(key string) *wgpu.BindGroup { return c.m[key] }
+func (c *bindGroupCache) get(key bgKey) *wgpu.BindGroup { return c.m[key] }
 
-func (c *bindGroupCache) put(key string, bg *wgpu.BindGroup, bufs []uint64) {
+func (c *bindGroupCache) put(key bgKey, bg *wgpu.BindGroup, bufs []uint64) {
 	if c.m == nil {
-		c.m = map[string]*wgpu.BindGroup{}
-		c.byBuf = map[uint64][]string{}
+		c.m = map[bgKey]*wgpu.BindGroup{}
+		c.byBuf = map[uint64][]bgKey{}
 	}
 	if len(c.m) >= c.limit {
 		for _, bg := range c.m {
 			c.retired = append(c.retired, bg)
 		}
-		c.m = map[string]*wgpu.BindGroup{}
-		c.byBuf = map[uint64][]string{}
+		c.m = map[bgKey]*wgpu.BindGroup{}
+		c.byBuf = map[uint64][]bgKey{}
 	}
 	c.m[key] = bg
 	for _, id := range bufs {
