@@ -670,9 +670,8 @@ func (k *Kernels) Rope(ctx context.Context, b *Batch, x, freqs Region, s RopeSha
 }
 
 // AttnShape describes decode attention: Heads query heads of HeadDim
-// (<= 256, a multiple of 4), KVHeads cache heads (Heads a multiple of it,
-// at most 8 query heads per cache head and at most 1024 of their
-// dimensions together), KVLen cached positions; Scale multiplies q.k
+// (<= 256, a multiple of 4), KVHeads cache heads (Heads a multiple of it;
+// 8 query heads of HeadDim at most 1024 dimensions), KVLen cached positions; Scale multiplies q.k
 // (usually 1/sqrt(HeadDim)).
 type AttnShape struct {
 	Heads, KVHeads, HeadDim, KVLen int
@@ -691,8 +690,8 @@ const attnChunk = 64
 func (k *Kernels) Attention(ctx context.Context, b *Batch, q, kc, vc, out Region, s AttnShape) error {
 	const name = "attention"
 	if s.Heads <= 0 || s.KVHeads <= 0 || s.Heads%s.KVHeads != 0 || s.HeadDim <= 0 || s.HeadDim > 256 || s.HeadDim%4 != 0 ||
-		s.KVLen <= 0 || s.Heads > 65535 || s.Heads/s.KVHeads > 8 || s.Heads/s.KVHeads*s.HeadDim > 1024 || s.KVLen > 1<<24 {
-		return b.note(shapeErr(name, "%+v (HeadDim <= 256 and a multiple of 4; Heads a multiple of KVHeads, at most 8 and 1024 dimensions per cache head; KVLen <= 2^24)", s))
+		s.KVLen <= 0 || s.Heads > 65535 || min(s.Heads/s.KVHeads, 8)*s.HeadDim > 1024 || s.KVLen > 1<<24 {
+		return b.note(shapeErr(name, "%+v (HeadDim <= 256 and a multiple of 4; Heads a multiple of KVHeads; at most 1024 dimensions in 8 query heads; KVLen <= 2^24)", s))
 	}
 	kv := uint64(s.KVLen * s.KVHeads * s.HeadDim * 4)
 	for _, c := range []struct {
@@ -711,7 +710,8 @@ func (k *Kernels) Attention(ctx context.Context, b *Batch, q, kc, vc, out Region
 	}
 	p := Params{}.U32(uint32(s.Heads)).U32(uint32(s.KVHeads)).U32(uint32(s.HeadDim)).U32(uint32(s.KVLen)).F32(s.Scale).
 		U32(uint32(chunks)).U32(0).U32(0)
-	if err := k.run(ctx, b, "attention_split", nil, [3]uint32{uint32(chunks), uint32(s.KVHeads), 1}, p, q, kc, vc, part); err != nil {
+	groups := (s.Heads/s.KVHeads + 7) / 8 // query heads of a cache head, 8 a workgroup
+	if err := k.run(ctx, b, "attention_split", nil, [3]uint32{uint32(chunks), uint32(s.KVHeads), uint32(groups)}, p, q, kc, vc, part); err != nil {
 		return err
 	}
 	p = Params{}.U32(uint32(s.Heads)).U32(uint32(s.HeadDim)).U32(uint32(chunks)).U32(0)

@@ -381,6 +381,10 @@ func TestAttention(t *testing.T) {
 		{Heads: 8, KVHeads: 1, HeadDim: 128, KVLen: 65},
 		{Heads: 3, KVHeads: 3, HeadDim: 36, KVLen: 127},
 		{Heads: 32, KVHeads: 8, HeadDim: 128, KVLen: 4096},
+		// More than 8 query heads a cache head (DeepSeek-V3-shaped: 16),
+		// and a count that is not a multiple of 8.
+		{Heads: 128, KVHeads: 8, HeadDim: 128, KVLen: 70},
+		{Heads: 12, KVHeads: 1, HeadDim: 64, KVLen: 200},
 	} {
 		s.Scale = float32(1 / math.Sqrt(float64(s.HeadDim)))
 		t.Run(fmt.Sprintf("%+v", s), func(t *testing.T) {

@@ -1,11 +1,11 @@
 // Decode attention, split over positions (flash-decoding), pass 1 of 2:
 // workgroup (c, j) takes chunk c of CH cached positions of KV head j for
-// the G = n_heads / n_kv query heads that share it (K and V are read once
-// for all of them) and writes, per query head h, its chunk's softmax
+// the G = n_heads / n_kv query heads that share it, MAXG at a time
+// (workgroup z; K and V are read once for each group of them) and writes, per query head h, its chunk's softmax
 // partials to part[h][c]: the chunk's max score m, its sum of exp(s - m),
 // and the hd unnormalized outputs sum exp(s - m) v. attention_merge
 // combines the chunks. q [n_heads][hd]; k and v [max_len][n_kv][hd];
-// hd <= 256 and a multiple of 4; G <= MAXG and G * hd <= 1024 (workgroup
+// hd <= 256 and a multiple of 4; MAXG * hd <= 1024 or G * hd <= 1024 (workgroup
 // memory: 14 KiB of the 16 KiB WebGPU guarantees).
 //
 // Scores: 8 threads per position, interleaved over the row's vec4s, for
@@ -53,11 +53,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let c = wid.x;
   let j = wid.y;
   let hd = p.hd;
-  let g_n = p.n_heads / p.n_kv;
+  // Query heads h0 .. h0 + g_n of the G = n_heads / n_kv that share cache
+  // head j: at most MAXG per workgroup (workgroup z picks which ones).
+  let big_g = p.n_heads / p.n_kv;
+  let h0 = j * big_g + wid.z * MAXG;
+  let g_n = min(MAXG, big_g - wid.z * MAXG);
   let stride = p.n_kv * hd;
   let t0 = c * CH;
   for (var i = tid; i < g_n * hd; i += WG) {
-    qs[i] = q[j * g_n * hd + i];
+    qs[i] = q[h0 * hd + i];
   }
   workgroupBarrier();
 
@@ -200,7 +204,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       for (var i = 0u; i < R; i++) {
         s += red[g * WG + i * hd + d];
       }
-      let h = j * g_n + g;
+      let h = h0 + g;
       let o = (h * p.n_chunks + c) * (hd + 2u);
       part[o + 2u + d] = s;
       if (d == 0u) {
