@@ -110,3 +110,26 @@ func (s SwarmSource) Read(ctx context.Context, k Key, dst []byte) error {
 	copy(dst, cover[k.Off-start:k.Off-start+k.Len])
 	return nil
 }
+
+// LimitFetcher bounds the FetchSlice calls of f in flight at once to n:
+// a peer answers "busy" past its own bound on outstanding requests
+// (swarm.Config.MaxRequests, 32 by default), and a pager that pages many
+// matrices at once, each in several slices, would pass it.
+func LimitFetcher(f SliceFetcher, n int) SliceFetcher {
+	return &limitFetcher{f: f, sem: make(chan struct{}, max(n, 1))}
+}
+
+type limitFetcher struct {
+	f   SliceFetcher
+	sem chan struct{}
+}
+
+func (l *limitFetcher) FetchSlice(ctx context.Context, c cas.CID, size, off, n int64) ([]byte, error) {
+	select {
+	case l.sem <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	defer func() { <-l.sem }()
+	return l.f.FetchSlice(ctx, c, size, off, n)
+}

@@ -4,8 +4,12 @@ import (
 	"bytes"
 	"context"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
+
+	"github.com/rdrr/peer/cas"
 )
 
 func TestWarm(t *testing.T) {
@@ -121,5 +125,52 @@ func TestHoldAndTouch(t *testing.T) {
 	d := c.Stats()[RAM].Since(before)
 	if d.Hits != 1 || d.Misses != 1 || len(rec.Trace().Accesses) != n+1 {
 		t.Fatalf("after Get and Touch: %+v, %d traced (want %d)", d, len(rec.Trace().Accesses), n+1)
+	}
+}
+
+// countingFetcher counts the FetchSlice calls in flight.
+type countingFetcher struct {
+	inner          SliceFetcher
+	now, most, all atomic.Int64
+}
+
+func (f *countingFetcher) FetchSlice(ctx context.Context, c cas.CID, size, off, n int64) ([]byte, error) {
+	cur := f.now.Add(1)
+	defer f.now.Add(-1)
+	f.all.Add(1)
+	for {
+		m := f.most.Load()
+		if cur <= m || f.most.CompareAndSwap(m, cur) {
+			break
+		}
+	}
+	time.Sleep(time.Millisecond) // long enough for the others to pile up
+	return f.inner.FetchSlice(ctx, c, size, off, n)
+}
+
+func TestLimitFetcher(t *testing.T) {
+	w := newWorld(t, 1)
+	inner := &countingFetcher{inner: &storeFetcher{st: w.st}}
+	f := LimitFetcher(inner, 3)
+	var wg sync.WaitGroup
+	for range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := f.FetchSlice(context.Background(), w.blob, int64(len(w.data)), 0, 16<<10); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	if inner.all.Load() != 20 || inner.most.Load() > 3 || inner.most.Load() < 2 {
+		t.Fatalf("%d calls, at most %d at once (limit 3)", inner.all.Load(), inner.most.Load())
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	full := LimitFetcher(&storeFetcher{st: w.st}, 1).(*limitFetcher)
+	full.sem <- struct{}{}
+	if _, err := full.FetchSlice(ctx, w.blob, int64(len(w.data)), 0, 16<<10); err == nil {
+		t.Fatal("a cancelled wait for a full limiter returned no error")
 	}
 }

@@ -92,7 +92,10 @@ step. Synthetic models use bytes as tokens.`,
 				rec := &tiers.TraceRecorder{}
 				cfg := tiers.Config{RAM: b.RAM, Disk: tiers.DiskSource{Store: st}, Policy: policy, Trace: rec, Logger: a.log}
 				if fetcher != nil {
-					cfg.Swarm = tiers.SwarmSource{Fetcher: fetcher}
+					// At most 16 slices in flight: a peer refuses more than
+					// 32 outstanding requests, and the GPU engine pages a
+					// layer's matrices (and prefetches) all at once.
+					cfg.Swarm = tiers.SwarmSource{Fetcher: tiers.LimitFetcher(fetcher, 16)}
 				}
 				if ps != nil {
 					cfg.Disk = ps // regenerated on demand: nothing stored
