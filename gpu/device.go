@@ -100,6 +100,9 @@ type Device struct {
 	info   AdapterInfo
 	limits Limits // granted
 
+	varsMu sync.Mutex
+	vars   *variantTable // kernels standing in for built-ins (variant.go)
+
 	inst    *wgpu.Instance
 	adapter *wgpu.Adapter
 	dev     *wgpu.Device

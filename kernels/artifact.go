@@ -25,6 +25,32 @@ func NewArtifact(d Descriptor, src []byte) (*Artifact, error) {
 	return checkArtifact(&d, src)
 }
 
+// NewVariant makes a variant of op from WGSL: the descriptor's ABI is
+// this build's, its workgroup size and features are read from src (with
+// consts applied), entry "" means "main". parent and author may be zero.
+func NewVariant(op string, src []byte, entry string, consts map[string]float64, parent *cas.CID, author string) (*Artifact, error) {
+	if !validOp(op) {
+		return nil, fmt.Errorf("%w: %q", ErrUnknownOp, op)
+	}
+	if entry == "" {
+		entry = "main"
+	}
+	if len(consts) == 0 {
+		consts = nil
+	}
+	d := Descriptor{Version: DescriptorVersion, Op: op, ABI: ABIVersion(op), Entry: entry, Constants: consts, Parent: parent, Author: author}
+	text := string(src)
+	wg, err := workgroupSize(text, entry, consts, overrideDefaults(text))
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrDescriptor, err)
+	}
+	d.Workgroup = wg
+	if d.Features, err = enabledFeatures(text); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrDescriptor, err)
+	}
+	return NewArtifact(d, src)
+}
+
 func checkArtifact(d *Descriptor, src []byte) (*Artifact, error) {
 	if err := d.check(); err != nil {
 		return nil, err

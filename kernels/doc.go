@@ -9,7 +9,7 @@
 // gate and the benchmark before it activates one.
 //
 // It does not run kernels: the Gate and Bench interfaces (gate.go) are
-// implemented with the gpu runtime, and until then nothing pulled runs.
-// It does not carry bytes between peers either: Gossip and Fetcher are
-// implemented by the swarm.
+// implemented with the gpu runtime in kernels/lab. It does not carry
+// bytes between peers either: Gossip and Fetcher are implemented by the
+// swarm.
 package kernels

@@ -12,10 +12,9 @@ import (
 	"github.com/rdrr/peer/cas"
 )
 
-// This file fixes the shape of the correctness gate and the benchmark,
-// which run variants on the GPU and are built with the gpu runtime/op
-// library split, and builds what needs no GPU: the statistics of a
-// comparison and the endorsement made from it.
+// This file fixes the shape of the correctness gate and the benchmark
+// (kernels/lab implements them on the gpu runtime), and builds what needs
+// no GPU: the statistics of a comparison and the endorsement made from it.
 
 // ErrGate is wrapped by every refusal of the gate, and by a benchmark
 // whose after-timing check fails.

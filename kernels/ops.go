@@ -50,6 +50,10 @@ func Ops() []string {
 	return names
 }
 
+// BuiltinOf returns the name of op's built-in kernel in gpu (gpu.Builtin),
+// "" for an unknown op.
+func BuiltinOf(op string) string { return ops[op].builtin }
+
 func validOp(op string) bool { _, ok := ops[op]; return ok }
 
 // ABIVersion returns this build's ABI version of op (0 for an unknown op).

@@ -51,6 +51,7 @@ variable RDRR_FOO_BAR.`,
 	root.AddCommand(modelCommands(a)...)
 	root.AddCommand(tiersCommands(a)...)
 	root.AddCommand(apiCommands(a)...)
+	root.AddCommand(kernelsCommands(a)...)
 	return root
 }
 

@@ -1,0 +1,248 @@
+package lab
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/rdrr/peer/gpu"
+	"github.com/rdrr/peer/kernels"
+)
+
+// inputSets is how many input sets a timed batch cycles through. Every
+// dispatch in a batch reads another set than the one before it into the
+// same outputs, so a kernel that skips work when its outputs already hold
+// something leaves the wrong set's answer, and the check after the batch
+// fails.
+const inputSets = 3
+
+// Batch sizing: a timed batch holds enough dispatches to last about
+// targetBatch (so the submit and the wait are a small part), at most
+// maxReps.
+const (
+	targetBatch = 5 * time.Millisecond
+	maxReps     = 512
+)
+
+// Compare is the benchmark (kernels.Bench). On fresh inputs from
+// opt.Seed (inputSets of them, none the gate saw) it checks both variants
+// once, warms up, then times opt.Runs pairs of batches, candidate first
+// in even pairs and baseline first in odd ones. Outputs are poisoned
+// before every timed batch and the candidate's output is checked after
+// each of its batches against the reference of the set its last dispatch
+// read. The copy bandwidth of the device is measured in the same call and
+// gives FloorNs.
+func (l *Lab) Compare(ctx context.Context, cand, base *kernels.Artifact, dims []int, opt kernels.BenchOptions) (kernels.BenchResult, error) {
+	res := kernels.BenchResult{Op: cand.Descriptor.Op, Dims: slices.Clone(dims), Seed: opt.Seed}
+	if err := l.usable(); err != nil {
+		return res, err
+	}
+	if base.Descriptor.Op != cand.Descriptor.Op {
+		return res, fmt.Errorf("lab: candidate is %s, baseline %s", cand.Descriptor.Op, base.Descriptor.Op)
+	}
+	warmup, runs := opt.Warmup, opt.Runs
+	if warmup <= 0 {
+		warmup = 10
+	}
+	if runs <= 0 {
+		runs = 50
+	}
+	runs = min(max(runs, kernels.MinRuns), kernels.MaxRuns)
+
+	cp, h, err := l.compile(ctx, cand)
+	if err != nil {
+		return res, err
+	}
+	defer cp.Release()
+	bp, _, err := l.compile(ctx, base)
+	if err != nil {
+		return res, fmt.Errorf("baseline %s: %w", base.CID, err)
+	}
+	defer bp.Release()
+
+	rng := seeded(opt.Seed, cand.Descriptor.Op, "bench")
+	var probs []*problem
+	var sets []*buffers
+	defer func() {
+		for _, s := range sets {
+			s.release()
+		}
+	}()
+	for i := range inputSets {
+		p, err := h.make(rng, dims)
+		if err != nil {
+			return res, err
+		}
+		var shared *buffers
+		if i > 0 {
+			shared = sets[0]
+		}
+		b, err := l.upload(p, shared)
+		if err != nil {
+			return res, err
+		}
+		probs, sets = append(probs, p), append(sets, b)
+	}
+	for i := range inputSets {
+		if _, err := l.run(ctx, cp, probs[i], sets[i]); err != nil {
+			return res, fmt.Errorf("candidate on the timing inputs: %w", err)
+		}
+		if _, err := l.run(ctx, bp, probs[i], sets[i]); err != nil {
+			return res, fmt.Errorf("baseline %s on the timing inputs: %w", base.CID, err)
+		}
+	}
+
+	// Warm up, then size the batches by the slower of the two.
+	var t1 time.Duration
+	for _, p := range []*gpu.Pipeline{cp, bp} {
+		if _, err := l.timeBatch(ctx, p, probs[0], sets, warmup, 0); err != nil {
+			return res, err
+		}
+		t, err := l.timeBatch(ctx, p, probs[0], sets, 1, 0)
+		if err != nil {
+			return res, err
+		}
+		t1 = max(t1, t)
+	}
+	// At least two dispatches a batch: with one, a kernel that computes
+	// only into a poisoned output would be right every time it is timed.
+	reps := int(min(max(int64(targetBatch/max(t1, time.Microsecond)), 2), maxReps))
+	if (reps-1)%inputSets == 0 {
+		reps++ // the last dispatch must read another set than the first
+	}
+	budget := l.Budget
+	if budget <= 0 {
+		budget = 60 * time.Second
+	}
+	if per := 2 * time.Duration(reps) * t1; per > 0 && time.Duration(runs)*per > budget {
+		runs = max(kernels.MinRuns, int(budget/per))
+	}
+
+	for i := range runs {
+		order := []*gpu.Pipeline{cp, bp}
+		if i%2 == 1 {
+			order = []*gpu.Pipeline{bp, cp}
+		}
+		for _, p := range order {
+			if err := l.poisonOutputs(probs[0], sets[0]); err != nil {
+				return res, err
+			}
+			off := i % inputSets
+			t, err := l.timeBatch(ctx, p, probs[0], sets, reps, off)
+			if err != nil {
+				return res, err
+			}
+			ns := max(t.Nanoseconds()/int64(reps), 1)
+			if p == bp {
+				res.BaselineNs = append(res.BaselineNs, ns)
+				continue
+			}
+			res.CandidateNs = append(res.CandidateNs, ns)
+			last := (off + reps - 1) % inputSets
+			out, err := l.readOutputs(ctx, probs[last], sets[last])
+			if err != nil {
+				return res, err
+			}
+			if _, err := probs[last].check(out); err != nil {
+				return res, gateErr("after timed run %d (%d dispatches): %v", i, reps, err)
+			}
+		}
+	}
+	floor, err := l.floor(ctx, probs[0].bytes)
+	if err != nil {
+		return res, fmt.Errorf("copy bandwidth: %w", err)
+	}
+	res.FloorNs = floor
+	l.log().Debug("lab compare", "op", res.Op, "dims", dims, "runs", runs, "reps", reps, "floor_ns", floor)
+	return res, nil
+}
+
+// timeBatch records reps dispatches of p, cycling through the input sets
+// from set off (all writing the shared outputs), and returns the time
+// from submit to completion.
+func (l *Lab) timeBatch(ctx context.Context, p *gpu.Pipeline, prob *problem, sets []*buffers, reps, off int) (time.Duration, error) {
+	b := l.Dev.Batch()
+	for j := range reps {
+		s := sets[(off+j)%len(sets)]
+		if err := b.Dispatch(p, prob.groups, prob.params, s.regions...); err != nil {
+			b.Drop()
+			return 0, gateErr("%v", err)
+		}
+	}
+	start := time.Now()
+	if err := b.Submit(ctx); err != nil {
+		return 0, gateErr("%v", err)
+	}
+	if err := l.wait(ctx, "timed dispatch", l.Dev.Sync); err != nil {
+		return 0, err
+	}
+	return time.Since(start), nil
+}
+
+// floor returns the time bytes need at the device's copy bandwidth,
+// measured now (the best of the copy engine and the copy kernel over
+// buffers of about the op's size), divided by the Lab's slack.
+func (l *Lab) floor(ctx context.Context, bytes int64) (int64, error) {
+	n := (max(bytes/2, 64<<10) + 15) &^ 15
+	n = min(n, 256<<20)
+	src, err := l.Dev.Alloc(uint64(n))
+	if err != nil {
+		return 0, err
+	}
+	defer src.Release()
+	dst, err := l.Dev.Alloc(uint64(n))
+	if err != nil {
+		return 0, err
+	}
+	defer dst.Release()
+	k, err := gpu.Builtin("copy", nil)
+	if err != nil {
+		return 0, err
+	}
+	k.Name = "lab-copy"
+	pipe, err := l.Dev.Compile(ctx, k)
+	if err != nil {
+		return 0, err
+	}
+	defer pipe.Release()
+	const unroll = 4
+	gx, gy := grid((uint64(n/16) + 256*unroll - 1) / (256 * unroll))
+	params := u32s(uint32(n/16), gx)
+	best := time.Duration(1 << 62)
+	reps := 1
+	for try := range 6 {
+		for _, engine := range []bool{true, false} {
+			b := l.Dev.Batch()
+			for range reps {
+				if engine {
+					err = b.Copy(dst, src)
+				} else {
+					err = b.Dispatch(pipe, [3]uint32{gx, gy, 1}, params, src, dst)
+				}
+				if err != nil {
+					b.Drop()
+					return 0, err
+				}
+			}
+			start := time.Now()
+			if err := b.Submit(ctx); err != nil {
+				return 0, err
+			}
+			if err := l.wait(ctx, "copy", l.Dev.Sync); err != nil {
+				return 0, err
+			}
+			t := time.Since(start) / time.Duration(reps)
+			best = min(best, t)
+		}
+		if try == 0 {
+			reps = int(min(max(int64(targetBatch/max(best, time.Microsecond)), 1), maxReps))
+		}
+	}
+	// A copy reads n and writes n bytes: bandwidth 2n/best.
+	slack := l.Slack
+	if slack <= 0 {
+		slack = 4
+	}
+	return max(int64(float64(bytes)*float64(best.Nanoseconds())/float64(2*n)/slack), 1), nil
+}

@@ -1,0 +1,302 @@
+package lab
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"time"
+
+	"github.com/rdrr/peer/gpu"
+	"github.com/rdrr/peer/kernels"
+)
+
+// Lab runs the correctness gate and the benchmark in this process, on one
+// device: kernels.Gate and kernels.Bench. A kernel that never finishes
+// leaves the device busy for good (lavapipe has no watchdog, and a GPU's
+// may take seconds), so after a time limit the Lab refuses further work;
+// Isolated runs each call in a child process instead, which is what
+// anything facing a peer's WGSL should use. Not safe for concurrent use.
+type Lab struct {
+	Dev *gpu.Device
+	// Timeout bounds each submission (and its read-back): 0 means 10 s. A
+	// submission past it rejects the variant and breaks the Lab.
+	Timeout time.Duration
+	// Slack divides the roofline floor: a dispatch faster than Slack times
+	// the time its bytes take at the copy bandwidth measured in the same
+	// run is refused. 0 means 4 (caches can make a small op beat a copy of
+	// the same bytes, but not by that much).
+	Slack float64
+	// Budget bounds the timed part of one Compare: runs are cut (never
+	// below kernels.MinRuns) to fit. 0 means 60 s.
+	Budget time.Duration
+	Log    *slog.Logger // nil: discard
+
+	broken error
+}
+
+// ErrTimeLimit is wrapped (with kernels.ErrGate) when a variant's
+// dispatch runs past the time limit.
+var ErrTimeLimit = errors.New("lab: kernel ran past the time limit")
+
+// ErrBroken is returned by a Lab after a time limit or a lost device.
+var ErrBroken = errors.New("lab: device unusable after an earlier kernel")
+
+// guard is the size of the guard zones around every buffer: one before
+// the binding (the offset alignment) and one at the end inside it, so a
+// kernel that reads past its shape reads the guard pattern and one that
+// writes past it changes the guard.
+const guard = 256
+
+// Words of the guard pattern: the largest float (wins an argmax, overflows
+// a sum of squares) and a NaN (poisons everything else).
+const guardA, guardB = 0x7f7fffff, 0xffc0dead
+
+// poison is what every output holds before a dispatch: a NaN, which as a
+// u32 index is out of every range.
+const poison = 0x7fc0dead
+
+func (l *Lab) timeout() time.Duration {
+	if l.Timeout > 0 {
+		return l.Timeout
+	}
+	return 10 * time.Second
+}
+
+func (l *Lab) log() *slog.Logger {
+	if l.Log != nil {
+		return l.Log
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+func gateErr(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", kernels.ErrGate, fmt.Sprintf(format, args...))
+}
+
+// usable reports why the Lab can take no work.
+func (l *Lab) usable() error {
+	if l.broken != nil {
+		return fmt.Errorf("%w: %v", ErrBroken, l.broken)
+	}
+	if l.Dev == nil {
+		return fmt.Errorf("lab: no device")
+	}
+	return l.Dev.Err()
+}
+
+// wait runs f (a Sync or a Read) under the time limit. Past it, or on a
+// lost device, the Lab is broken and the error wraps kernels.ErrGate.
+func (l *Lab) wait(ctx context.Context, what string, f func(context.Context) error) error {
+	tctx, cancel := context.WithTimeout(ctx, l.timeout())
+	defer cancel()
+	err := f(tctx)
+	switch {
+	case err == nil:
+		return nil
+	case ctx.Err() != nil:
+		return ctx.Err()
+	case errors.Is(err, context.DeadlineExceeded):
+		l.broken = fmt.Errorf("%s: %w", what, ErrTimeLimit)
+		return fmt.Errorf("%w: %s: %w (%v)", kernels.ErrGate, what, ErrTimeLimit, l.timeout())
+	case errors.Is(err, gpu.ErrDeviceLost):
+		l.broken = err
+		return fmt.Errorf("%w: %s: %w", kernels.ErrGate, what, err)
+	}
+	return fmt.Errorf("%w: %s: %w", kernels.ErrGate, what, err)
+}
+
+// compile builds v's pipeline; a failure is the variant's.
+func (l *Lab) compile(ctx context.Context, v *kernels.Artifact) (*gpu.Pipeline, harness, error) {
+	h, ok := harnesses[v.Descriptor.Op]
+	if !ok {
+		return nil, h, fmt.Errorf("lab: op %s is not wired into the lab yet (it runs %v)", v.Descriptor.Op, Ops())
+	}
+	k, err := v.Kernel()
+	if err != nil {
+		return nil, h, gateErr("%v", err)
+	}
+	p, err := l.Dev.Compile(ctx, k)
+	if err != nil {
+		if errors.Is(err, gpu.ErrDeviceLost) {
+			l.broken = err
+		}
+		return nil, h, gateErr("%v", err)
+	}
+	return p, h, nil
+}
+
+// seeded returns the input stream of seed for op.
+func seeded(seed uint64, op, what string) *rand.Rand {
+	h := fnv.New64a()
+	h.Write([]byte(op + "/" + what))
+	return rand.New(rand.NewPCG(seed, h.Sum64()))
+}
+
+// buffers is one problem's buffers on the device, each with guard zones.
+type buffers struct {
+	bufs    []*gpu.Buffer
+	regions []gpu.Region // the bindings: data then the tail guard
+	sizes   []int
+}
+
+func (b *buffers) release() {
+	for _, x := range b.bufs {
+		x.Release()
+	}
+}
+
+func align4(n int) int { return (n + 3) &^ 3 }
+
+// pattern returns n bytes of words from f(i).
+func pattern(n int, f func(i int) uint32) []byte {
+	b := make([]byte, n)
+	for i := 0; i+4 <= n; i += 4 {
+		binary.LittleEndian.PutUint32(b[i:], f(i/4))
+	}
+	return b
+}
+
+func guardWord(i int) uint32 {
+	if i%2 == 0 {
+		return guardA
+	}
+	return guardB
+}
+
+// upload makes the buffers of p: guard pattern all over, then the inputs'
+// data (outputs are poisoned before each dispatch). Outputs come from
+// shared when it is given (one set of outputs for several input sets).
+func (l *Lab) upload(p *problem, shared *buffers) (*buffers, error) {
+	b := &buffers{}
+	for i, bd := range p.binds {
+		if bd.output() && shared != nil {
+			b.bufs = append(b.bufs, nil)
+			b.regions = append(b.regions, shared.regions[i])
+			b.sizes = append(b.sizes, bd.size)
+			continue
+		}
+		total := guard + align4(bd.size) + guard
+		buf, err := l.Dev.Alloc(uint64(total))
+		if err != nil {
+			b.release()
+			return nil, err
+		}
+		b.bufs = append(b.bufs, buf)
+		b.regions = append(b.regions, buf.Sub(guard, uint64(align4(bd.size)+guard)))
+		b.sizes = append(b.sizes, bd.size)
+		init := pattern(total, guardWord)
+		copy(init[guard:], bd.data)
+		if err := l.Dev.Write(buf, init); err != nil {
+			b.release()
+			return nil, err
+		}
+	}
+	return b, nil
+}
+
+// poisonOutputs writes the poison over every output's data (not its guards).
+func (l *Lab) poisonOutputs(p *problem, b *buffers) error {
+	for i, bd := range p.binds {
+		if bd.output() {
+			if err := l.Dev.Write(b.regions[i].(gpu.Span).Buffer().Sub(guard, uint64(align4(bd.size))), pattern(align4(bd.size), func(int) uint32 { return poison })); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// readOutputs reads every output binding's buffer whole and checks its
+// guards (both zones) and returns the data.
+func (l *Lab) readOutputs(ctx context.Context, p *problem, b *buffers) (map[int][]byte, error) {
+	out := map[int][]byte{}
+	for i, bd := range p.binds {
+		if !bd.output() {
+			continue
+		}
+		buf := b.regions[i].(gpu.Span).Buffer()
+		all := make([]byte, buf.Size())
+		if err := l.wait(ctx, "read", func(ctx context.Context) error { return l.Dev.Read(ctx, buf, all) }); err != nil {
+			return nil, err
+		}
+		n := align4(bd.size)
+		full := pattern(len(all), guardWord)
+		if !slices.Equal(all[:guard], full[:guard]) || !slices.Equal(all[guard+n:], full[guard+n:]) {
+			return nil, gateErr("output %d: the guard bytes around it changed (a write out of bounds)", i)
+		}
+		out[i] = all[guard : guard+bd.size]
+	}
+	return out, nil
+}
+
+// run dispatches pipe once over p's buffers from poisoned outputs and
+// checks the result. It returns the worst error in tolerance units.
+func (l *Lab) run(ctx context.Context, pipe *gpu.Pipeline, p *problem, b *buffers) (float64, error) {
+	if err := l.poisonOutputs(p, b); err != nil {
+		return 0, err
+	}
+	batch := l.Dev.Batch()
+	if err := batch.Dispatch(pipe, p.groups, p.params, b.regions...); err != nil {
+		batch.Drop()
+		return 0, gateErr("%v", err)
+	}
+	if err := batch.Submit(ctx); err != nil {
+		return 0, gateErr("%v", err)
+	}
+	if err := l.wait(ctx, "dispatch", l.Dev.Sync); err != nil {
+		return 0, err
+	}
+	out, err := l.readOutputs(ctx, p, b)
+	if err != nil {
+		return 0, err
+	}
+	e, err := p.check(out)
+	if err != nil {
+		return e, gateErr("%v", err)
+	}
+	return e, nil
+}
+
+// Check is the correctness gate (kernels.Gate): v on the op's fixed
+// shapes and one random shape, inputs drawn from seed, outputs poisoned
+// before each dispatch and guarded on both sides, every output compared
+// with the float64 reference. MaxError is in multiples of the op's
+// tolerance (Tolerance is 1).
+func (l *Lab) Check(ctx context.Context, v *kernels.Artifact, seed uint64) (kernels.GateReport, error) {
+	rep := kernels.GateReport{Seed: seed}
+	if err := l.usable(); err != nil {
+		return rep, err
+	}
+	pipe, h, err := l.compile(ctx, v)
+	if err != nil {
+		return rep, err
+	}
+	defer pipe.Release()
+	rng := seeded(seed, v.Descriptor.Op, "gate")
+	shapes := append(slices.Clone(h.gateShapes), h.random(rng))
+	for _, dims := range shapes {
+		if err := ctx.Err(); err != nil {
+			return rep, err
+		}
+		p, err := h.make(rng, dims)
+		if err != nil {
+			return rep, err
+		}
+		b, err := l.upload(p, nil)
+		if err != nil {
+			return rep, err
+		}
+		e, err := l.run(ctx, pipe, p, b)
+		b.release()
+		rep.Shapes = append(rep.Shapes, kernels.GateShape{Dims: dims, MaxError: e, Tolerance: 1})
+		if err != nil {
+			return rep, fmt.Errorf("variant %s, %s %v: %w", v.CID, v.Descriptor.Op, dims, err)
+		}
+	}
+	return rep, nil
+}

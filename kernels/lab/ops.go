@@ -1,0 +1,273 @@
+package lab
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"math/rand/v2"
+
+	"github.com/rdrr/peer/gpu"
+	"github.com/rdrr/peer/gpu/ref"
+)
+
+// An op's harness is what the lab knows of its ABI: how to make a problem
+// of a shape (inputs from a seeded stream, the uniform block and the grid
+// that the op's call site in gpu/kernels.go computes), the shapes the gate
+// runs, and how to check an output against the float64 reference.
+//
+// The dispatch rules here repeat gpu's call sites: that is the op
+// library the gpu/ split will own, and then both will read one definition.
+type harness struct {
+	// gateShapes are the fixed shapes the gate runs: awkward ones (not
+	// multiples of the workgroup, smaller than one workgroup, one row) and
+	// a large one. The gate adds one random shape per seed.
+	gateShapes [][]int
+	// random draws one more shape.
+	random func(r *rand.Rand) []int
+	// make builds a problem of dims with inputs from r.
+	make func(r *rand.Rand, dims []int) (*problem, error)
+}
+
+// A problem is one dispatch of an op: its bindings in ABI order, the
+// uniform block, the grid, and the check of the outputs.
+type problem struct {
+	binds  []binding
+	params []byte
+	groups [3]uint32
+	bytes  int64 // bytes the op must read and write at least (the roofline)
+	// check compares the outputs (by binding index) with the reference and
+	// returns the worst error as a multiple of the op's tolerance.
+	check func(out map[int][]byte) (float64, error)
+}
+
+// A binding is one storage buffer: inputs have data; outputs are
+// poisoned before every dispatch.
+type binding struct {
+	data []byte // initial contents (inputs); nil for an output
+	size int    // bytes
+}
+
+func (b binding) output() bool { return b.data == nil }
+
+// harnesses holds the ops the lab runs. The others (q4k, attention,
+// routing, rope, accumulate, embed, topp) are not wired yet.
+var harnesses = map[string]harness{
+	"rmsnorm": {
+		gateShapes: [][]int{{1, 1}, {1, 7}, {3, 255}, {2, 257}, {5, 1000}, {1, 4096}, {33, 2048}},
+		random:     func(r *rand.Rand) []int { return []int{1 + r.IntN(40), 1 + r.IntN(5000)} },
+		make:       makeRMSNorm,
+	},
+	"softmax": {
+		gateShapes: [][]int{{1, 1}, {1, 7}, {3, 255}, {2, 257}, {5, 1000}, {1, 32000}, {33, 2048}},
+		random:     func(r *rand.Rand) []int { return []int{1 + r.IntN(40), 1 + r.IntN(5000)} },
+		make:       makeSoftmax,
+	},
+	"swiglu": {
+		gateShapes: [][]int{{1}, {7}, {255}, {257}, {1000}, {65537}, {14336 * 4}},
+		random:     func(r *rand.Rand) []int { return []int{1 + r.IntN(100000)} },
+		make:       makeSwiGLU,
+	},
+	"argmax": {
+		gateShapes: [][]int{{1}, {7}, {255}, {257}, {4097}, {32000}, {151936}},
+		random:     func(r *rand.Rand) []int { return []int{1 + r.IntN(200000)} },
+		make:       makeArgmax,
+	},
+}
+
+// Ops returns the ops the lab can gate and benchmark.
+func Ops() []string { return []string{"argmax", "rmsnorm", "softmax", "swiglu"} }
+
+// DefaultShape is the shape `bench` times when none is given: a decode
+// step's size on a 7B-class model.
+func DefaultShape(op string) []int {
+	switch op {
+	case "rmsnorm":
+		return []int{1, 4096}
+	case "softmax":
+		return []int{32, 4096}
+	case "swiglu":
+		return []int{14336}
+	case "argmax":
+		return []int{151936}
+	}
+	return nil
+}
+
+// maxElems bounds a problem's elements (the host's reference work and
+// the buffers): 64 Mi values.
+const maxElems = 64 << 20
+
+func elems(dims []int) (int, error) {
+	n := 1
+	for _, d := range dims {
+		if d < 1 || d > maxElems {
+			return 0, fmt.Errorf("lab: dimension %d", d)
+		}
+		n *= d
+		if n > maxElems {
+			return 0, fmt.Errorf("lab: shape %v has more than %d elements", dims, maxElems)
+		}
+	}
+	return n, nil
+}
+
+// grid spreads n workgroups over x and y as gpu does.
+func grid(n uint64) (gx, gy uint32) {
+	if n <= 65535 {
+		return uint32(max(n, 1)), 1
+	}
+	gy = uint32((n + 65534) / 65535)
+	gx = uint32((n + uint64(gy) - 1) / uint64(gy))
+	return gx, gy
+}
+
+func u32s(vs ...uint32) []byte {
+	b := make([]byte, 0, 4*len(vs))
+	for _, v := range vs {
+		b = binary.LittleEndian.AppendUint32(b, v)
+	}
+	return b
+}
+
+func normal(r *rand.Rand, n int, scale float64) []float32 {
+	out := make([]float32, n)
+	for i := range out {
+		out[i] = float32(r.NormFloat64() * scale)
+	}
+	return out
+}
+
+func f32s(b []byte) []float32 {
+	out := make([]float32, len(b)/4)
+	for i := range out {
+		out[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
+	}
+	return out
+}
+
+// worst returns the largest |got-want| / (Abs + Rel*|want|) (with scale
+// max(|want|, scales[i]) when scales is given), and an error naming the
+// first element that exceeds 1 or is NaN.
+func worst(got []float32, want []float64, tol ref.Tol) (float64, error) {
+	if len(got) != len(want) {
+		return math.MaxFloat64, fmt.Errorf("%w: %d values; want %d", ref.ErrMismatch, len(got), len(want))
+	}
+	w, at := 0.0, -1
+	for i, g := range got {
+		allowed := tol.Abs + tol.Rel*math.Abs(want[i])
+		r := math.Abs(float64(g)-want[i]) / math.Max(allowed, 1e-300)
+		if math.IsNaN(r) || r > math.MaxFloat64 {
+			r = math.MaxFloat64 // finite: reports travel as JSON
+		}
+		if r > w {
+			w, at = r, i
+		}
+	}
+	if w > 1 {
+		return w, fmt.Errorf("%w: element %d: got %v; want %v (%.3g x the tolerance)", ref.ErrMismatch, at, got[at], want[at], w)
+	}
+	return w, nil
+}
+
+func makeRMSNorm(r *rand.Rand, dims []int) (*problem, error) {
+	if len(dims) != 2 {
+		return nil, fmt.Errorf("lab: rmsnorm takes rows, dim")
+	}
+	n, d := dims[0], dims[1]
+	if _, err := elems(dims); err != nil {
+		return nil, err
+	}
+	x := normal(r, n*d, 1+3*r.Float64())
+	w := normal(r, d, 1)
+	const eps = 1e-5
+	gx, gy := grid(uint64(n))
+	want := ref.RMSNorm(ref.F32(x), ref.F32(w), n, d, eps)
+	return &problem{
+		binds:  []binding{{data: gpu.Bytes(x), size: n * d * 4}, {data: gpu.Bytes(w), size: d * 4}, {size: n * d * 4}},
+		params: append(u32s(uint32(n), uint32(d), math.Float32bits(eps)), u32s(gx)...),
+		groups: [3]uint32{gx, gy, 1},
+		bytes:  int64(2*n*d+d) * 4,
+		check: func(out map[int][]byte) (float64, error) {
+			return worst(f32s(out[2]), want, ref.Tolerance(ref.OpRMSNorm))
+		},
+	}, nil
+}
+
+func makeSoftmax(r *rand.Rand, dims []int) (*problem, error) {
+	if len(dims) != 2 {
+		return nil, fmt.Errorf("lab: softmax takes rows, dim")
+	}
+	n, d := dims[0], dims[1]
+	if _, err := elems(dims); err != nil {
+		return nil, err
+	}
+	x := normal(r, n*d, 1+4*r.Float64())
+	gx, gy := grid(uint64(n))
+	want := ref.Softmax(ref.F32(x), n, d)
+	return &problem{
+		binds:  []binding{{data: gpu.Bytes(x), size: n * d * 4}, {size: n * d * 4}},
+		params: u32s(uint32(n), uint32(d), gx),
+		groups: [3]uint32{gx, gy, 1},
+		bytes:  int64(2*n*d) * 4,
+		check: func(out map[int][]byte) (float64, error) {
+			return worst(f32s(out[1]), want, ref.Tolerance(ref.OpSoftmax))
+		},
+	}, nil
+}
+
+func makeSwiGLU(r *rand.Rand, dims []int) (*problem, error) {
+	if len(dims) != 1 {
+		return nil, fmt.Errorf("lab: swiglu takes n")
+	}
+	n, err := elems(dims)
+	if err != nil {
+		return nil, err
+	}
+	g, u := normal(r, n, 2), normal(r, n, 1)
+	gx, gy := grid((uint64(n) + 255) / 256)
+	want := ref.SwiGLU(ref.F32(g), ref.F32(u))
+	return &problem{
+		binds:  []binding{{data: gpu.Bytes(g), size: n * 4}, {data: gpu.Bytes(u), size: n * 4}, {size: n * 4}},
+		params: u32s(uint32(n), gx),
+		groups: [3]uint32{gx, gy, 1},
+		bytes:  int64(3*n) * 4,
+		check: func(out map[int][]byte) (float64, error) {
+			return worst(f32s(out[2]), want, ref.Tolerance(ref.OpSwiGLU))
+		},
+	}, nil
+}
+
+func makeArgmax(r *rand.Rand, dims []int) (*problem, error) {
+	if len(dims) != 1 {
+		return nil, fmt.Errorf("lab: argmax takes n")
+	}
+	n, err := elems(dims)
+	if err != nil {
+		return nil, err
+	}
+	x := normal(r, n, 3)
+	// The largest value appears twice (the lowest index must win) at
+	// random places, and a few NaNs (skipped) when there is room.
+	if n > 2 {
+		top := float32(10 + r.Float64())
+		i, j := r.IntN(n), r.IntN(n)
+		x[i], x[j] = top, top
+		for range min(n/100, 3) {
+			x[r.IntN(n)] = float32(math.NaN())
+		}
+	}
+	want := ref.Argmax(ref.F32(x))
+	return &problem{
+		binds:  []binding{{data: gpu.Bytes(x), size: n * 4}, {size: 4}},
+		params: u32s(uint32(n)),
+		groups: [3]uint32{1, 1, 1},
+		bytes:  int64(n)*4 + 4,
+		check: func(out map[int][]byte) (float64, error) {
+			got := binary.LittleEndian.Uint32(out[1])
+			if int64(got) != int64(want) {
+				return 1e300, fmt.Errorf("%w: argmax %d; want %d", ref.ErrMismatch, got, want)
+			}
+			return 0, nil
+		},
+	}, nil
+}
