@@ -444,6 +444,17 @@ func Tolerance(op Op) Tol {
 	return Tol{Abs: math.Inf(1)}
 }
 
+// SoftmaxTol is the tolerance of a softmax over rows of d values: Tolerance
+// (OpSoftmax) plus float32 rounding that grows with the square root of the
+// row (the normalizing sum, whose order of summation is the kernel's to
+// choose: a correct kernel that sums in another order than the built-in
+// is off by a few times 2e-6 on rows of 150k).
+func SoftmaxTol(d int) Tol {
+	t := Tolerance(OpSoftmax)
+	t.Rel += 1.2e-7 * math.Sqrt(float64(max(d, 1)))
+	return t
+}
+
 // RopePosTol is the extra relative error RoPE may have per unit of
 // position: the float32 product pos*freq is rounded (2^-24 relative), and
 // the angle error grows with it.

@@ -210,7 +210,7 @@ func makeSoftmax(r *rand.Rand, dims []int) (*problem, error) {
 		groups: [3]uint32{gx, gy, 1},
 		bytes:  int64(2*n*d) * 4,
 		check: func(out map[int][]byte) (float64, error) {
-			return worst(f32s(out[1]), want, ref.Tolerance(ref.OpSoftmax))
+			return worst(f32s(out[1]), want, ref.SoftmaxTol(d))
 		},
 	}, nil
 }
