@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
+	"path/filepath"
 	"runtime"
 	"runtime/pprof"
 	"sync"
@@ -14,6 +16,8 @@ import (
 	"github.com/rdrr/peer/cas"
 	"github.com/rdrr/peer/experts"
 	"github.com/rdrr/peer/gpu"
+	"github.com/rdrr/peer/kernels"
+	"github.com/rdrr/peer/kernels/lab"
 	"github.com/rdrr/peer/swarm"
 	"github.com/rdrr/peer/tiers"
 	"github.com/spf13/cobra"
@@ -104,7 +108,7 @@ step. Synthetic models use bytes as tokens.`,
 				var step stepper
 				var closeEngine func()
 				if engine == "gpu" {
-					step, closeEngine, err = a.gpuEngine(ctx, m, &cfg, int64(budgets[0]), len(prompt)+maxTokens, prefetch)
+					step, closeEngine, err = a.gpuEngine(ctx, st, m, &cfg, int64(budgets[0]), len(prompt)+maxTokens, prefetch)
 					if err != nil {
 						return err
 					}
@@ -279,7 +283,7 @@ type stepper interface {
 
 // gpuEngine opens the GPU and makes a GPU model whose experts are paged
 // into an arena of vram bytes (its slots one expert each).
-func (a *app) gpuEngine(ctx context.Context, m *experts.Manifest, cfg *tiers.Config, vram int64, maxPos int, prefetch bool) (stepper, func(), error) {
+func (a *app) gpuEngine(ctx context.Context, st *cas.Store, m *experts.Manifest, cfg *tiers.Config, vram int64, maxPos int, prefetch bool) (stepper, func(), error) {
 	// The arena is one buffer and one storage binding: ask the device for
 	// buffers as large as the VRAM budget, within the 2 GiB that wgpu
 	// binds (larger budgets degrade, with a warning, in NewGPUArena).
@@ -290,6 +294,11 @@ func (a *app) gpuEngine(ctx context.Context, m *experts.Manifest, cfg *tiers.Con
 	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("generate: no GPU (try --engine ref): %w", err)
+	}
+	if used, err := a.activeKernels(ctx, d, st); err != nil {
+		a.log.Warn("generate: some active kernel variants were not used (built-ins run instead)", "err", err)
+	} else if len(used) > 0 {
+		a.log.Info("generate: kernel variants active", "ops", used)
 	}
 	esize := experts.ExpertMatrixBytes(m)
 	slots := int(vram / max(esize, 1))
@@ -368,4 +377,20 @@ func warmUp(ctx context.Context, a *app, step stepper, cache *tiers.Cache) ([]ti
 		a.log.Info("generate: warm", "level", lv, "matrices", len(keys), "bytes", formatBytes(total), "seconds", sec, "GBps", float64(total)/sec/1e9)
 	}
 	return cache.Stats(), nil
+}
+
+// activeKernels puts the kernel variants this home activated (`peer kernels
+// pull` or `use`) in place of their built-ins on d, before the model's
+// kernels compile. A home without a kernel registry runs the built-ins.
+func (a *app) activeKernels(ctx context.Context, d *gpu.Device, st *cas.Store) (map[string]string, error) {
+	dir := filepath.Join(a.home, "kernels")
+	if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	reg, err := kernels.OpenRegistry(dir, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer reg.Close()
+	return lab.Activate(ctx, d, reg, st)
 }
