@@ -27,6 +27,7 @@ type GPUModel struct {
 	arena *tiers.GPUArena
 	dense map[string]*gpu.Buffer
 	buf   map[string]*gpu.Buffer
+	qkv   []*gpu.Buffer // per layer: Wq, Wk and Wv stacked (one product), when all Q4_K
 	kc    []*gpu.Buffer // per layer [MaxPos][kvHeads][headDim] f32
 	vc    []*gpu.Buffer
 	pos   int
@@ -94,8 +95,43 @@ func NewGPUModel(ctx context.Context, m *Manifest, d *gpu.Device, cache *tiers.C
 			inExpert[t] = true
 		}
 	}
+	// Each layer's Wq, Wk and Wv stacked into one matrix (Q4_K rows of the
+	// same width concatenate): one product instead of three, and its k and
+	// v rows go into the KV cache by a kernel that binds the cache whole.
+	fused := map[string]bool{}
+	for l := 0; l < c.NumHiddenLayers; l++ {
+		p := fmt.Sprintf("model.layers.%d.self_attn.", l)
+		names := []string{p + "q_proj.weight", p + "k_proj.weight", p + "v_proj.weight"}
+		var raw []byte
+		for _, name := range names {
+			t, ok := m.Tensors[name]
+			if !ok || t.DType != Q4K || len(t.Shape) != 2 || t.Shape[1] != int64(c.HiddenSize) {
+				raw = nil
+				break
+			}
+			b, err := rm.rawTensor(ctx, name)
+			if err != nil {
+				g.Close()
+				return nil, err
+			}
+			raw = append(raw, b...)
+		}
+		if raw == nil {
+			g.qkv = append(g.qkv, nil)
+			continue
+		}
+		b, err := g.upload(ctx, raw)
+		if err != nil {
+			g.Close()
+			return nil, err
+		}
+		g.qkv = append(g.qkv, b)
+		for _, name := range names {
+			fused[name] = true
+		}
+	}
 	for name, t := range m.Tensors {
-		if inExpert[name] {
+		if inExpert[name] || fused[name] {
 			continue
 		}
 		if t.DType != Q4K && t.DType != F32 {
@@ -119,7 +155,7 @@ func NewGPUModel(ctx context.Context, m *Manifest, d *gpu.Device, cache *tiers.C
 	wide := max(c.IntermediateSize, ffn*max(c.NumSharedExperts, 1)) // dense and shared FFNs
 	sizes := map[string]int{
 		"dgate": wide * 4, "dup": wide * 4, "dact": wide * 4, "dy": h * 4,
-		"tok": 4, "x": h * 4, "xn": h * 4, "q": nq * hd * 4, "att": nq * hd * 4, "o": h * 4,
+		"tok": 4, "x": h * 4, "xn": h * 4, "q": nq * hd * 4, "qkv": (nq + 2*nkv) * hd * 4, "att": nq * hd * 4, "o": h * 4,
 		"rlogits": c.Experts() * 4, "ids": idsPredOff + k*4, "w": k * 4, "gu": 2 * ((k*ffn*4 + 255) / 256 * 256),
 		"act": k * ffn * 4, "y": k * h * 4, "out": (c.VocabSize*4+255)/256*256 + c.NumHiddenLayers*256, "ones": 16, "freqs": hd / 2 * 4,
 		"pxn": h * 4, "plogits": c.Experts() * 4, "pw": k * 4,
@@ -319,6 +355,11 @@ func (g *GPUModel) Close() {
 	for i := range g.kc {
 		g.kc[i].Release()
 		g.vc[i].Release()
+	}
+	for _, b := range g.qkv {
+		if b != nil {
+			b.Release()
+		}
 	}
 	g.k.Close()
 }
@@ -612,16 +653,27 @@ func (g *GPUModel) recordAttention(ctx context.Context, b *gpu.Batch, l int) {
 	h, hd := c.HiddenSize, c.HeadDimension()
 	nq, nkv := c.NumAttentionHeads, c.NumKeyValueHeads
 	p := fmt.Sprintf("model.layers.%d.", l)
-	kvRow := uint64(nkv * hd * 4)
-	ks := g.kc[l].Sub(uint64(g.pos)*kvRow, kvRow)
-	vs := g.vc[l].Sub(uint64(g.pos)*kvRow, kvRow)
 	g.k.RMSNorm(ctx, b, B["x"], g.dense[p+"input_layernorm.weight"], B["xn"], 1, h, float32(c.RMSNormEps))
-	g.k.Q4KMatVec(ctx, b, g.dense[p+"self_attn.q_proj.weight"], B["xn"], B["q"], nq*hd, h)
-	g.k.Q4KMatVec(ctx, b, g.dense[p+"self_attn.k_proj.weight"], B["xn"], ks, nkv*hd, h)
-	g.k.Q4KMatVec(ctx, b, g.dense[p+"self_attn.v_proj.weight"], B["xn"], vs, nkv*hd, h)
-	g.k.Rope(ctx, b, B["q"], B["freqs"], gpu.RopeShape{Tokens: 1, Heads: nq, HeadDim: hd, RotDim: hd, Pos0: g.pos, Style: gpu.RopeNeoX})
-	g.k.Rope(ctx, b, ks, B["freqs"], gpu.RopeShape{Tokens: 1, Heads: nkv, HeadDim: hd, RotDim: hd, Pos0: g.pos, Style: gpu.RopeNeoX})
-	g.k.Attention(ctx, b, B["q"], g.kc[l], g.vc[l], B["att"], gpu.AttnShape{Heads: nq, KVHeads: nkv, HeadDim: hd, KVLen: g.pos + 1, Scale: float32(1 / math.Sqrt(float64(hd)))})
+	q := gpu.Region(B["q"])
+	if w := g.qkv[l]; w != nil {
+		// q, k and v in one product, RoPE on q and k at once, then k and
+		// v into the cache at this position.
+		qkv := B["qkv"]
+		g.k.Q4KMatVec(ctx, b, w, B["xn"], qkv, (nq+2*nkv)*hd, h)
+		g.k.Rope(ctx, b, qkv.Sub(0, uint64((nq+nkv)*hd*4)), B["freqs"], gpu.RopeShape{Tokens: 1, Heads: nq + nkv, HeadDim: hd, RotDim: hd, Pos0: g.pos, Style: gpu.RopeNeoX})
+		g.k.KVStore(ctx, b, qkv, g.kc[l], g.vc[l], nq*hd, (nq+nkv)*hd, nkv*hd, g.pos)
+		q = qkv.Sub(0, uint64(nq*hd*4))
+	} else {
+		kvRow := uint64(nkv * hd * 4)
+		ks := g.kc[l].Sub(uint64(g.pos)*kvRow, kvRow)
+		vs := g.vc[l].Sub(uint64(g.pos)*kvRow, kvRow)
+		g.k.Q4KMatVec(ctx, b, g.dense[p+"self_attn.q_proj.weight"], B["xn"], B["q"], nq*hd, h)
+		g.k.Q4KMatVec(ctx, b, g.dense[p+"self_attn.k_proj.weight"], B["xn"], ks, nkv*hd, h)
+		g.k.Q4KMatVec(ctx, b, g.dense[p+"self_attn.v_proj.weight"], B["xn"], vs, nkv*hd, h)
+		g.k.Rope(ctx, b, B["q"], B["freqs"], gpu.RopeShape{Tokens: 1, Heads: nq, HeadDim: hd, RotDim: hd, Pos0: g.pos, Style: gpu.RopeNeoX})
+		g.k.Rope(ctx, b, ks, B["freqs"], gpu.RopeShape{Tokens: 1, Heads: nkv, HeadDim: hd, RotDim: hd, Pos0: g.pos, Style: gpu.RopeNeoX})
+	}
+	g.k.Attention(ctx, b, q, g.kc[l], g.vc[l], B["att"], gpu.AttnShape{Heads: nq, KVHeads: nkv, HeadDim: hd, KVLen: g.pos + 1, Scale: float32(1 / math.Sqrt(float64(hd)))})
 	g.k.Q4KMatVec(ctx, b, g.dense[p+"self_attn.o_proj.weight"], B["att"], B["o"], h, nq*hd)
 	g.k.Accumulate(ctx, b, B["o"], B["ones"], B["x"], 1, h, 0)
 	g.k.RMSNorm(ctx, b, B["x"], g.dense[p+"post_attention_layernorm.weight"], B["xn"], 1, h, float32(c.RMSNormEps))

@@ -64,6 +64,11 @@ func testGPUModelMatches(t *testing.T, preset string, maxBuf uint64, resident bo
 		t.Fatal(err)
 	}
 	defer g.Close()
+	for l, w := range g.qkv {
+		if w == nil {
+			t.Fatalf("layer %d: q, k and v not stacked into one product", l)
+		}
+	}
 	if resident {
 		if err := gcache.Warm(ctx, g.ExpertKeys(), tiers.VRAM, 2, nil); err != nil {
 			t.Fatal(err)

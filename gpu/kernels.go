@@ -108,6 +108,7 @@ var builtins = map[string]builtin{
 	"argmax_blocks":     {"argmax_blocks.wgsl", []Access{ReadOnly, ReadWrite}, 16, ""},
 	"topp":              {"topp.wgsl", []Access{ReadOnly, ReadWrite}, 16, ""},
 	"copy":              {"copy.wgsl", []Access{ReadOnly, ReadWrite}, 8, ""},
+	"kv_store":          {"kv_store.wgsl", []Access{ReadOnly, ReadWrite, ReadWrite}, 16, ""},
 }
 
 // BuiltinNames lists the built-in kernels.
@@ -895,6 +896,30 @@ func (k *Kernels) TopP(ctx context.Context, b *Batch, logits, out Region, n int,
 	}
 	p := Params{}.U32(uint32(n)).F32(1 / temperature).F32(topP).F32(u)
 	return k.run(ctx, b, name, nil, [3]uint32{1, 1, 1}, p, logits, out)
+}
+
+// KVStore records kc[pos] = src[kOff:kOff+n] and vc[pos] =
+// src[vOff:vOff+n] (offsets and n in floats; kc and vc are [>pos][n]
+// caches): a decode step's new cache row, with the caches bound whole so
+// that the binding does not change with the position.
+func (k *Kernels) KVStore(ctx context.Context, b *Batch, src, kc, vc Region, kOff, vOff, n, pos int) error {
+	const name = "kv_store"
+	if n <= 0 || kOff < 0 || vOff < 0 || pos < 0 || uint64(pos+1)*uint64(n) > math.MaxUint32 {
+		return b.note(shapeErr(name, "rows of %d at position %d, from %d and %d", n, pos, kOff, vOff))
+	}
+	if err := need(name, "src", src, uint64(max(kOff, vOff)+n)*4); err != nil {
+		return b.note(err)
+	}
+	for _, c := range []struct {
+		what string
+		r    Region
+	}{{"k cache", kc}, {"v cache", vc}} {
+		if err := need(name, c.what, c.r, uint64(pos+1)*uint64(n)*4); err != nil {
+			return b.note(err)
+		}
+	}
+	p := Params{}.U32(uint32(n)).U32(uint32(kOff)).U32(uint32(vOff)).U32(uint32(pos))
+	return k.run(ctx, b, name, nil, [3]uint32{uint32(ceilDiv(uint64(n), 256)), 1, 1}, p, src, kc, vc)
 }
 
 // CopyKernel records dst = src with a compute shader (n bytes, a multiple

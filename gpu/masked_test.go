@@ -164,3 +164,32 @@ func TestFlavored(t *testing.T) {
 		t.Errorf("no flavor: %q", got)
 	}
 }
+
+func TestKVStore(t *testing.T) {
+	d, k := shared.d, shared.k
+	r := rng(t)
+	const n, rows = 24, 5
+	src := randF32(r, 3*n, 1)
+	sb := uploadF32(t, d, src)
+	kc, vc := poisoned(t, d, rows*n*4), poisoned(t, d, rows*n*4)
+	run(t, d, func(b *Batch) error {
+		if err := k.KVStore(ctxT(t), b, sb, kc, vc, n, 2*n, n, 3); err != nil {
+			return err
+		}
+		return k.KVStore(ctxT(t), b, sb, kc, vc, 0, n, n, 0)
+	})
+	gk, gv := readF32(t, d, kc, rows*n), readF32(t, d, vc, rows*n)
+	for i := 0; i < n; i++ {
+		if gk[3*n+i] != src[n+i] || gv[3*n+i] != src[2*n+i] || gk[i] != src[i] || gv[i] != src[n+i] {
+			t.Fatalf("element %d: k %v %v, v %v %v", i, gk[i], gk[3*n+i], gv[i], gv[3*n+i])
+		}
+		if !math.IsNaN(float64(gk[n+i])) || !math.IsNaN(float64(gv[4*n+i])) {
+			t.Fatalf("a row that was not stored changed: %v %v", gk[n+i], gv[4*n+i])
+		}
+	}
+	b := d.Batch()
+	k.KVStore(ctxT(t), b, sb, kc, vc, 0, n, n, rows) // past the cache
+	if err := b.Submit(ctxT(t)); !errors.Is(err, ErrShape) {
+		t.Fatalf("a row past the cache: %v; want ErrShape", err)
+	}
+}
