@@ -45,6 +45,9 @@ type GPUModel struct {
 	predicted          map[int][]*tiers.Prefetch // expert -> its matrices' prefetches
 	// Profile is where the steps' wall time went.
 	Profile StepProfile
+	// ProfileGPU and GPUTimes: see StepProfile's note.
+	ProfileGPU bool
+	GPUTimes   map[string]time.Duration
 }
 
 // StepProfile splits the wall time of the decode steps: recording and
@@ -65,6 +68,11 @@ type StepProfile struct {
 	// and the router's choice left on the GPU (no read-back).
 	MaskedLayers int `json:"maskedLayers"`
 }
+
+// ProfileGPU, set on a GPUModel, makes each step submit and wait after
+// every part of a resident layer (embedding, attention, router, experts,
+// head) and add the time to GPUTimes: where the GPU's time goes, at the
+// cost of the overlap (a diagnostic, much slower than a normal step).
 
 // NewGPUModel uploads m's dense tensors (read through cache) and sizes the
 // buffers of one decode step. cache must have a VRAM level (arena) whose
@@ -401,9 +409,35 @@ func (g *GPUModel) Step(ctx context.Context, token int) ([]float32, error) {
 	}()
 	var masked []int // layers that ran masked: their choice comes back at the end
 	b := g.d.Batch()
+	// section, with ProfileGPU, submits what was recorded since the last
+	// section and waits for it, charging the time to name.
+	section := func(name string) error {
+		if !g.ProfileGPU {
+			return nil
+		}
+		t := time.Now()
+		if err := b.Submit(ctx); err != nil {
+			return err
+		}
+		if err := g.d.Sync(ctx); err != nil {
+			return err
+		}
+		if g.GPUTimes == nil {
+			g.GPUTimes = map[string]time.Duration{}
+		}
+		g.GPUTimes[name] += time.Since(t)
+		b = g.d.Batch()
+		return nil
+	}
 	g.k.Embed(ctx, b, gpu.Q4K, g.dense["model.embed_tokens.weight"], B["tok"], B["x"], 1, c.HiddenSize, c.VocabSize)
+	if err := section("embed"); err != nil {
+		return nil, err
+	}
 	for l := 0; l < c.NumHiddenLayers; l++ {
 		g.recordAttention(ctx, b, l)
+		if err := section("attention"); err != nil {
+			return nil, err
+		}
 		p := fmt.Sprintf("model.layers.%d.", l)
 		if !c.IsMoE(l) {
 			// A dense layer (DeepSeek's first ones): its FFN, resident.
@@ -416,8 +450,14 @@ func (g *GPUModel) Step(ctx context.Context, token int) ([]float32, error) {
 			// with the logits.
 			sel := B["out"].Sub(g.idsAt(l), uint64(k*4))
 			g.k.Route(ctx, b, B["rlogits"], nil, sel, B["w"], g.route())
+			if err := section("router"); err != nil {
+				return nil, err
+			}
 			held = append(held, layer...)
 			g.recordMasked(ctx, b, l, layer, sel)
+			if err := section("experts"); err != nil {
+				return nil, err
+			}
 			masked = append(masked, l)
 			if len(masked)%maskedPerSubmit == 0 {
 				// Submit as we go: the GPU runs these layers while the
@@ -541,6 +581,9 @@ func (g *GPUModel) Step(ctx context.Context, token int) ([]float32, error) {
 	}
 	g.k.RMSNorm(ctx, b, B["x"], g.dense["model.norm.weight"], B["xn"], 1, c.HiddenSize, float32(c.RMSNormEps))
 	g.k.Q4KMatVec(ctx, b, g.dense["lm_head.weight"], B["xn"], B["out"].Sub(0, uint64(c.VocabSize*4)), c.VocabSize, c.HiddenSize)
+	if err := section("head"); err != nil {
+		return nil, err
+	}
 	if err := b.Submit(ctx); err != nil {
 		return nil, err
 	}

@@ -24,7 +24,7 @@ import (
 )
 
 func generateCmd(a *app) *cobra.Command {
-	var warm bool
+	var warm, profileGPU bool
 	var prompt, tracePath, cpuProfile, policy, engine, procedural string
 	var maxTokens int
 	var prefetch bool
@@ -108,7 +108,7 @@ step. Synthetic models use bytes as tokens.`,
 				var step stepper
 				var closeEngine func()
 				if engine == "gpu" {
-					step, closeEngine, err = a.gpuEngine(ctx, st, m, &cfg, int64(budgets[0]), len(prompt)+maxTokens, prefetch)
+					step, closeEngine, err = a.gpuEngine(ctx, st, m, &cfg, int64(budgets[0]), len(prompt)+maxTokens, prefetch, profileGPU)
 					if err != nil {
 						return err
 					}
@@ -205,11 +205,25 @@ step. Synthetic models use bytes as tokens.`,
 					res["profile"] = prof
 					res["stallSeconds"] = prof.PageWait.Seconds()
 				}
+				var gpuTimes map[string]time.Duration
+				if step != nil {
+					gpuTimes = step.GPUTimes()
+				}
+				if len(gpuTimes) > 0 {
+					res["gpuTimesNs"] = gpuTimes
+				}
 				return a.print(res, func(w io.Writer) {
 					fmt.Fprintf(w, "\n%d prompt + %d generated tokens in %.2f s: %.1f tok/s (engine %s; dense weights loaded in %.2f s)\n",
 						len(prompt), len(toks), secs, float64(len(prompt)+len(toks))/secs, engineName, load.Seconds())
 					if predicted > 0 {
 						fmt.Fprintf(w, "  next-layer prefetch: %d of %d guesses right (%.2f)\n", correct, predicted, float64(correct)/float64(predicted))
+					}
+					if len(gpuTimes) > 0 && prof != nil && prof.Steps > 0 {
+						fmt.Fprintf(w, "  GPU time per step (--profile-gpu):")
+						for _, k := range []string{"embed", "attention", "router", "experts", "head"} {
+							fmt.Fprintf(w, " %s %s", k, (gpuTimes[k] / time.Duration(prof.Steps)).Round(time.Microsecond))
+						}
+						fmt.Fprintln(w)
 					}
 					if prof != nil && prof.Steps > 0 {
 						per := func(d time.Duration) string { return (d / time.Duration(prof.Steps)).Round(time.Microsecond).String() }
@@ -233,6 +247,7 @@ step. Synthetic models use bytes as tokens.`,
 	f.Uint64Var(&s.Seed, "seed", 1, "sampling seed")
 	f.StringVar(&policy, "policy", "cost", "eviction policy: lru, lfu or cost")
 	f.BoolVar(&warm, "warm", false, "gpu engine: before timing, load every expert into RAM, and into VRAM when --vram holds them all (the stats are then those of the timed run)")
+	f.BoolVar(&profileGPU, "profile-gpu", false, "gpu engine: wait for the GPU after each part of a resident layer and print where its time goes (a diagnostic: much slower)")
 	f.StringVar(&cpuProfile, "cpuprofile", "", "write a Go CPU profile of the generation (not the load) here")
 	f.StringVar(&tracePath, "trace", "", "write the expert access trace here (tiers/TRACE.md)")
 	f.StringVar(&engine, "engine", "ref", "decode engine: ref (float64 CPU reference) or gpu (wgpu kernels, experts paged into a VRAM arena of --vram bytes)")
@@ -278,12 +293,13 @@ type stepper interface {
 	Prefetched() (predicted, correct int)
 	Profile() *experts.StepProfile
 	ExpertKeys() []tiers.Key
+	GPUTimes() map[string]time.Duration
 	Generate(ctx context.Context, prompt []int, n int, s experts.Sampling, emit func(int)) ([]int, error)
 }
 
 // gpuEngine opens the GPU and makes a GPU model whose experts are paged
 // into an arena of vram bytes (its slots one expert each).
-func (a *app) gpuEngine(ctx context.Context, st *cas.Store, m *experts.Manifest, cfg *tiers.Config, vram int64, maxPos int, prefetch bool) (stepper, func(), error) {
+func (a *app) gpuEngine(ctx context.Context, st *cas.Store, m *experts.Manifest, cfg *tiers.Config, vram int64, maxPos int, prefetch, profileGPU bool) (stepper, func(), error) {
 	// The arena is one buffer and one storage binding: ask the device for
 	// buffers as large as the VRAM budget, within the 2 GiB that wgpu
 	// binds (larger budgets degrade, with a warning, in NewGPUArena).
@@ -327,6 +343,7 @@ func (a *app) gpuEngine(ctx context.Context, st *cas.Store, m *experts.Manifest,
 	}
 	g.Trace = cfg.Trace
 	g.Prefetch = prefetch
+	g.ProfileGPU = profileGPU
 	return gpuStepper{g, cache}, func() { g.Close(); cache.Close(); arena.Release(); d.Close() }, nil
 }
 
@@ -339,6 +356,7 @@ func (s gpuStepper) Cache() *tiers.Cache                  { return s.cache }
 func (s gpuStepper) Prefetched() (predicted, correct int) { return s.g.Predicted, s.g.Correct }
 func (s gpuStepper) Profile() *experts.StepProfile        { return &s.g.Profile }
 func (s gpuStepper) ExpertKeys() []tiers.Key              { return s.g.ExpertKeys() }
+func (s gpuStepper) GPUTimes() map[string]time.Duration   { return s.g.GPUTimes }
 func (s gpuStepper) Generate(ctx context.Context, prompt []int, n int, smp experts.Sampling, emit func(int)) ([]int, error) {
 	return s.g.Generate(ctx, prompt, n, smp, emit)
 }
