@@ -15,7 +15,7 @@ func tinyInStore(t *testing.T, seed uint64) (*Manifest, tiers.Source) {
 }
 
 // presetInStore writes a small preset into a store.
-func presetInStore(t *testing.T, preset string, seed uint64) (*Manifest, tiers.Source) {
+func presetInStore(t testing.TB, preset string, seed uint64) (*Manifest, tiers.Source) {
 	p, err := PresetByName(preset)
 	if err != nil {
 		t.Fatal(err)

@@ -26,7 +26,7 @@ func writeTiny(t *testing.T, seed uint64) (string, *Manifest) {
 	return dir, lo.Manifest
 }
 
-func openStore(t *testing.T) *cas.Store {
+func openStore(t testing.TB) *cas.Store {
 	t.Helper()
 	st, err := cas.Open(t.TempDir(), cas.Options{NoSync: true})
 	if err != nil {
