@@ -46,6 +46,8 @@ echo "generate, the experts paged through a RAM budget of a quarter of them (flo
 run $peer generate "$model" --prompt "The swarm is" --max-tokens 16 --ram 2MiB
 echo "the same on the GPU (wgpu kernels; lavapipe without a GPU): experts paged into a 1 MiB VRAM arena, the next layer's prefetched; same tokens"
 run $peer generate "$model" --prompt "The swarm is" --max-tokens 16 --ram 2MiB --engine gpu --vram 1MiB
+echo "every expert resident (--warm fills VRAM first): the router's choice stays on the GPU, one read-back a token; same tokens"
+run $peer generate "$model" --prompt "The swarm is" --max-tokens 16 --ram 16MiB --engine gpu --vram 16MiB --warm
 
 step "7. A swarm on loopback: this peer seeds (daemon with an embedded signaling server), a second peer fetches over WebRTC"
 port=$((20000 + RANDOM % 20000))
@@ -68,6 +70,8 @@ run $peer mount "$proc" --vram 2MiB
 echo "a third peer holding nothing generates with the procedural model: the manifest and every expert come over the swarm, verified"
 RDRR_HOME=$work/home3 $peer init > /dev/null
 run env RDRR_HOME=$work/home3 $peer generate "$proc" --prompt "The swarm is" --max-tokens 8 --ram 2MiB --signal ws://127.0.0.1:$port --log-level warn
+echo "the same on the GPU: experts come over the swarm into RAM, then into a 1 MiB VRAM arena"
+run env RDRR_HOME=$work/home3 $peer generate "$proc" --prompt "The swarm is" --max-tokens 8 --ram 2MiB --engine gpu --vram 1MiB --signal ws://127.0.0.1:$port --log-level warn
 run $peer ls
 kill $daemon; wait $daemon 2>/dev/null || true
 export RDRR_HOME=$work/home
@@ -76,7 +80,28 @@ step "8. The GPU: adapters, then the built-in kernels checked against their CPU 
 run $peer gpu info
 run $peer gpu selftest
 
-step "9. Garbage-collect what is no longer pinned"
+step "9. The kernel lab: a variant gated, timed against the built-in and endorsed on this device; a second peer verifies the record, gates and times it again, and activates it"
+run $peer kernels bench softmax
+variant=$($peer --json kernels add "$(dirname "$0")/../kernels/lab/variants/softmax_wg.wgsl" --op softmax --const WG=64 2>/dev/null | sed -n 's/.*"cid": *"\([^"]*\)".*/\1/p' | head -1)
+echo "variant $variant (softmax with 64-thread workgroups)"
+if run $peer kernels endorse "$variant" --out "$work/records.jsonl"; then
+  export RDRR_HOME=$work/home4
+  run $peer init
+  # the variant's blobs (the swarm's job once the daemon gossips endorsements) and the signed record
+  RDRR_HOME=$work/home $peer cat "$variant" > "$work/desc.json"
+  wgsl=$(sed -n 's/.*"wgsl": *"\([^"]*\)".*/\1/p' "$work/desc.json")
+  RDRR_HOME=$work/home $peer cat "$wgsl" > "$work/variant.wgsl"
+  $peer add -q "$work/desc.json" > /dev/null && $peer add -q "$work/variant.wgsl" > /dev/null
+  RDRR_HOME=$work/home $peer --json kernels list 2>/dev/null | sed -n 's/.*"peer": *"\([^"]*\)".*/\1/p' | head -1 > "$work/trusted.txt"
+  run $peer kernels import "$work/records.jsonl"
+  run $peer kernels pull --trust-keys "$work/trusted.txt" || echo "(not activated here: it was not faster on this run)"
+  run $peer kernels list
+  export RDRR_HOME=$work/home
+else
+  echo "(not endorsed: the gate or the benchmark said no, as printed)"
+fi
+
+step "10. Garbage-collect what is no longer pinned"
 run $peer unpin "$cid"
 run $peer gc
 
