@@ -658,6 +658,7 @@ func (g *GPUModel) compile(ctx context.Context) error {
 		}
 		g.k.Q4KMatVecMasked(ctx, b, buf, zeros, ids, B["ids"], k, B["xn"], true, B["gu"], g.upOff(), ffn, h)
 		g.k.Q4KMatVecMasked(ctx, b, buf, zeros, ids, B["ids"], k, B["act"], false, B["y"], 0, h, ffn)
+		g.k.Q4KMatVecMaskedSwiGLU(ctx, b, buf, zeros, ids, B["ids"], k, B["gu"], g.upOff(), B["y"], h, ffn)
 		if c.NumSharedExperts > 0 {
 			g.ffn(ctx, b, p+"mlp.shared_experts.", ffn*c.NumSharedExperts)
 		}
@@ -717,8 +718,7 @@ func (g *GPUModel) recordAttention(ctx context.Context, b *gpu.Batch, l int) {
 		g.k.Rope(ctx, b, ks, B["freqs"], gpu.RopeShape{Tokens: 1, Heads: nkv, HeadDim: hd, RotDim: hd, Pos0: g.pos, Style: gpu.RopeNeoX})
 	}
 	g.k.Attention(ctx, b, q, g.kc[l], g.vc[l], B["att"], gpu.AttnShape{Heads: nq, KVHeads: nkv, HeadDim: hd, KVLen: g.pos + 1, Scale: float32(1 / math.Sqrt(float64(hd)))})
-	g.k.Q4KMatVec(ctx, b, g.dense[p+"self_attn.o_proj.weight"], B["att"], B["o"], h, nq*hd)
-	g.k.Accumulate(ctx, b, B["o"], B["ones"], B["x"], 1, h, 0)
+	g.k.Q4KMatVecAdd(ctx, b, g.dense[p+"self_attn.o_proj.weight"], B["att"], B["x"], h, nq*hd) // x += Wo att
 	g.k.RMSNorm(ctx, b, B["x"], g.dense[p+"post_attention_layernorm.weight"], B["xn"], 1, h, float32(c.RMSNormEps))
 }
 
@@ -778,7 +778,7 @@ func (g *GPUModel) recordMasked(ctx context.Context, b *gpu.Batch, l int, layer 
 	// products records the products of matrix kinds js (0 gate, 1 up, 2
 	// down), one dispatch per arena buffer and MaxGroup products; kind 1
 	// goes to y's upper half (gate and up share a dispatch).
-	products := func(js []int, x gpu.Region, shared bool, y gpu.Region, upper, rows, cols int) {
+	products := func(js []int, x gpu.Region, shared bool, y gpu.Region, upper, rows, cols int, swiglu bool) {
 		type run struct{ slots, experts []int }
 		var order []*gpu.Buffer
 		runs := map[*gpu.Buffer]*run{}
@@ -802,14 +802,18 @@ func (g *GPUModel) recordMasked(ctx context.Context, b *gpu.Batch, l int, layer 
 			r := runs[buf]
 			for i := 0; i < len(r.slots); i += gpu.MaxGroup {
 				end := min(i+gpu.MaxGroup, len(r.slots))
-				g.k.Q4KMatVecMasked(ctx, b, buf, r.slots[i:end], r.experts[i:end], sel, k, x, shared, y, upper, rows, cols)
+				if swiglu {
+					g.k.Q4KMatVecMaskedSwiGLU(ctx, b, buf, r.slots[i:end], r.experts[i:end], sel, k, x, g.upOff(), y, rows, cols)
+				} else {
+					g.k.Q4KMatVecMasked(ctx, b, buf, r.slots[i:end], r.experts[i:end], sel, k, x, shared, y, upper, rows, cols)
+				}
 			}
 		}
 	}
 	upper := g.upOff()
-	products([]int{0, 1}, B["xn"], true, B["gu"], upper, ffn, h)
-	g.k.SwiGLU(ctx, b, B["gu"].Sub(0, uint64(k*ffn*4)), B["gu"].Sub(uint64(upper), uint64(k*ffn*4)), B["act"], k*ffn)
-	products([]int{2}, B["act"], false, B["y"], 0, h, ffn)
+	products([]int{0, 1}, B["xn"], true, B["gu"], upper, ffn, h, false)
+	// The down products read silu(gate) * up straight from gu.
+	products([]int{2}, B["gu"], false, B["y"], 0, h, ffn, true)
 	g.k.Accumulate(ctx, b, B["y"], B["w"], B["x"], k, h, 0)
 	if c.NumSharedExperts > 0 {
 		g.ffn(ctx, b, fmt.Sprintf("model.layers.%d.mlp.shared_experts.", l), ffn*c.NumSharedExperts)

@@ -335,6 +335,18 @@ func (k *Kernels) Q4KMatMul(ctx context.Context, b *Batch, w, x, y Region, rows,
 // Q4KMatMulWith is Q4KMatMul with an explicit configuration (benchmarks and
 // the kernel lab sweep it).
 func (k *Kernels) Q4KMatMulWith(ctx context.Context, b *Batch, cfg Q4KConfig, w, x, y Region, rows, cols, n int) error {
+	return k.q4kMatMul(ctx, b, cfg, w, x, y, rows, cols, n, false)
+}
+
+// Q4KMatVecAdd records y += W x (a product added into a residual stream,
+// one dispatch instead of a product and an Accumulate).
+func (k *Kernels) Q4KMatVecAdd(ctx context.Context, b *Batch, w, x, y Region, rows, cols int) error {
+	cfg := DefaultQ4KConfig(rows, cols, 1)
+	cfg.Coalesced = false // the q4k_matvec_co kernel only stores
+	return k.q4kMatMul(ctx, b, cfg, w, x, y, rows, cols, 1, true)
+}
+
+func (k *Kernels) q4kMatMul(ctx context.Context, b *Batch, cfg Q4KConfig, w, x, y Region, rows, cols, n int, acc bool) error {
 	const name = "q4k_matmul"
 	if rows <= 0 || cols <= 0 || n <= 0 || cols%256 != 0 {
 		return b.note(shapeErr(name, "rows %d, cols %d, tokens %d (cols must be a positive multiple of 256)", rows, cols, n))
@@ -364,7 +376,11 @@ func (k *Kernels) Q4KMatMulWith(ctx context.Context, b *Batch, cfg Q4KConfig, w,
 		return k.run(ctx, b, "q4k_matvec_co", map[string]float64{"ROWS": float64(cfg.Rows)}, [3]uint32{gx, gy, 1}, params, w, x, y)
 	}
 	params := Params{}.U32(uint32(rows)).U32(uint32(cols / 256)).U32(uint32(cfg.SPR)).U32(uint32(n)).U32(gx)
-	return k.run(ctx, b, name, q4kConsts(cfg, tok), [3]uint32{gx, gy, uint32(gz)}, params, w, x, y)
+	consts := q4kConsts(cfg, tok)
+	if acc {
+		consts["ACC"] = 1
+	}
+	return k.run(ctx, b, name, consts, [3]uint32{gx, gy, uint32(gz)}, params, w, x, y)
 }
 
 func (cfg Q4KConfig) wg() int {
@@ -411,7 +427,7 @@ func (k *Kernels) Q4KMatVecGroup(ctx context.Context, b *Batch, arena Region, sl
 
 // Q4KMatVecGroupWith is Q4KMatVecGroup with an explicit configuration.
 func (k *Kernels) Q4KMatVecGroupWith(ctx context.Context, b *Batch, cfg Q4KConfig, arena Region, slots []int, x Region, sharedX bool, y Region, rows, cols int) error {
-	return k.q4kGroup(ctx, b, cfg, arena, slots, nil, nil, 0, x, sharedX, y, 0, rows, cols)
+	return k.q4kGroup(ctx, b, cfg, arena, slots, nil, nil, 0, x, sharedX, -1, y, 0, rows, cols)
 }
 
 // Q4KMatVecMasked records an MoE layer's expert products with the router's
@@ -429,11 +445,29 @@ func (k *Kernels) Q4KMatVecGroupWith(ctx context.Context, b *Batch, cfg Q4KConfi
 // further into y (a multiple of 4): an expert's up matrix can run in the
 // same dispatch as its gate, each filling its half of y.
 func (k *Kernels) Q4KMatVecMasked(ctx context.Context, b *Batch, arena Region, slots, experts []int, sel Region, kSel int, x Region, sharedX bool, y Region, yUpper int, rows, cols int) error {
+	return k.q4kMasked(ctx, b, arena, slots, experts, sel, kSel, x, sharedX, -1, y, yUpper, rows, cols)
+}
+
+// Q4KMatVecMaskedSwiGLU is Q4KMatVecMasked for an MoE layer's down
+// products straight from its gate and up products: product j's x is
+// silu(gu[j]) * up[j], gate rows of cols floats from gu's start, up rows
+// from byte upOff (a multiple of 16). It saves the SwiGLU dispatch.
+func (k *Kernels) Q4KMatVecMaskedSwiGLU(ctx context.Context, b *Batch, arena Region, slots, experts []int, sel Region, kSel int, gu Region, upOff int, y Region, rows, cols int) error {
+	if upOff < kSel*cols*4 || upOff%16 != 0 {
+		return b.note(shapeErr("q4k_matmul_masked", "up half at byte %d of %d gate rows of %d", upOff, kSel, cols))
+	}
+	if err := need("q4k_matmul_masked", "gate and up", gu, uint64(upOff+kSel*cols*4)); err != nil {
+		return b.note(err)
+	}
+	return k.q4kMasked(ctx, b, arena, slots, experts, sel, kSel, gu, false, upOff, y, 0, rows, cols)
+}
+
+func (k *Kernels) q4kMasked(ctx context.Context, b *Batch, arena Region, slots, experts []int, sel Region, kSel int, x Region, sharedX bool, xUpper int, y Region, yUpper int, rows, cols int) error {
 	cfg := DefaultQ4KConfig(rows*min(kSel, len(slots)), cols, 1)
 	if len(experts) != len(slots) || kSel <= 0 || kSel > 32 || yUpper < 0 || yUpper%4 != 0 {
 		return b.note(shapeErr("q4k_matmul_masked", "%d experts for %d slots, %d chosen (1..32), upper half at byte %d", len(experts), len(slots), kSel, yUpper))
 	}
-	return k.q4kGroup(ctx, b, cfg, arena, slots, experts, sel, kSel, x, sharedX, y, yUpper, rows, cols)
+	return k.q4kGroup(ctx, b, cfg, arena, slots, experts, sel, kSel, x, sharedX, xUpper, y, yUpper, rows, cols)
 }
 
 // MaskedUpper marks a Q4KMatVecMasked product whose output goes to the
@@ -442,7 +476,9 @@ const MaskedUpper = 1 << 31
 
 // q4kGroup records Q4KMatVecGroupWith, or Q4KMatVecMasked when experts is
 // not nil.
-func (k *Kernels) q4kGroup(ctx context.Context, b *Batch, cfg Q4KConfig, arena Region, slots, experts []int, sel Region, kSel int, x Region, sharedX bool, y Region, yUpper int, rows, cols int) error {
+// xUpper >= 0 (masked only) reads x as SwiGLU of gate rows and up rows
+// xUpper bytes further.
+func (k *Kernels) q4kGroup(ctx context.Context, b *Batch, cfg Q4KConfig, arena Region, slots, experts []int, sel Region, kSel int, x Region, sharedX bool, xUpper int, y Region, yUpper int, rows, cols int) error {
 	name := "q4k_matmul"
 	outs := len(slots) // products whose output y holds
 	if experts != nil {
@@ -517,7 +553,10 @@ func (k *Kernels) q4kGroup(ctx context.Context, b *Batch, cfg Q4KConfig, arena R
 		return k.run(ctx, b, name, consts, [3]uint32{gx, gy, uint32(len(slots))}, params, arena, x, y)
 	}
 	table(experts)
-	params = params.U32(uint32(yUpper / 4)).U32(0).U32(0).U32(0)
+	params = params.U32(uint32(yUpper / 4)).U32(uint32(max(xUpper, 0) / 16)).U32(0).U32(0)
+	if xUpper >= 0 {
+		consts["SWIGLU"] = 1
+	}
 	return k.run(ctx, b, name, consts, [3]uint32{gx, gy, uint32(len(slots))}, params, arena, x, y, sel)
 }
 

@@ -193,3 +193,62 @@ func TestKVStore(t *testing.T) {
 		t.Fatalf("a row past the cache: %v; want ErrShape", err)
 	}
 }
+
+// Q4KMatVecAdd adds the product to y; the masked SwiGLU form computes the
+// down products from the gate and up halves.
+func TestQ4KFusedForms(t *testing.T) {
+	d, k := shared.d, shared.k
+	r := rng(t)
+	const rows, cols = 37, 512
+	wq := randQ4K(r, rows*cols/256)
+	w64, err := ref.Q4K(wq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	xs := randF32(r, cols, 1)
+	y0 := randF32(r, rows, 1)
+	wb, xb, yb := upload(t, d, wq), uploadF32(t, d, xs), uploadF32(t, d, y0)
+	run(t, d, func(b *Batch) error { return k.Q4KMatVecAdd(ctxT(t), b, wb, xb, yb, rows, cols) })
+	prod, mag := ref.MatMul(w64, ref.F32(xs), rows, cols, 1)
+	for i := range prod {
+		prod[i] += float64(y0[i])
+		mag[i] += math.Abs(float64(y0[i]))
+	}
+	if err := ref.Compare(readF32(t, d, yb, rows), prod, mag, ref.Tolerance(ref.OpMatMul)); err != nil {
+		t.Fatalf("y += W x: %v", err)
+	}
+
+	// Down products of two chosen experts (of 3 in the arena) from gate
+	// and up halves: x_j = silu(gate_j) * up_j.
+	arena := randQ4K(r, 3*rows*cols/256)
+	ab := upload(t, d, arena)
+	gate, up := randF32(r, 2*cols, 1), randF32(r, 2*cols, 1)
+	const upOff = 2*cols*4 + 256
+	gu := make([]float32, upOff/4+2*cols)
+	copy(gu, gate)
+	copy(gu[upOff/4:], up)
+	gub := uploadF32(t, d, gu)
+	sel := upload(t, d, Bytes([]uint32{2, 0}))
+	y := poisoned(t, d, 2*rows*4)
+	run(t, d, func(b *Batch) error {
+		return k.Q4KMatVecMaskedSwiGLU(ctxT(t), b, ab, []int{1, 2, 0}, []int{0, 1, 2}, sel, 2, gub, upOff, y, rows, cols)
+	})
+	var want, wmag []float64
+	for j, e := range []int{2, 0} {
+		slot := []int{1, 2, 0}[e]
+		we, err := ref.Q4K(arena[slot*rows*cols/256*144 : (slot+1)*rows*cols/256*144])
+		if err != nil {
+			t.Fatal(err)
+		}
+		x := make([]float64, cols)
+		for i := range x {
+			g := float64(gate[j*cols+i])
+			x[i] = g / (1 + math.Exp(-g)) * float64(up[j*cols+i])
+		}
+		p, m := ref.MatMul(we, x, rows, cols, 1)
+		want, wmag = append(want, p...), append(wmag, m...)
+	}
+	if err := ref.Compare(readF32(t, d, y, 2*rows), want, wmag, ref.Tolerance(ref.OpMatMul)); err != nil {
+		t.Fatalf("masked SwiGLU down: %v", err)
+	}
+}

@@ -46,7 +46,7 @@ struct Params {
   slots: array<vec4<u32>, 4>, // GROUPED: weight slot of product e, 4 per vec4
 //+MASKED  experts: array<vec4<u32>, 4>, // expert of product e (bit 31: output to the upper half)
 //+MASKED  yupper: u32,  // where the upper half of y starts (floats)
-//+MASKED  _p1: u32,
+//+MASKED  xupper: u32,  // SWIGLU: where the up half of x starts (vec4s)
 //+MASKED  _p2: u32,
 //+MASKED  _p3: u32,
 }
@@ -78,6 +78,12 @@ override PIPE: u32 = 0u;
 override POS: u32 = 1u; // positional nibble trick (see quad)
 override WG: u32 = 256u; // threads per workgroup (64, 128 or 256)
 override GROUPED: u32 = 0u;
+// ACC 1 adds the product to y (y += W x: a residual connection) instead of
+// storing it. SWIGLU 1 (masked flavor, matrix-vector) reads x as
+// silu(gate) * up, gate at x's usual place and up xupper vec4s further: the
+// down projection of an MoE expert straight from its gate and up products.
+override ACC: u32 = 0u;
+override SWIGLU: u32 = 0u;
 
 const RT: u32 = ROWS * TOK; // accumulators per thread
 const RED: u32 = WG * RT;
@@ -158,8 +164,20 @@ fn quad(w: u32) -> vec4<f32> {
 
 // load_x returns the 32 x values of a thread's quant bytes: 4 vec4 from
 // o (low nibbles) and 4 from o + 8 (high nibbles, 32 weights later).
+//-MASKED fn xupper() -> u32 { return 0u; }
+//+MASKED fn xupper() -> u32 { return p.xupper; }
+
+// xv is vec4 i of x (SWIGLU: silu of the gate times the up).
+fn xv(i: u32) -> vec4<f32> {
+  if (SWIGLU == 1u) {
+    let g = x[i];
+    return g / (vec4<f32>(1.0) + exp(-g)) * x[i + xupper()];
+  }
+  return x[i];
+}
+
 fn load_x(o: u32) -> array<vec4<f32>, 8> {
-  return array<vec4<f32>, 8>(x[o], x[o + 1u], x[o + 2u], x[o + 3u], x[o + 8u], x[o + 9u], x[o + 10u], x[o + 11u]);
+  return array<vec4<f32>, 8>(xv(o), xv(o + 1u), xv(o + 2u), xv(o + 3u), xv(o + 8u), xv(o + 9u), xv(o + 10u), xv(o + 11u));
 }
 
 // With POS 0 the scale is 1: f32(POS) picks 2^-8k or 1 per lane.
@@ -311,7 +329,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       for (var t = 0u; t < TOK; t++) {
         let tt = tok0 + t;
         if (row < p.rows && tt < p.n) {
-          y[ybase + tt * p.rows + row] = red[(r * TOK + t) * WG + tid];
+          let v = red[(r * TOK + t) * WG + tid];
+          if (ACC == 1u) {
+            y[ybase + tt * p.rows + row] += v;
+          } else {
+            y[ybase + tt * p.rows + row] = v;
+          }
         }
       }
     }
