@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"os"
 	"sync"
 	"time"
 
@@ -45,6 +46,12 @@ type GPUModel struct {
 	predicted          map[int][]*tiers.Prefetch // expert -> its matrices' prefetches
 	// Profile is where the steps' wall time went.
 	Profile StepProfile
+	// noFuse runs the o product and its residual add, and SwiGLU and the
+	// down products, as separate dispatches: the default, because on the
+	// H100 the fused forms (one dispatch each) were 4-5% slower in an A/B
+	// on one machine (the fused down product recomputes SwiGLU in every
+	// workgroup). RDRR_GPU_FUSE=1 fuses, for measurements.
+	noFuse bool
 	// ProfileGPU and GPUTimes: see StepProfile's note.
 	ProfileGPU bool
 	GPUTimes   map[string]time.Duration
@@ -95,7 +102,8 @@ func NewGPUModel(ctx context.Context, m *Manifest, d *gpu.Device, cache *tiers.C
 			}
 		}
 	}
-	g := &GPUModel{m: m, d: d, k: gpu.NewKernels(d), cache: cache, arena: arena, dense: map[string]*gpu.Buffer{}, buf: map[string]*gpu.Buffer{}, MaxPos: maxPos}
+	g := &GPUModel{m: m, d: d, k: gpu.NewKernels(d), cache: cache, arena: arena, dense: map[string]*gpu.Buffer{}, buf: map[string]*gpu.Buffer{}, MaxPos: maxPos,
+		noFuse: os.Getenv("RDRR_GPU_FUSE") != "1"}
 	rm := &RefModel{m: m, cache: cache}
 	inExpert := map[string]bool{}
 	for _, e := range m.Experts {
@@ -718,7 +726,12 @@ func (g *GPUModel) recordAttention(ctx context.Context, b *gpu.Batch, l int) {
 		g.k.Rope(ctx, b, ks, B["freqs"], gpu.RopeShape{Tokens: 1, Heads: nkv, HeadDim: hd, RotDim: hd, Pos0: g.pos, Style: gpu.RopeNeoX})
 	}
 	g.k.Attention(ctx, b, q, g.kc[l], g.vc[l], B["att"], gpu.AttnShape{Heads: nq, KVHeads: nkv, HeadDim: hd, KVLen: g.pos + 1, Scale: float32(1 / math.Sqrt(float64(hd)))})
-	g.k.Q4KMatVecAdd(ctx, b, g.dense[p+"self_attn.o_proj.weight"], B["att"], B["x"], h, nq*hd) // x += Wo att
+	if g.noFuse {
+		g.k.Q4KMatVec(ctx, b, g.dense[p+"self_attn.o_proj.weight"], B["att"], B["o"], h, nq*hd)
+		g.k.Accumulate(ctx, b, B["o"], B["ones"], B["x"], 1, h, 0)
+	} else {
+		g.k.Q4KMatVecAdd(ctx, b, g.dense[p+"self_attn.o_proj.weight"], B["att"], B["x"], h, nq*hd) // x += Wo att
+	}
 	g.k.RMSNorm(ctx, b, B["x"], g.dense[p+"post_attention_layernorm.weight"], B["xn"], 1, h, float32(c.RMSNormEps))
 }
 
@@ -812,8 +825,13 @@ func (g *GPUModel) recordMasked(ctx context.Context, b *gpu.Batch, l int, layer 
 	}
 	upper := g.upOff()
 	products([]int{0, 1}, B["xn"], true, B["gu"], upper, ffn, h, false)
-	// The down products read silu(gate) * up straight from gu.
-	products([]int{2}, B["gu"], false, B["y"], 0, h, ffn, true)
+	if g.noFuse {
+		g.k.SwiGLU(ctx, b, B["gu"].Sub(0, uint64(k*ffn*4)), B["gu"].Sub(uint64(upper), uint64(k*ffn*4)), B["act"], k*ffn)
+		products([]int{2}, B["act"], false, B["y"], 0, h, ffn, false)
+	} else {
+		// The down products read silu(gate) * up straight from gu.
+		products([]int{2}, B["gu"], false, B["y"], 0, h, ffn, true)
+	}
 	g.k.Accumulate(ctx, b, B["y"], B["w"], B["x"], k, h, 0)
 	if c.NumSharedExperts > 0 {
 		g.ffn(ctx, b, fmt.Sprintf("model.layers.%d.mlp.shared_experts.", l), ffn*c.NumSharedExperts)

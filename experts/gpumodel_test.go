@@ -16,6 +16,12 @@ import (
 // steps, with a VRAM arena that holds a quarter of the experts (so
 // experts are paged in and evicted), and greedy tokens are identical.
 func TestGPUModelMatchesReference(t *testing.T) {
+	t.Run("fused forms", func(t *testing.T) {
+		// The o product adding into the residual and the down products
+		// reading SwiGLU themselves (off by default; see noFuse).
+		t.Setenv("RDRR_GPU_FUSE", "1")
+		testGPUModelMatches(t, "tiny-moe", 0, true)
+	})
 	t.Run("one arena buffer", func(t *testing.T) { testGPUModelMatches(t, "tiny-moe", 0, false) })
 	// 256 KiB buffers: 3 expert matrices per arena buffer, so a layer's
 	// experts are spread over buffers and run one by one.
