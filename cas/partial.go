@@ -5,9 +5,11 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"math/bits"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -477,4 +479,87 @@ func (s *Store) Partials() (map[CID]int64, error) {
 		})
 	})
 	return out, err
+}
+
+// PartialVerified returns the size of blob c's download in progress and a
+// copy of its bitmap of verified groups (group g is bit g%64 of word
+// g/64), if a download of c is open in this store. It reports false for a
+// blob that is stored whole (use Stat) or not being downloaded. Safe for
+// concurrent use.
+func (s *Store) PartialVerified(c CID) (size int64, groups []uint64, ok bool) {
+	s.pmu.Lock()
+	p := s.partials[c.Digest()]
+	s.pmu.Unlock()
+	if p == nil {
+		return 0, nil, false
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.done != nil || p.closed || p.f == nil {
+		return 0, nil, false
+	}
+	return p.size, slices.Clone(p.have), true
+}
+
+// AppendPartialSlice appends to dst the bao slice encoding of [off, off+n)
+// of blob c from its download in progress: every group covering the range
+// must be verified already. The groups are read back from the partial
+// file and verified again against the CID, with the tree nodes that came
+// with the slices that proved them, so nothing the disk changed is ever
+// served (the error is then a *RangeError). A range with a group not yet
+// verified, or a blob with no open download, is an error wrapping
+// ErrNotFound. Safe for concurrent use; dst is not kept.
+func (s *Store) AppendPartialSlice(dst []byte, c CID, off, n int64) ([]byte, error) {
+	if err := s.checkOpen(); err != nil {
+		return dst, err
+	}
+	s.pmu.Lock()
+	p := s.partials[c.Digest()]
+	s.pmu.Unlock()
+	if p == nil {
+		return dst, notFound(c)
+	}
+	p.mu.Lock()
+	if p.done != nil {
+		p.mu.Unlock()
+		return s.AppendSlice(dst, c.Raw(), off, n)
+	}
+	if p.closed || p.f == nil {
+		p.mu.Unlock()
+		return dst, notFound(c)
+	}
+	size, f := p.size, p.f
+	if off < 0 || n <= 0 || off > size || n > size-off || n > maxRead {
+		p.mu.Unlock()
+		return dst, fmt.Errorf("blob %s: slice [%d, %d) invalid for a blob of %d bytes (at most %d bytes per slice)", c, off, off+n, size, maxRead)
+	}
+	start, end := bao.Cover(size, off, n)
+	for g := start / GroupSize; g*GroupSize < end; g++ {
+		if !p.hasGroup(g) {
+			p.mu.Unlock()
+			return dst, fmt.Errorf("%w: %s: group %d of its download is not verified yet", ErrNotFound, c, g)
+		}
+	}
+	p.mu.Unlock()
+	rb := readBufs.Get().(*readBuf)
+	defer readBufs.Put(rb)
+	rb.setCover(end - start)
+	// Verified groups are never rewritten with other bytes, so they are
+	// read without the lock; a file closed meanwhile (the download
+	// finished or stopped) fails the read.
+	if m, err := f.ReadAt(rb.cover, start); m != len(rb.cover) {
+		if err == io.EOF || err == nil {
+			return dst, &RangeError{CID: c, Off: start + int64(m), Len: end - start - int64(m), Reason: "partial file is truncated"}
+		}
+		if errors.Is(err, os.ErrClosed) {
+			return dst, fmt.Errorf("%w: %s: its download closed", ErrNotFound, c)
+		}
+		return dst, fmt.Errorf("partial %s: %w", c, err)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := bao.VerifyCover(c.Digest(), p.ob, rb.cover, size, off, n, &rb.scratch); err != nil {
+		return dst, s.rangeError(c, err)
+	}
+	return bao.AppendSlice(dst, p.ob, rb.cover, size, off, n)
 }

@@ -81,6 +81,10 @@ type Config struct {
 	// at most a quarter of it. A REQUEST that finds no room for its first
 	// chunk in min(5s, RequestTimeout/2) is refused with REJECT busy.
 	ServeBudget int
+	// ServeRate caps the bytes a second the node serves, over all peers
+	// (0: no cap): an upload cap, so that a seeder on a slow uplink
+	// leaves its leechers to trade pieces among themselves.
+	ServeRate int64
 	// SocketBuffer is the UDP socket buffer size asked for (default 4 MiB;
 	// the kernel caps it at net.core.rmem_max). Small buffers drop
 	// datagrams at high rates and SCTP then backs off.

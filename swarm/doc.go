@@ -11,8 +11,13 @@
 // with bao slices read verified from a Source; fetching (fetch.go) spreads
 // 1 MiB pieces over several connections per peer, hands every slice to a
 // cas.Partial that verifies each 16 KiB group before writing it, bans a
-// peer whose data fails and fetches the range elsewhere. PROTOCOL.md next
-// to this file is the specification a browser implements.
+// peer whose data fails and fetches the range elsewhere. Every peer serves
+// what it has verified, whole blobs and the pieces of its downloads in
+// progress, announced in HAVE bitmaps (partial.go); fetches take pieces
+// rarest first with an endgame (sched.go) and by priority (priority.go).
+// A Replicator keeps R live copies of pinned collections across the
+// swarm (replicate.go). PROTOCOL.md next to this file is the
+// specification a browser implements.
 //
 // Throughput: one SCTP association is CPU-bound on this project's machines
 // far below what several carry, and per-packet cost dominates at WebRTC's

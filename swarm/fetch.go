@@ -35,6 +35,9 @@ const (
 	// providerLookups is how many missing blobs a round looks up with
 	// FetchOptions.Providers.
 	providerLookups = 2
+	// askGrace is how long a round waits for peers still connecting once
+	// another has answered with something wanted.
+	askGrace = 2 * time.Second
 	// wantBatch is how many CIDs are asked under one RequestTimeout (the
 	// link splits them further into WANTs whose HAVE fits a frame).
 	wantBatch = 1024
@@ -84,6 +87,9 @@ type FetchOptions struct {
 	// StallTimeout: the fetch fails with ErrStalled when it wrote no
 	// verified byte for this long (default 2m), whatever peers promise.
 	StallTimeout time.Duration
+	// Priority of the fetch's requests among the node's (default
+	// PriorityDemand): lower ones wait while higher ones are in flight.
+	Priority Priority
 	// Progress, if set, is called after each verified piece with the bytes
 	// written so far and the bytes this round of the fetch has to get
 	// (which shrinks as resumed blobs are opened). Calls come one at a
@@ -143,7 +149,8 @@ func (o FetchOptions) withDefaults(cfg Config) FetchOptions {
 // fetch resumes from the groups already verified in st.
 func (n *Node) Fetch(ctx context.Context, st *cas.Store, c cas.CID, opt FetchOptions) (cas.Info, error) {
 	opt = opt.withDefaults(n.cfg)
-	f := &fetcher{n: n, st: st, opt: opt, peers: map[peer.ID]*peerScore{}}
+	f := &fetcher{n: n, st: st, opt: opt, peers: map[peer.ID]*peerScore{}, early: map[peer.ID][]wire.HaveEntry{}}
+	defer n.trackFetch(f)()
 	f.touch()
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -246,9 +253,33 @@ type fetcher struct {
 
 	lastProgress atomic.Int64 // unix nanos of the last verified write
 
-	mu    sync.Mutex
-	peers map[peer.ID]*peerScore
-	sched *scheduler // the round's, while it runs
+	mu      sync.Mutex
+	peers   map[peer.ID]*peerScore
+	sched   *scheduler // the round's, while it runs
+	running bool       // sched's workers are counted: announcements go to it
+	// early keeps each peer's latest announcement (at most maxEarly peers
+	// of at most maxEarlyEntries entries) for the next round to start
+	// from: pieces announced while a round is being set up are not lost.
+	early map[peer.ID][]wire.HaveEntry
+}
+
+// Bounds of fetcher.early.
+const (
+	maxEarly        = 64
+	maxEarlyEntries = 64
+)
+
+// peerHas takes p's announcement (copied entries).
+func (f *fetcher) peerHas(p peer.ID, entries []wire.HaveEntry) {
+	f.mu.Lock()
+	if _, ok := f.early[p]; ok || len(f.early) < maxEarly {
+		f.early[p] = entries[:min(len(entries), maxEarlyEntries)]
+	}
+	s, running := f.sched, f.running
+	f.mu.Unlock()
+	if s != nil && running {
+		s.peerHas(p, entries)
+	}
 }
 
 // touch records progress (verified bytes written) for the stall deadline.
@@ -385,14 +416,23 @@ func (f *fetcher) round(ctx context.Context, wants []*want) (roundResult, error)
 		byCID[w.cid.Raw()] = w // HAVE entries carry digests: raw CIDs
 	}
 	claims := map[*want]map[int64][]peer.ID{}
+	// Blobs held in part: used once the size is known, never to prove it.
+	parts := map[*want]map[peer.ID]wire.HaveEntry{}
 	for _, a := range answers {
 		seen := map[cas.CID]bool{}
 		for _, e := range a.have {
 			w := byCID[e.CID]
-			if w == nil || seen[e.CID] || e.Bitmap != nil {
-				continue // not asked (the link refuses those), repeated, or partial
+			if w == nil || seen[e.CID] {
+				continue // not asked (the link refuses those), or repeated
 			}
 			seen[e.CID] = true
+			if e.Bitmap != nil {
+				if parts[w] == nil {
+					parts[w] = map[peer.ID]wire.HaveEntry{}
+				}
+				parts[w][a.p] = e
+				continue
+			}
 			switch {
 			case w.size >= 0 && e.Size != uint64(w.size):
 				f.liar(a.p, e.CID, fmt.Sprintf("announced %d bytes for %s; its collection says %d", e.Size, e.CID, w.size))
@@ -415,7 +455,7 @@ func (f *fetcher) round(ctx context.Context, wants []*want) (roundResult, error)
 	s := newScheduler(f, int64(f.n.cfg.PieceSize), f.opt.OpenBlobs)
 	for _, w := range wants {
 		cl := claims[w]
-		if len(cl) == 0 {
+		if len(cl) == 0 && (w.size < 0 || len(parts[w]) == 0) {
 			continue
 		}
 		if w.size < 0 {
@@ -430,18 +470,33 @@ func (f *fetcher) round(ctx context.Context, wants []*want) (roundResult, error)
 				provs = append(provs, p)
 			}
 		}
+		bits := map[peer.ID][]byte{}
+		for p, e := range parts[w] {
+			switch {
+			case e.Size != uint64(w.size):
+				f.liar(p, e.CID, fmt.Sprintf("announced %d bytes for %s; verified data says %d", e.Size, e.CID, w.size))
+			case !f.n.Banned(p) && !f.dropped(p) && countUnits(e.Bitmap) > 0:
+				provs = append(provs, p)
+				bits[p] = e.Bitmap
+			}
+		}
 		if len(provs) > 0 {
-			s.add(w, provs)
+			s.add(w, provs, bits)
 			res.found = true
 		}
 	}
 	for _, a := range answers {
-		if s.hasPeer(a.p) {
+		switch {
+		case s.hasPeer(a.p):
 			s.addLinks(a.p, a.links)
 			// A provider stays eligible for the next round.
 			f.mu.Lock()
 			f.score(a.p).asked = false
 			f.mu.Unlock()
+		case res.found && len(a.links) > 0 && a.links[0].peerHello().Caps&wire.CapPartial != 0 && !f.n.Banned(a.p) && !f.dropped(a.p):
+			// Nothing yet, but it announces pieces as it gets them (a
+			// peer fetching the same blobs): its workers wait for them.
+			s.addWatcher(a.p, a.links)
 		}
 	}
 	if ctx.Err() != nil {
@@ -460,11 +515,20 @@ func (f *fetcher) ask(ctx context.Context, peers []peer.ID, wants []*want) []ans
 		cids[j] = w.cid
 	}
 	answers := make([]answer, len(peers))
+	// Once someone has something, peers still connecting (a dead peer
+	// the overlay or a topic still lists holds a setup for the whole
+	// ConnectTimeout) get askGrace more; then the round goes on without
+	// them, and a later round asks them again.
+	actx, stop := context.WithCancel(ctx)
+	defer stop()
+	found := make(chan struct{})
+	var foundOnce sync.Once
 	var wg sync.WaitGroup
 	for i, p := range peers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			ctx := actx
 			ls, err := f.n.connectN(ctx, p, 1)
 			if err != nil {
 				f.n.log.Debug("swarm: fetch: connect", "peer", p, "err", err)
@@ -488,6 +552,7 @@ func (f *fetcher) ask(ctx context.Context, peers []peer.ID, wants []*want) []ans
 				have = append(have, h...)
 			}
 			if len(have) > 0 {
+				foundOnce.Do(func() { close(found) })
 				if more, err := f.n.connect(ctx, p); err == nil {
 					ls = more
 				}
@@ -495,7 +560,18 @@ func (f *fetcher) ask(ctx context.Context, peers []peer.ID, wants []*want) []ans
 			answers[i] = answer{p: p, links: ls, have: have}
 		}()
 	}
-	wg.Wait()
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-found:
+		select {
+		case <-done:
+		case <-time.After(askGrace):
+			stop()
+			<-done
+		}
+	}
 	return slices.DeleteFunc(answers, func(a answer) bool { return a.links == nil })
 }
 
@@ -571,9 +647,13 @@ func (f *fetcher) probe(ctx context.Context, w *want, size int64, p peer.ID, l *
 	n := size - off
 	start := time.Now()
 	f.opt.hooks.request(p, w.cid, off, n)
+	if err := f.n.prio.enter(ctx, f.opt.Priority); err != nil {
+		return false
+	}
 	rctx, cancel := context.WithTimeout(ctx, f.opt.RequestTimeout)
 	slice, err := l.request(rctx, w.cid, size, off, n, nil)
 	cancel()
+	f.n.prio.leave(f.opt.Priority)
 	if err != nil {
 		if ctx.Err() == nil {
 			f.requestFailed(p, start, w.cid, err)
@@ -591,6 +671,7 @@ func (f *fetcher) probe(ctx context.Context, w *want, size int64, p peer.ID, l *
 		return false
 	}
 	w.proof = slice
+	f.n.addPeerBytes(p, n, 0)
 	f.success(p)
 	return true
 }

@@ -66,6 +66,7 @@ func FuzzHaveAnswer(f *testing.F) {
 	f.Add(wire.AppendHave(nil, 1, []wire.HaveEntry{{CID: seed[0], Size: 5}, {CID: seed[2], Size: 1 << 40}}), uint8(3))
 	f.Add(wire.AppendHave(nil, 1, []wire.HaveEntry{{CID: seed[0], Size: 5}, {CID: seed[0], Size: 5}}), uint8(3))
 	f.Add(wire.AppendHave(nil, 1, []wire.HaveEntry{{CID: seed[1], Size: 3 << 20, Bitmap: []byte{5}}}), uint8(3))
+	f.Add(wire.AppendHave(nil, 1, []wire.HaveEntry{{CID: seed[1], Size: 3 << 20, Bitmap: []byte{5}}}), uint8(0x83))
 	f.Add(wire.AppendHave(nil, 1, []wire.HaveEntry{{CID: cas.Sum([]byte("other")), Size: 1}}), uint8(3))
 	f.Add(wire.AppendHave(nil, 1, nil), uint8(0))
 	f.Add(wire.AppendHave(nil, 1, make([]wire.HaveEntry, 9)), uint8(7))
@@ -75,7 +76,8 @@ func FuzzHaveAnswer(f *testing.F) {
 			return
 		}
 		want := asked(n)
-		out, err := acceptHave(want, fr.Have)
+		partial := n&0x80 != 0 // we announced CapPartial
+		out, err := acceptHave(want, fr.Have, partial)
 		if err != nil {
 			return
 		}
@@ -84,8 +86,11 @@ func FuzzHaveAnswer(f *testing.F) {
 		}
 		seen := map[cas.CID]bool{}
 		for _, e := range out {
-			if seen[e.CID] || e.Bitmap != nil {
+			if seen[e.CID] || e.Bitmap != nil && !partial {
 				t.Fatalf("entry %s listed twice or partial", e.CID)
+			}
+			if e.Bitmap != nil && len(e.Bitmap) != wire.BitmapLen(e.Size) {
+				t.Fatalf("entry %s: bitmap of %d bytes for %d bytes", e.CID, len(e.Bitmap), e.Size)
 			}
 			seen[e.CID] = true
 			found := false

@@ -325,6 +325,11 @@ func (l *link) myHello() wire.Hello {
 	if l.n.cfg.Source != nil {
 		h.Caps |= wire.CapServe
 	}
+	// We take partial entries (fetch.go uses them) and, with a
+	// PartialSource, announce and serve our own.
+	if !l.n.cfg.testHooks.noPartialCap {
+		h.Caps |= wire.CapPartial
+	}
 	if l.n.tr.recvMTU > 0 {
 		h.Caps |= wire.CapBigMTU
 	}
@@ -496,7 +501,9 @@ func (l *link) abandonLocked(c *call) {
 
 func (l *link) have(f *wire.Frame) error {
 	if f.Req == 0 {
-		return nil // announcements: not used by this version's scheduler
+		// An announcement: the fetches in progress take it (partial.go).
+		l.n.announced(l.remote, f.Have)
+		return nil
 	}
 	l.mu.Lock()
 	c := l.calls[f.Req]
@@ -518,7 +525,7 @@ func (l *link) have(f *wire.Frame) error {
 		l.mu.Unlock()
 		return protoErr(l.remote, "HAVE answers REQUEST %d", f.Req)
 	}
-	have, err := acceptHave(c.asked, f.Have)
+	have, err := acceptHave(c.asked, f.Have, l.myHello().Caps&wire.CapPartial != 0)
 	if err != nil {
 		l.mu.Unlock()
 		return protoErr(l.remote, "HAVE for WANT %d: %v", f.Req, err)
@@ -534,7 +541,7 @@ func (l *link) have(f *wire.Frame) error {
 // and returns them copied out of the frame: each a blob that was asked
 // for, listed once, held whole (PROTOCOL.md, WANT). So a WANT collects at
 // most one entry per CID it asked for.
-func acceptHave(asked []cas.CID, got []wire.HaveEntry) ([]wire.HaveEntry, error) {
+func acceptHave(asked []cas.CID, got []wire.HaveEntry, partial bool) ([]wire.HaveEntry, error) {
 	if len(got) > len(asked) {
 		return nil, fmt.Errorf("%d entries for %d CIDs asked", len(got), len(asked))
 	}
@@ -550,11 +557,12 @@ func acceptHave(asked []cas.CID, got []wire.HaveEntry) ([]wire.HaveEntry, error)
 			return nil, fmt.Errorf("entry %d: %s was not asked for", i, e.CID)
 		case done:
 			return nil, fmt.Errorf("entry %d: %s listed twice", i, e.CID)
-		case e.Bitmap != nil:
+		case e.Bitmap != nil && !partial:
 			return nil, fmt.Errorf("entry %d: %s is partial; a WANT is answered with whole blobs", i, e.CID)
 		}
 		listed[e.CID] = true
-		out = append(out, wire.HaveEntry{CID: e.CID, Size: e.Size})
+		// A bitmap aliases the frame's buffer.
+		out = append(out, wire.HaveEntry{CID: e.CID, Size: e.Size, Bitmap: slices.Clone(e.Bitmap)})
 	}
 	return out, nil
 }

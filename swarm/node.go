@@ -53,18 +53,21 @@ type Event struct {
 
 // Stats counts what a node moved.
 type Stats struct {
-	Links         int   // open connections
-	FetchedBytes  int64 // verified bytes written to the store
-	ServedBytes   int64 // bytes of data served
-	ServingBytes  int64 // bytes held for serving now (at most Config.ServeBudget)
-	BadSlices     int64 // slices that failed verification
-	Bans          int64
-	LinksAccepted int64
-	LinksDialed   int64
+	Links        int   // open connections
+	FetchedBytes int64 // verified bytes written to the store
+	ServedBytes  int64 // bytes of data served
+	// ServedPartialBytes is the part of ServedBytes served from
+	// downloads in progress (PartialSource).
+	ServedPartialBytes int64
+	ServingBytes       int64 // bytes held for serving now (at most Config.ServeBudget)
+	BadSlices          int64 // slices that failed verification
+	Bans               int64
+	LinksAccepted      int64
+	LinksDialed        int64
 }
 
 type nodeStats struct {
-	fetchedBytes, servedBytes, badSlices, bans, accepted, dialed atomic.Int64
+	fetchedBytes, servedBytes, servedPartialBytes, badSlices, bans, accepted, dialed atomic.Int64
 }
 
 const (
@@ -90,6 +93,8 @@ type Node struct {
 	// readSem bounds the Source reads in progress: each holds a read
 	// buffer of the store's, and reading is CPU-bound (verification).
 	readSem chan struct{}
+	pace    *pacer // Config.ServeRate; nil: no cap
+	prio    *prioGate
 
 	mu       sync.Mutex
 	closed   bool
@@ -102,6 +107,13 @@ type Node struct {
 	allLink  map[*link]struct{}    // every link not yet fully stopped
 	strikes  map[peer.ID]strike    // protocol violations, at most maxBanned peers
 	smallMTU map[peer.ID]time.Time // peers big packets did not reach, until when
+	// haveDirty: blobs whose pieces changed since the last
+	// have-announcement (partial.go), at most maxAnnounce; haveLoop: the
+	// announcing goroutine runs.
+	haveDirty map[cas.CID]struct{}
+	haveLoop  bool
+	perPeer   map[peer.ID]*PeerBytes // at most maxPeerStats
+	fetches   map[*fetcher]struct{}  // fetches running: announcements go to them
 }
 
 // strike counts a peer's protocol violations (each closed a link).
@@ -132,6 +144,9 @@ type testHooks struct {
 	receiveMTU uint
 	// bigMTUProbe, if set, replaces the constant bigMTUProbe.
 	bigMTUProbe time.Duration
+	// noPartialCap leaves CapPartial out of our HELLO: a peer from before
+	// partial serving.
+	noPartialCap bool
 }
 
 type setupKey struct {
@@ -151,20 +166,25 @@ func NewNode(cfg Config) (*Node, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Node{
-		cfg:      cfg,
-		id:       cfg.Identity,
-		log:      cfg.Logger,
-		tr:       tr,
-		ctx:      ctx,
-		cancel:   cancel,
-		links:    make(map[peer.ID][]*link),
-		setups:   make(map[setupKey]*setup),
-		banned:   make(map[peer.ID]time.Time),
-		allLink:  make(map[*link]struct{}),
-		strikes:  make(map[peer.ID]strike),
-		smallMTU: make(map[peer.ID]time.Time),
-		budget:   newServeBudget(cfg.ServeBudget),
-		readSem:  make(chan struct{}, max(2, runtime.GOMAXPROCS(0))),
+		cfg:       cfg,
+		id:        cfg.Identity,
+		log:       cfg.Logger,
+		tr:        tr,
+		ctx:       ctx,
+		cancel:    cancel,
+		links:     make(map[peer.ID][]*link),
+		setups:    make(map[setupKey]*setup),
+		banned:    make(map[peer.ID]time.Time),
+		allLink:   make(map[*link]struct{}),
+		strikes:   make(map[peer.ID]strike),
+		smallMTU:  make(map[peer.ID]time.Time),
+		haveDirty: make(map[cas.CID]struct{}),
+		perPeer:   make(map[peer.ID]*PeerBytes),
+		fetches:   make(map[*fetcher]struct{}),
+		budget:    newServeBudget(cfg.ServeBudget),
+		readSem:   make(chan struct{}, max(2, runtime.GOMAXPROCS(0))),
+		pace:      newPacer(cfg.ServeRate),
+		prio:      newPrioGate(),
 	}, nil
 }
 
@@ -262,15 +282,52 @@ func (n *Node) Stats() Stats {
 	n.mu.Unlock()
 	serving, _ := n.budget.held("")
 	return Stats{
-		Links:         nl,
-		FetchedBytes:  n.stats.fetchedBytes.Load(),
-		ServedBytes:   n.stats.servedBytes.Load(),
-		ServingBytes:  serving,
-		BadSlices:     n.stats.badSlices.Load(),
-		Bans:          n.stats.bans.Load(),
-		LinksAccepted: n.stats.accepted.Load(),
-		LinksDialed:   n.stats.dialed.Load(),
+		Links:              nl,
+		FetchedBytes:       n.stats.fetchedBytes.Load(),
+		ServedBytes:        n.stats.servedBytes.Load(),
+		ServedPartialBytes: n.stats.servedPartialBytes.Load(),
+		ServingBytes:       serving,
+		BadSlices:          n.stats.badSlices.Load(),
+		Bans:               n.stats.bans.Load(),
+		LinksAccepted:      n.stats.accepted.Load(),
+		LinksDialed:        n.stats.dialed.Load(),
 	}
+}
+
+// PeerBytes counts the blob bytes a node fetched from one peer and used
+// (In: verified and written; the loser's copy of an endgame piece is not
+// counted) and the bytes it served to it (Out: every range sent in full).
+type PeerBytes struct{ In, Out int64 }
+
+// maxPeerStats bounds the peers counted; bytes of more peers are counted
+// only in Stats.
+const maxPeerStats = 4096
+
+func (n *Node) addPeerBytes(p peer.ID, in, out int64) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	pb := n.perPeer[p]
+	if pb == nil {
+		if len(n.perPeer) >= maxPeerStats {
+			return
+		}
+		pb = new(PeerBytes)
+		n.perPeer[p] = pb
+	}
+	pb.In += in
+	pb.Out += out
+}
+
+// PeerBytes returns the bytes moved with each peer since the node started
+// (at most the first maxPeerStats peers).
+func (n *Node) PeerBytes() map[peer.ID]PeerBytes {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	out := make(map[peer.ID]PeerBytes, len(n.perPeer))
+	for p, pb := range n.perPeer {
+		out[p] = *pb
+	}
+	return out
 }
 
 // Banned reports whether p is banned now.

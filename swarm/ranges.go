@@ -24,6 +24,9 @@ type Ranges struct {
 	Discover func(ctx context.Context) ([]peer.ID, error)
 	// RequestTimeout bounds one WANT or REQUEST (default 30 s).
 	RequestTimeout time.Duration
+	// Priority of the requests among the node's (default
+	// PriorityDemand; a prefetching cache sets PriorityPrefetch).
+	Priority Priority
 
 	mu      sync.Mutex
 	holders map[cas.CID]map[peer.ID]int64 // size each peer claimed
@@ -67,9 +70,13 @@ func (r *Ranges) FetchSlice(ctx context.Context, c cas.CID, size, off, n int64) 
 			errs = append(errs, err)
 			continue
 		}
+		if err := r.Node.prio.enter(ctx, r.Priority); err != nil {
+			return nil, err
+		}
 		rctx, cancel := context.WithTimeout(ctx, timeout)
 		slice, err := ls[0].request(rctx, c, size, off, n, nil)
 		cancel()
+		r.Node.prio.leave(r.Priority)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", p, err))
 			r.forget(c, p)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"time"
@@ -18,7 +19,29 @@ type piece struct {
 	b      *blobJob
 	off, n int64
 	avoid  peer.ID // the peer that last failed it: others get it first
+
+	// In flight (guarded by scheduler.mu): who has it, since when, and
+	// what stops its request.
+	peer   peer.ID
+	sent   time.Time
+	cancel context.CancelFunc
+	wrote  bool  // some of it was written
+	dup    bool  // an endgame copy of another peer's piece
+	race   *race // set when an endgame copy of it is in flight
 }
+
+// race is an endgame piece asked of two peers: the first answer that
+// verifies claims it, and the other request is cancelled.
+type race struct {
+	claimed *piece
+	runners []*piece
+}
+
+// Endgame: once every piece of the open blobs is handed out, a peer with
+// nothing to do asks for a piece that has been in flight with another peer
+// for endgameAfter, so that a slow peer does not hold the tail. One copy
+// per piece at most.
+const endgameAfter = 300 * time.Millisecond
 
 // blobJob is one blob of a round. It is pending until it is opened (a
 // Partial: a file and an outboard), open while its pieces are handed out,
@@ -28,34 +51,91 @@ type piece struct {
 type blobJob struct {
 	w        *want
 	part     *cas.Partial
-	ranges   []cas.Range // missing bytes not handed out yet, in order
-	retry    []*piece    // pieces handed back (at most the pieces in flight)
+	todo     []*piece // missing pieces not handed out yet, in blob order
+	flying   map[*piece]struct{}
+	retry    []*piece // pieces handed back (at most the pieces in flight)
 	inflight int
 	left     int64            // bytes not yet written
 	has      map[peer.ID]bool // providers still believed to have it, with workers
+	// bits holds the HAVE bitmaps of the providers that hold only some
+	// pieces (absent: the whole blob).
+	bits    map[peer.ID][]byte
+	pending bool // queued, not opened yet
 }
 
-func (b *blobJob) remaining() bool { return len(b.retry) > 0 || len(b.ranges) > 0 }
+func (b *blobJob) remaining() bool { return len(b.retry) > 0 || len(b.todo) > 0 }
 
-// take hands out a piece for p: one handed back first (unless p failed it
-// and someone else has the blob), then the next range in order.
-func (b *blobJob) take(p peer.ID, step int64) *piece {
+// holds reports whether provider p has every piece unit of pc.
+func (b *blobJob) holds(p peer.ID, pc *piece) bool {
+	if !b.has[p] {
+		return false
+	}
+	bm, partial := b.bits[p]
+	return !partial || unitsHeld(bm, pc.off, pc.n)
+}
+
+// holders counts the providers that have pc.
+func (b *blobJob) holders(pc *piece) int {
+	n := 0
+	for q := range b.has {
+		if b.holds(q, pc) {
+			n++
+		}
+	}
+	return n
+}
+
+// take hands out a piece for p among those p has: one handed back first
+// (unless p failed it and someone else has it), then the rarest of the
+// rest across the providers, the tie broken at random (so that peers that
+// start together fetch different pieces and have something to trade). In
+// blob order if spread is false and every provider has every piece: no
+// peer of the round could trade pieces. A provider of the whole blob
+// leaves alone the pieces that a provider of some pieces has and has room
+// to serve (spare): seeders upload what only they have.
+func (b *blobJob) take(p peer.ID, rng *rand.Rand, spread bool, spare func(peer.ID) bool) *piece {
+	_, partial := b.bits[p]
+	leave := func(pc *piece) bool {
+		if partial {
+			return false
+		}
+		for q, bm := range b.bits {
+			if q != p && unitsHeld(bm, pc.off, pc.n) && spare(q) {
+				return true
+			}
+		}
+		return false
+	}
 	for i, pc := range b.retry {
-		if pc.avoid != p || len(b.has) == 1 {
+		if b.holds(p, pc) && (pc.avoid != p || b.holders(pc) == 1) {
 			b.retry = slices.Delete(b.retry, i, i+1)
 			return pc
 		}
 	}
-	if len(b.ranges) == 0 {
+	best, bestN, ties := -1, 0, 0
+	inOrder := !spread && len(b.bits) == 0
+	for i, pc := range b.todo {
+		if !b.holds(p, pc) || len(b.bits) > 0 && leave(pc) {
+			continue
+		}
+		if inOrder {
+			best = i
+			break
+		}
+		switch k := b.holders(pc); {
+		case best < 0 || k < bestN:
+			best, bestN, ties = i, k, 1
+		case k == bestN:
+			if ties++; rng.IntN(ties) == 0 {
+				best = i
+			}
+		}
+	}
+	if best < 0 {
 		return nil
 	}
-	r := &b.ranges[0]
-	pc := &piece{b: b, off: r.Off, n: min(step, r.Len)}
-	r.Off += pc.n
-	r.Len -= pc.n
-	if r.Len == 0 {
-		b.ranges = b.ranges[1:]
-	}
+	pc := b.todo[best]
+	b.todo = slices.Delete(b.todo, best, best+1)
 	return pc
 }
 
@@ -72,7 +152,11 @@ type scheduler struct {
 
 	mu        sync.Mutex
 	cond      *sync.Cond
-	pending   []*blobJob // FIFO from head
+	rng       *rand.Rand
+	jobs      map[cas.CID]*blobJob    // by raw CID
+	watch     map[peer.ID]bool        // peers that may announce pieces (CapPartial)
+	recent    map[peer.ID][]time.Time // when p's last pieces completed (at most maxRecent)
+	pending   []*blobJob              // FIFO from head
 	head      int
 	waiting   map[peer.ID]int // pending blobs each peer has
 	open      []*blobJob
@@ -94,26 +178,82 @@ func newScheduler(f *fetcher, step int64, window int) *scheduler {
 		workers:   map[peer.ID]int{},
 		inflight:  map[peer.ID]int{},
 		providers: map[peer.ID]bool{},
+		jobs:      map[cas.CID]*blobJob{},
+		watch:     map[peer.ID]bool{},
+		recent:    map[peer.ID][]time.Time{},
+		rng:       rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
 	}
 	s.cond = sync.NewCond(&s.mu)
 	return s
 }
 
-// add queues blob w (its size known) with the peers that have it.
-func (s *scheduler) add(w *want, providers []peer.ID) {
-	b := &blobJob{w: w, has: make(map[peer.ID]bool, len(providers))}
+// add queues blob w (its size known) with the peers that have it: whole,
+// or the pieces of their bitmaps (bits[p], copied from the peer's HAVE).
+func (s *scheduler) add(w *want, providers []peer.ID, bits map[peer.ID][]byte) {
+	b := &blobJob{w: w, has: make(map[peer.ID]bool, len(providers)), bits: map[peer.ID][]byte{}, pending: true, flying: map[*piece]struct{}{}}
 	for _, p := range providers {
 		b.has[p] = true
+		if bm, ok := bits[p]; ok {
+			b.bits[p] = bm
+		}
 		s.waiting[p]++
 		s.providers[p] = true
 	}
 	s.pending = append(s.pending, b)
+	s.jobs[w.cid.Raw()] = b
 	s.total += w.size
 }
 
 func (s *scheduler) hasPeer(p peer.ID) bool { return s.providers[p] }
 
 func (s *scheduler) addLinks(p peer.ID, ls []*link) { s.links[p] = ls }
+
+// addWatcher gives p, which has nothing wanted yet but announces pieces as
+// it gets them (CapPartial), workers that wait for its announcements.
+func (s *scheduler) addWatcher(p peer.ID, ls []*link) {
+	s.links[p] = ls
+	s.watch[p] = true
+}
+
+// peerHas takes p's announcement of what it holds (copied entries): the
+// blobs of this round it now holds whole or in part become p's to serve,
+// if p takes part in the round.
+func (s *scheduler) peerHas(p peer.ID, entries []wire.HaveEntry) {
+	if s.f.n.Banned(p) || s.f.dropped(p) {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.workers[p] == 0 {
+		return // not in this round, or its workers stopped
+	}
+	changed := false
+	for _, e := range entries {
+		b := s.jobs[e.CID]
+		if b == nil || e.Size != uint64(b.w.size) {
+			continue // not wanted, or a size verified data contradicts
+		}
+		// (A blob already done takes it harmlessly: no worker takes
+		// pieces of a blob that is not open. b.part is not read here: its
+		// opener sets it without s.mu.)
+		if e.Bitmap == nil {
+			delete(b.bits, p)
+		} else {
+			b.bits[p] = e.Bitmap
+		}
+		if !b.has[p] {
+			b.has[p] = true
+			if b.pending {
+				s.waiting[p]++
+			}
+		}
+		s.providers[p] = true
+		changed = true
+	}
+	if changed {
+		s.cond.Broadcast()
+	}
+}
 
 // run starts the workers and waits for them; it reports whether any piece
 // was written. Blobs not finished are closed, their progress kept.
@@ -131,7 +271,7 @@ func (s *scheduler) run(ctx context.Context) (bool, error) {
 	s.f.mu.Unlock()
 	defer func() {
 		s.f.mu.Lock()
-		s.f.sched = nil
+		s.f.sched, s.f.running = nil, false
 		s.f.mu.Unlock()
 	}()
 
@@ -155,6 +295,18 @@ func (s *scheduler) run(ctx context.Context) (bool, error) {
 		}
 	}
 	s.mu.Unlock()
+	// Announcements from now on reach s directly; those that came before
+	// (while peers were asked and sizes proven) are applied now.
+	s.f.mu.Lock()
+	s.f.running = true
+	early := make(map[peer.ID][]wire.HaveEntry, len(s.f.early))
+	for p, es := range s.f.early {
+		early[p] = es
+	}
+	s.f.mu.Unlock()
+	for p, es := range early {
+		s.peerHas(p, es)
+	}
 	var wg sync.WaitGroup
 	for _, j := range jobs {
 		for range j.k {
@@ -177,29 +329,56 @@ func (s *scheduler) run(ctx context.Context) (bool, error) {
 
 // next blocks until there is a piece for l's peer (and returns it), or
 // until nothing is left that it could get. Called without s.mu.
-func (s *scheduler) next(ctx context.Context, l *link) *piece {
+func (s *scheduler) next(ctx context.Context, l *link, maxReq int64) *piece {
 	p := l.remote
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	fly := func(b *blobJob, pc *piece) *piece {
+		b.inflight++
+		s.inflight[p]++
+		pc.peer, pc.sent = p, time.Now()
+		b.flying[pc] = struct{}{}
+		return pc
+	}
+	var wake *time.Timer
+	defer func() {
+		if wake != nil {
+			wake.Stop()
+		}
+	}()
 	for {
 		if s.err != nil || ctx.Err() != nil || l.isClosed() || s.f.n.Banned(p) || s.f.dropped(p) {
 			return nil
 		}
 		// A peer that failed gets one request at a time until it answers.
-		if s.inflight[p] == 0 || !s.f.struck(p) {
+		if s.inflight[p] == 0 || !s.f.struck(p) && s.inflight[p] < s.pipeline(p) {
 			for _, b := range s.open {
 				if !b.has[p] {
 					continue
 				}
-				if pc := b.take(p, s.step); pc != nil {
-					b.inflight++
-					s.inflight[p]++
-					return pc
+				if pc := b.take(p, s.rng, len(s.watch) > 0, s.spare); pc != nil {
+					return fly(b, pc)
 				}
 			}
 			if len(s.open)+s.busy < s.window && s.head < len(s.pending) {
 				s.openNext(ctx)
 				continue
+			}
+			if s.head == len(s.pending) {
+				pc, after := s.endgame(p, maxReq)
+				if pc != nil {
+					return fly(pc.b, pc)
+				}
+				if after > 0 {
+					if wake != nil {
+						wake.Stop()
+					}
+					wake = time.AfterFunc(after, func() {
+						s.mu.Lock()
+						s.cond.Broadcast()
+						s.mu.Unlock()
+					})
+				}
 			}
 		}
 		if !s.mayGet(p) {
@@ -207,6 +386,102 @@ func (s *scheduler) next(ctx context.Context, l *link) *piece {
 		}
 		s.cond.Wait()
 	}
+}
+
+// endgame returns a copy of a piece in flight with another peer for p to
+// ask too, or how long until one may be asked. s.mu must be held.
+func (s *scheduler) endgame(p peer.ID, maxReq int64) (*piece, time.Duration) {
+	now := time.Now()
+	var after time.Duration
+	for _, b := range s.open {
+		if b.remaining() || !b.has[p] {
+			continue
+		}
+		for pc := range b.flying {
+			if pc.peer == p || pc.dup || pc.wrote || pc.n > maxReq || !b.holds(p, pc) || pc.race != nil {
+				continue
+			}
+			if age := now.Sub(pc.sent); age < endgameAfter {
+				if w := endgameAfter - age; after == 0 || w < after {
+					after = w
+				}
+				continue
+			}
+			d := &piece{b: b, off: pc.off, n: pc.n, dup: true}
+			pc.race = &race{runners: []*piece{pc, d}}
+			d.race = pc.race
+			return d, 0
+		}
+	}
+	return nil, after
+}
+
+// claim decides an endgame race for pc, whose answer verified: it reports
+// whether pc may be written (it is first), and cancels the other runner's
+// request if so.
+func (s *scheduler) claim(pc *piece) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r := pc.race
+	if r == nil {
+		return true
+	}
+	if r.claimed != nil {
+		return r.claimed == pc
+	}
+	r.claimed = pc
+	for _, o := range r.runners {
+		if o != pc && o.cancel != nil {
+			o.cancel()
+		}
+	}
+	return true
+}
+
+// lostRace reports whether pc's race was won by the other runner.
+func (s *scheduler) lostRace(pc *piece) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return pc.race != nil && pc.race.claimed != nil && pc.race.claimed != pc
+}
+
+// Pipelining while pieces can be traded: a peer gets as many pieces in
+// flight as it delivered in the last pipeWindow (its bandwidth times the
+// queue we accept), at least minPipeline. Pieces not in flight stay free
+// for whichever peer gets them first, so a slow seeder does not hold every
+// piece in its queue while leechers that have them wait.
+const (
+	pipeWindow  = time.Second
+	minPipeline = 2
+	maxRecent   = 256
+)
+
+// pipeline is how many pieces p may have in flight. s.mu must be held.
+func (s *scheduler) pipeline(p peer.ID) int {
+	if len(s.watch) == 0 {
+		return int(^uint(0) >> 1) // nobody to trade with: every worker
+	}
+	now, n := time.Now(), 0
+	for _, t := range s.recent[p] {
+		if now.Sub(t) < pipeWindow {
+			n++
+		}
+	}
+	return max(minPipeline, n)
+}
+
+// spare reports whether q can take another piece now. s.mu must be held.
+func (s *scheduler) spare(q peer.ID) bool {
+	return s.workers[q] > 0 && s.inflight[q] < s.pipeline(q) && (s.inflight[q] == 0 || !s.f.struck(q))
+}
+
+// delivered records that p completed a piece. s.mu must be held.
+func (s *scheduler) delivered(p peer.ID) {
+	r := s.recent[p]
+	if len(r) >= maxRecent {
+		r = append(r[:0], r[1:]...)
+	}
+	s.recent[p] = append(r, time.Now())
 }
 
 // mayGet reports whether p could still get a piece in this round. s.mu
@@ -220,6 +495,19 @@ func (s *scheduler) mayGet(p peer.ID) bool {
 			return true
 		}
 	}
+	if s.watch[p] {
+		// p may yet announce pieces of a blob that someone is serving.
+		for _, b := range s.open {
+			if len(b.has) > 0 && (b.inflight > 0 || b.remaining()) {
+				return true
+			}
+		}
+		for _, b := range s.pending[s.head:] {
+			if len(b.has) > 0 {
+				return true
+			}
+		}
+	}
 	return false
 }
 
@@ -229,6 +517,7 @@ func (s *scheduler) openNext(ctx context.Context) {
 	b := s.pending[s.head]
 	s.pending[s.head] = nil
 	s.head++
+	b.pending = false
 	for p := range b.has {
 		s.waiting[p]--
 	}
@@ -289,16 +578,31 @@ func (s *scheduler) openBlob(b *blobJob) error {
 		}
 		w.proof = nil
 	}
-	var ranges []cas.Range
-	var left int64
-	for _, r := range part.Missing() {
-		ranges = append(ranges, r)
-		left += r.Len
-	}
+	todo, left := cutPieces(part.Missing(), s.step)
 	s.mu.Lock()
-	b.ranges, b.left = ranges, left
+	for _, pc := range todo {
+		pc.b = b
+	}
+	b.todo, b.left = todo, left
 	s.mu.Unlock()
 	return nil
+}
+
+// cutPieces cuts the missing ranges into pieces of at most step bytes,
+// none across a HAVE bitmap's piece unit (so that one bit says whether a
+// peer has a piece), and returns them with the bytes they hold.
+func cutPieces(missing []cas.Range, step int64) ([]*piece, int64) {
+	var out []*piece
+	var left int64
+	for _, r := range missing {
+		left += r.Len
+		for off, end := r.Off, r.Off+r.Len; off < end; {
+			n := min(step, end-off, (off/wire.PieceUnit+1)*wire.PieceUnit-off)
+			out = append(out, &piece{off: off, n: n})
+			off += n
+		}
+	}
+	return out, left
 }
 
 // finish completes b in the store. Called without s.mu, by the one
@@ -307,6 +611,9 @@ func (s *scheduler) finish(ctx context.Context, b *blobJob) error {
 	part := b.part
 	b.part = nil
 	_, err := part.Finish(ctx)
+	if err == nil {
+		s.f.n.markHave(b.w.cid)
+	}
 	if h := s.f.opt.hooks; h != nil && h.closed != nil {
 		h.closed(b.w.cid)
 	}
@@ -370,7 +677,26 @@ func (s *scheduler) handBack(pc *piece, p peer.ID, lost bool) {
 	b := pc.b
 	b.inflight--
 	s.inflight[p]--
+	delete(b.flying, pc)
+	pc.cancel = nil
+	if pc.dup {
+		// An endgame copy: the piece itself is still in flight with its
+		// first peer, unless this copy claimed it (then cancelled that
+		// request) and failed to write it: then the piece goes back.
+		if pc.race.claimed == pc {
+			b.retry = append(b.retry, &piece{b: b, off: pc.off, n: pc.n, avoid: p})
+		}
+		if lost {
+			delete(b.has, p)
+			s.orphaned(b)
+		}
+		s.cond.Broadcast()
+		return
+	}
 	pc.avoid = p
+	if r := pc.race; r != nil && r.claimed == pc {
+		pc.race = nil // the rest of a piece it claimed: nobody else runs for it
+	}
 	b.retry = append(b.retry, pc)
 	if lost {
 		delete(b.has, p)
@@ -387,9 +713,11 @@ func (s *scheduler) wroteBytes(pc *piece, n int64) {
 	defer s.mu.Unlock()
 	pc.off += n
 	pc.n -= n
+	pc.wrote = true
 	pc.b.left -= n
 	s.done += n
 	s.wrote = true
+	s.f.n.markHave(pc.b.w.cid)
 	if s.f.opt.Progress != nil {
 		s.f.opt.Progress(s.done, s.total)
 	}
@@ -397,11 +725,16 @@ func (s *scheduler) wroteBytes(pc *piece, n int64) {
 
 // pieceDone releases pc, all of it written by p, and finishes its blob if
 // that was the last.
-func (s *scheduler) pieceDone(ctx context.Context, pc *piece, p peer.ID) {
+func (s *scheduler) pieceDone(ctx context.Context, pc *piece, p peer.ID, delivered bool) {
 	b := pc.b
 	s.mu.Lock()
 	b.inflight--
 	s.inflight[p]--
+	delete(b.flying, pc)
+	pc.cancel = nil
+	if delivered {
+		s.delivered(p)
+	}
 	last := b.left == 0 && b.inflight == 0 && b.part != nil
 	if last {
 		s.open = slices.DeleteFunc(s.open, func(o *blobJob) bool { return o == b })
@@ -453,32 +786,59 @@ func (s *scheduler) worker(ctx context.Context, l *link) {
 	maxReq := max(cas.GroupSize, int64(l.peerHello().MaxRequest)/cas.GroupSize*cas.GroupSize)
 	var buf []byte
 	for {
-		pc := s.next(ctx, l)
+		pc := s.next(ctx, l, maxReq)
 		if pc == nil {
 			return
 		}
-		if !s.get(ctx, l, pc, maxReq, &buf) {
+		switch s.get(ctx, l, pc, maxReq, &buf) {
+		case gotPiece:
+			s.pieceDone(ctx, pc, l.remote, true)
+		case lostRace:
+			s.pieceDone(ctx, pc, l.remote, false)
+		default:
 			if ctx.Err() != nil || l.isClosed() {
 				return
 			}
-			continue
 		}
-		s.pieceDone(ctx, pc, l.remote)
 	}
 }
 
+// What get did with a piece.
+type getResult int
+
+const (
+	gotPiece   getResult = iota // all of it written
+	handedBack                  // not all: handed back (or, an endgame copy, dropped)
+	lostRace                    // the other runner of its endgame race got it first
+)
+
 // get requests pc from l, in requests of at most maxReq bytes, and writes
-// what verifies. It reports whether all of pc was written; if not, pc was
-// handed back.
-func (s *scheduler) get(ctx context.Context, l *link, pc *piece, maxReq int64, buf *[]byte) bool {
+// what verifies.
+func (s *scheduler) get(ctx context.Context, l *link, pc *piece, maxReq int64, buf *[]byte) getResult {
 	b := pc.b
+	pctx, pcancel := context.WithCancel(ctx)
+	defer pcancel()
+	s.mu.Lock()
+	pc.cancel = pcancel
+	s.mu.Unlock()
 	for pc.n > 0 {
 		n := min(pc.n, maxReq)
 		start := time.Now()
+		if err := s.f.n.prio.enter(pctx, s.f.opt.Priority); err != nil {
+			if s.lostRace(pc) {
+				return lostRace
+			}
+			s.handBack(pc, l.remote, false)
+			return handedBack
+		}
 		s.f.opt.hooks.request(l.remote, b.w.cid, pc.off, n)
-		rctx, cancel := context.WithTimeout(ctx, s.f.opt.RequestTimeout)
+		rctx, cancel := context.WithTimeout(pctx, s.f.opt.RequestTimeout)
 		slice, err := l.request(rctx, b.w.cid, b.w.size, pc.off, n, *buf)
 		cancel()
+		s.f.n.prio.leave(s.f.opt.Priority)
+		if err == nil && !s.claim(pc) || err != nil && s.lostRace(pc) {
+			return lostRace
+		}
 		if err != nil {
 			lost := false
 			if ctx.Err() == nil {
@@ -492,7 +852,7 @@ func (s *scheduler) get(ctx context.Context, l *link, pc *piece, maxReq int64, b
 				case <-ctx.Done():
 				}
 			}
-			return false
+			return handedBack
 		}
 		*buf = slice
 		if err := b.part.WriteSlice(pc.off, n, slice); err != nil {
@@ -500,14 +860,15 @@ func (s *scheduler) get(ctx context.Context, l *link, pc *piece, maxReq int64, b
 			if errors.As(err, &re) {
 				s.f.n.punish(l.remote, re)
 				s.handBack(pc, l.remote, true)
-				return false
+				return handedBack
 			}
 			s.handBack(pc, l.remote, false)
 			s.fail(fmt.Errorf("swarm: write %s: %w", b.w.cid, err))
-			return false
+			return handedBack
 		}
 		s.f.success(l.remote)
+		s.f.n.addPeerBytes(l.remote, n, 0)
 		s.wroteBytes(pc, n)
 	}
-	return true
+	return gotPiece
 }

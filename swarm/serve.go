@@ -148,11 +148,55 @@ func (ch *channel) settleAll() {
 	ch.charged, ch.holding = 0, 0
 }
 
+// pacer spreads serving over time at a rate (Config.ServeRate): each
+// chunk reserves its transmission time after the ones before it. Safe for
+// concurrent use; a nil pacer never waits.
+type pacer struct {
+	rate float64 // bytes a second
+	mu   sync.Mutex
+	next time.Time
+}
+
+func newPacer(rate int64) *pacer {
+	if rate <= 0 {
+		return nil
+	}
+	return &pacer{rate: float64(rate)}
+}
+
+// wait returns when n more bytes may be sent, or with ctx's error.
+func (p *pacer) wait(ctx context.Context, n int64) error {
+	if p == nil {
+		return nil
+	}
+	p.mu.Lock()
+	now := time.Now()
+	if p.next.Before(now) {
+		p.next = now
+	}
+	at := p.next
+	p.next = p.next.Add(time.Duration(float64(n) / p.rate * float64(time.Second)))
+	p.mu.Unlock()
+	d := time.Until(at)
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
 // serveJob is a REQUEST from the peer, accepted and queued.
 type serveJob struct {
 	req          uint32
 	cid          cas.CID
 	size, off, n int64
+	partial      bool // from a download in progress (PartialSource)
 }
 
 // serveWant answers WANT with the blobs we hold whole, in one HAVE: the
@@ -162,7 +206,7 @@ func (l *link) serveWant(f *wire.Frame) error {
 	if limit := wire.WantLimit(wire.MaxFrame, int(l.peerHello().MaxFrame)); len(f.Want) > limit {
 		return l.reject(f.Req, wire.CodeBadRequest, fmt.Sprintf("WANT of %d CIDs; your max_frame allows an answer for %d", len(f.Want), limit))
 	}
-	var have []wire.HaveEntry
+	var have, partial []wire.HaveEntry
 	if src := l.n.cfg.Source; src != nil {
 		seen := make(map[cas.CID]bool, len(f.Want))
 		for _, c := range f.Want {
@@ -172,7 +216,20 @@ func (l *link) serveWant(f *wire.Frame) error {
 			seen[c] = true
 			if inf, err := src.Stat(c); err == nil && !inf.Corrupt {
 				have = append(have, wire.HaveEntry{CID: c, Size: uint64(inf.Size)})
+			} else if l.peerHello().Caps&wire.CapPartial != 0 {
+				if e, ok := l.n.partialEntry(c); ok {
+					partial = append(partial, e)
+				}
 			}
+		}
+	}
+	// Pieces of downloads in progress, to a peer that takes them, as many
+	// as fit its frame after the whole blobs (which always fit).
+	room := int(min(l.peerHello().MaxFrame, wire.MaxFrame)) - wire.HaveLen(have)
+	for _, e := range partial {
+		if k := wire.HaveLen([]wire.HaveEntry{e}) - wire.HaveLen(nil); k <= room {
+			have = append(have, e)
+			room -= k
 		}
 	}
 	return l.ctl.write(l.ctx, wire.AppendHave(nil, f.Req, have))
@@ -189,9 +246,15 @@ func (l *link) serveRequest(f *wire.Frame) error {
 		return l.reject(f.Req, wire.CodeNotFound, "this peer serves nothing")
 	}
 	inf, err := src.Stat(f.CID)
+	partial := false
 	switch {
 	case err != nil:
-		return l.reject(f.Req, wire.CodeNotFound, "blob "+f.CID.String()+" not stored here")
+		// Perhaps a download in progress has the range verified.
+		size, ok := l.n.servablePartial(f.CID, f.Off, uint64(f.Len))
+		if !ok {
+			return l.reject(f.Req, wire.CodeNotFound, "blob "+f.CID.String()+" (that range) not stored here")
+		}
+		inf, partial = cas.Info{Size: size}, true
 	case inf.Corrupt:
 		return l.reject(f.Req, wire.CodeCorrupt, "our copy of "+f.CID.String()+" is corrupt")
 	}
@@ -210,7 +273,7 @@ func (l *link) serveRequest(f *wire.Frame) error {
 		return protoErr(l.remote, "request id %d reused while outstanding", f.Req)
 	}
 	select {
-	case l.serveQ <- serveJob{req: f.Req, cid: f.CID, size: size, off: int64(f.Off), n: int64(f.Len)}:
+	case l.serveQ <- serveJob{req: f.Req, cid: f.CID, size: size, off: int64(f.Off), n: int64(f.Len), partial: partial}:
 		l.serving[f.Req] = false
 		l.mu.Unlock()
 		return nil
@@ -290,6 +353,10 @@ func (l *link) serveOne(ch *channel, job serveJob) error {
 			}
 			return l.reject(job.req, wire.CodeBusy, "serving budget full")
 		}
+		if err := l.n.pace.wait(l.ctx, k.b-k.a); err != nil {
+			l.n.budget.release(l.remote, k.sub)
+			return l.errClosed()
+		}
 		ch.charge(k.sub)
 		err = l.serveChunk(ch, job, k, maxData)
 		ch.unhold(k.sub)
@@ -300,6 +367,10 @@ func (l *link) serveOne(ch *channel, job serveJob) error {
 		a = k.b
 	}
 	l.n.stats.servedBytes.Add(job.n)
+	l.n.addPeerBytes(l.remote, 0, job.n)
+	if job.partial {
+		l.n.stats.servedPartialBytes.Add(job.n)
+	}
 	return nil
 }
 
@@ -336,7 +407,16 @@ func (l *link) serveChunk(ch *channel, job serveJob, k sliceChunk, maxData int) 
 		buf = make([]byte, wire.PieceHeaderSize, wire.PieceHeaderSize+int(sub)) // not pooled: out of the ordinary
 	}
 	l.n.readSem <- struct{}{}
-	buf, err := l.n.cfg.Source.AppendSlice(buf, job.cid, a, b-a)
+	var err error
+	if ps, ok := l.n.partialSource(); ok && job.partial {
+		buf, err = ps.AppendPartialSlice(buf, job.cid, a, b-a)
+		if errors.Is(err, cas.ErrNotFound) {
+			// The download may have finished meanwhile: then it is whole.
+			buf, err = l.n.cfg.Source.AppendSlice(buf[:wire.PieceHeaderSize], job.cid, a, b-a)
+		}
+	} else {
+		buf, err = l.n.cfg.Source.AppendSlice(buf, job.cid, a, b-a)
+	}
 	<-l.n.readSem
 	if err == nil && int64(len(buf)) != wire.PieceHeaderSize+sub {
 		err = fmt.Errorf("swarm: source gave %d slice bytes for [%d, %d) of %s; want %d", len(buf)-wire.PieceHeaderSize, a, b, job.cid, sub)

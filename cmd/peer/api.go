@@ -108,6 +108,24 @@ func (a *app) startAPI(listen string, hooks *serveHooks) (stop func(), err error
 				RoutingTable: ov.DHT.RoutingTableSize(), Provided: m.Announced()}
 		},
 		Registry: hooks.reg,
+		Replicas: func(c cas.CID, r int) error {
+			hooks.mu.Lock()
+			repl := hooks.repl
+			hooks.mu.Unlock()
+			if repl == nil {
+				return errors.New("this daemon keeps no replicas: it runs no p2p overlay (or is starting)")
+			}
+			return a.pinReplicas(repl, c, r)
+		},
+		ReplicaStatus: func() []swarm.ReplicaStatus {
+			hooks.mu.Lock()
+			repl := hooks.repl
+			hooks.mu.Unlock()
+			if repl == nil {
+				return nil
+			}
+			return repl.Status()
+		},
 	}
 	addr := "http://" + ln.Addr().String()
 	hs := &http.Server{ReadHeaderTimeout: 10 * time.Second}
@@ -160,6 +178,43 @@ func (a *app) apiGet(path string, v any) error {
 		return fmt.Errorf("daemon: %s: %s", resp.Status, strings.TrimSpace(string(body)))
 	}
 	return json.Unmarshal(body, v)
+}
+
+// apiPost sends body as JSON to the daemon running on this home, with
+// its token, and decodes the answer into v.
+func (a *app) apiPost(path string, body, v any) error {
+	b, err := os.ReadFile(filepath.Join(a.home, apiAddrFile))
+	if err != nil {
+		return fmt.Errorf("no daemon runs on %s (start one: peer daemon): %w", a.home, err)
+	}
+	tok, err := os.ReadFile(filepath.Join(a.home, apiTokenFile))
+	if err != nil {
+		return fmt.Errorf("the daemon's token: %w", err)
+	}
+	js, err := json.Marshal(body)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, "POST", strings.TrimSpace(string(b))+path, strings.NewReader(string(js)))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(string(tok)))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("the daemon of %s does not answer: %w", a.home, err)
+	}
+	defer resp.Body.Close()
+	answer, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("daemon: %s: %s", resp.Status, strings.TrimSpace(string(answer)))
+	}
+	return json.Unmarshal(answer, v)
 }
 
 // apiCommands returns status, peers and providers, which ask the running

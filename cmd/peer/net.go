@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/libp2p/go-libp2p/core/peer"
 	"io"
 	"net"
 	"net/http"
@@ -12,6 +14,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	ma "github.com/multiformats/go-multiaddr"
@@ -127,6 +130,11 @@ type netFlags struct {
 	announce   time.Duration
 	reprovide  time.Duration
 	registerer prometheus.Registerer // the daemon's /metrics, if any
+	uploadRate string                // serving cap (bytes a second), empty: none
+	// Self-heal (daemon): fetch shards of collections pinned with
+	// replicas that lack live copies, every replicateEvery.
+	replicate      bool
+	replicateEvery time.Duration
 }
 
 func (nf *netFlags) add(cmd *cobra.Command) {
@@ -146,6 +154,7 @@ func (nf *netFlags) addOverlay(cmd *cobra.Command) {
 	f.StringSliceVar(&nf.bootstrap, "bootstrap", nil, "libp2p multiaddrs /ip4/.../tcp/N/p2p/12D3KooW... of peers to join the overlay through (repeatable; a daemon writes its own to p2p.addr in its home)")
 	f.DurationVar(&nf.announce, "announce-interval", time.Minute, "how often new blobs of the store are announced on the DHT and gossip")
 	f.DurationVar(&nf.reprovide, "reprovide-interval", 12*time.Hour, "how often every announced blob is announced again (DHT records live 48 h)")
+	f.StringVar(&nf.uploadRate, "upload-rate", "", "cap on the bytes a second served to peers, all together (e.g. 10MiB; default: none)")
 }
 
 // p2pAddrFile is where a daemon writes its libp2p multiaddrs, one a line.
@@ -153,7 +162,16 @@ const p2pAddrFile = "p2p.addr"
 
 // startOverlay starts the libp2p overlay of the net flags, or returns nil
 // when it is off.
-func (a *app) startOverlay(ctx context.Context, nf *netFlags, id *swarm.Identity, loopback bool) (*p2p.Overlay, error) {
+// banned is the gater's view of the node that the overlay is started
+// before: the peers that node banned are refused libp2p connections too.
+type banned struct{ node atomic.Pointer[swarm.Node] }
+
+func (b *banned) refuse(p peer.ID) bool {
+	n := b.node.Load()
+	return n != nil && n.Banned(p)
+}
+
+func (a *app) startOverlay(ctx context.Context, nf *netFlags, id *swarm.Identity, loopback bool, ban *banned) (*p2p.Overlay, error) {
 	if !nf.p2p {
 		return nil, nil
 	}
@@ -166,6 +184,7 @@ func (a *app) startOverlay(ctx context.Context, nf *netFlags, id *swarm.Identity
 		ReprovideInterval: nf.reprovide,
 		Registerer:        nf.registerer,
 		Logger:            a.log,
+		RefusePeer:        ban.refuse,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("p2p overlay: %w", err)
@@ -200,6 +219,13 @@ func (a *app) nodeConfig(cmd *cobra.Command, nf *netFlags, id *swarm.Identity, s
 		loopback = sigURL != "" && isLoopbackURL(sigURL) || sigURL == "" && allLoopback(nf.bootstrap)
 	}
 	cfg := swarm.Config{Identity: id, Source: src, Loopback: loopback, Logger: a.log}
+	if nf.uploadRate != "" {
+		r, err := parseBytes(nf.uploadRate)
+		if err != nil || r <= 0 {
+			return swarm.Config{}, "", fmt.Errorf("--upload-rate %q: want a positive size such as 10MiB", nf.uploadRate)
+		}
+		cfg.ServeRate = r
+	}
 	for _, s := range nf.iceServers {
 		cfg.ICEServers = append(cfg.ICEServers, webrtc.ICEServer{URLs: []string{s}})
 	}
@@ -216,7 +242,8 @@ func (a *app) startMember(ctx context.Context, cmd *cobra.Command, nf *netFlags,
 	if err != nil {
 		return nil, err
 	}
-	ov, err := a.startOverlay(ctx, nf, id, cfg.Loopback)
+	ban := new(banned)
+	ov, err := a.startOverlay(ctx, nf, id, cfg.Loopback, ban)
 	if err != nil {
 		return nil, err
 	}
@@ -231,6 +258,7 @@ func (a *app) startMember(ctx context.Context, cmd *cobra.Command, nf *netFlags,
 		}
 		return nil, err
 	}
+	ban.node.Store(m.Node())
 	a.log.Info("joined the swarm", "peer", id.ID, "signal", sigURL, "topics", nf.topics, "loopback", cfg.Loopback, "big_mtu", m.Node().BigMTU())
 	return &member{Member: m, ov: ov}, nil
 }
@@ -308,6 +336,8 @@ func daemonCmd(a *app) *cobra.Command {
 	nf.addProcedural(cmd)
 	cmd.Flags().StringVar(&apiListen, "api-listen", "127.0.0.1:7780", "HTTP listener of the JSON API, /metrics and the status page (empty: none); its address is written to api.addr in the home")
 	cmd.Flags().StringVar(&listen, "signal-listen", "", "also run a signaling server (with /metrics) on this address")
+	cmd.Flags().BoolVar(&nf.replicate, "replicate", false, "keep copies for the swarm: fetch shards of collections pinned with --replicas that have fewer live copies than asked")
+	cmd.Flags().DurationVar(&nf.replicateEvery, "replicate-interval", 30*time.Second, "how often replica counts are checked (and the pins with replicas published)")
 	addSignalLimits(cmd, &cfg)
 	return cmd
 }
@@ -321,6 +351,7 @@ type serveHooks struct {
 	store  *cas.Store
 	ready  chan struct{}        // closed once the store is open
 	reg    *prometheus.Registry // the overlay's metrics, served on /metrics
+	repl   *swarm.Replicator    // nil: no overlay
 }
 
 // node returns the node of the moment and the membership (nil, nil before
@@ -369,7 +400,8 @@ func (a *app) serveWith(cmd *cobra.Command, nf *netFlags, hooks *serveHooks) err
 		if err != nil {
 			return err
 		}
-		ov, err := a.startOverlay(ctx, nf, id, cfg.Loopback)
+		ban := new(banned)
+		ov, err := a.startOverlay(ctx, nf, id, cfg.Loopback, ban)
 		if err != nil {
 			return err
 		}
@@ -391,12 +423,32 @@ func (a *app) serveWith(cmd *cobra.Command, nf *netFlags, hooks *serveHooks) err
 			}
 			return err
 		}
+		ban.node.Store(m.Node())
+		var repl *swarm.Replicator
+		replDone := make(chan struct{})
+		if n := m.Node(); ov != nil && n != nil {
+			repl, err = swarm.NewReplicator(swarm.ReplicatorConfig{
+				Node: n, Store: st, Overlay: ov, Replicate: nf.replicate, Every: nf.replicateEvery,
+				Discover: m.Discover, Providers: m.Providers,
+				Stored: func(cas.CID) { m.AnnounceSoon() }, Logger: a.log,
+			})
+			if err != nil {
+				return err
+			}
+			if err := a.loadReplicas(repl); err != nil {
+				a.log.Warn("replica targets not restored", "err", err)
+			}
+			go func() { defer close(replDone); repl.Run(ctx) }()
+		} else {
+			close(replDone)
+		}
 		if hooks != nil {
 			hooks.mu.Lock()
-			hooks.member, hooks.ov = m, ov
+			hooks.member, hooks.ov, hooks.repl = m, ov, repl
 			hooks.mu.Unlock()
 		}
 		<-ctx.Done()
+		<-replDone
 		err = m.Close()
 		if ov != nil {
 			err = errors.Join(err, ov.Close())
@@ -498,4 +550,54 @@ func isLoopbackURL(s string) bool {
 	}
 	ip := net.ParseIP(h)
 	return ip != nil && ip.IsLoopback()
+}
+
+// replicasFile keeps, in the home, the targets pinned with --replicas on
+// this daemon, so that a restart keeps asking for them.
+const replicasFile = "replicas.json"
+
+type savedReplica struct {
+	CID      string `json:"cid"`
+	Replicas int    `json:"replicas"`
+}
+
+// loadReplicas pins in repl the targets saved in the home.
+func (a *app) loadReplicas(repl *swarm.Replicator) error {
+	b, err := os.ReadFile(filepath.Join(a.home, replicasFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var saved []savedReplica
+	if err := json.Unmarshal(b, &saved); err != nil {
+		return fmt.Errorf("%s: %w", replicasFile, err)
+	}
+	for _, r := range saved {
+		c, err := cas.ParseCID(r.CID)
+		if err != nil {
+			return fmt.Errorf("%s: %w", replicasFile, err)
+		}
+		if err := repl.Pin(c, r.Replicas); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// pinReplicas pins c with r replicas in repl and saves the targets.
+func (a *app) pinReplicas(repl *swarm.Replicator, c cas.CID, r int) error {
+	if err := repl.Pin(c, r); err != nil {
+		return err
+	}
+	var saved []savedReplica
+	for _, t := range repl.Targets() {
+		saved = append(saved, savedReplica{CID: t.CID.String(), Replicas: t.Replicas})
+	}
+	b, err := json.MarshalIndent(saved, "", "  ")
+	if err != nil {
+		return err
+	}
+	return atomicfile.Write(filepath.Join(a.home, replicasFile), append(b, '\n'), 0o644)
 }

@@ -368,11 +368,33 @@ func statCmd(a *app) *cobra.Command {
 
 func pinCmd(a *app) *cobra.Command {
 	var reason string
+	var replicas int
 	cmd := &cobra.Command{
 		Use:   "pin <cid>...",
-		Short: "Keep blobs from garbage collection",
+		Short: "Keep blobs from garbage collection (--replicas: keep R live copies across the swarm)",
 		Args:  cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if replicas != 0 {
+				// The daemon running on this home keeps the target and
+				// tells the swarm's replicating daemons.
+				var out []map[string]any
+				for _, arg := range args {
+					c, err := cas.ParseCID(arg)
+					if err != nil {
+						return err
+					}
+					var ans map[string]any
+					if err := a.apiPost("/api/v1/pin", map[string]any{"cid": c.String(), "reason": reason, "replicas": replicas}, &ans); err != nil {
+						return err
+					}
+					out = append(out, ans)
+				}
+				return a.print(out, func(w io.Writer) {
+					for _, arg := range args {
+						fmt.Fprintf(w, "pinned %s (%s), %d replicas\n", arg, reason, replicas)
+					}
+				})
+			}
 			return a.withBlobs(args, func(st *cas.Store, cids []cas.CID) error {
 				for _, c := range cids {
 					if err := st.Pin(c, reason); err != nil {
@@ -388,6 +410,7 @@ func pinCmd(a *app) *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&reason, "reason", cas.PinUser, "why: user, manifest, kernel, or your own word")
+	cmd.Flags().IntVar(&replicas, "replicas", 0, "keep this many live copies of every shard across the swarm (1..64; through the daemon of this home, whose peers started with --replicate fetch what lacks copies)")
 	return cmd
 }
 

@@ -43,6 +43,12 @@ type Server struct {
 	Online func() bool
 	// P2P, if set, describes the daemon's libp2p overlay for the status.
 	P2P func() *P2PStatus
+	// Replicas, if set, asks for R live copies of every shard of a
+	// pinned collection across the swarm (pin with "replicas"); nil:
+	// such pins are refused. ReplicaStatus, if set, lists what the
+	// daemon counted of the targets it knows.
+	Replicas      func(c cas.CID, r int) error
+	ReplicaStatus func() []swarm.ReplicaStatus
 	// Token authorizes state changes. Required.
 	Token string
 	// Registry, if not nil, has more collectors for /metrics.
@@ -142,6 +148,9 @@ type Status struct {
 	Pinned        int         `json:"pinned"`
 	Fetches       int         `json:"fetchesRunning"`
 	P2P           *P2PStatus  `json:"p2p,omitempty"`
+	// Replicas: the collections pinned with replicas that this daemon
+	// knows of, with the live copies of their least-copied shard.
+	Replicas []swarm.ReplicaStatus `json:"replicas,omitempty"`
 }
 
 // P2PStatus is the libp2p overlay's part of the status.
@@ -164,6 +173,9 @@ func (s *Server) statusNow() Status {
 	}
 	if s.P2P != nil {
 		st.P2P = s.P2P()
+	}
+	if s.ReplicaStatus != nil {
+		st.Replicas = s.ReplicaStatus()
 	}
 	s.Store.List(func(i cas.Info) error {
 		st.Blobs++
@@ -232,6 +244,8 @@ func (s *Server) blobs(w http.ResponseWriter, r *http.Request) {
 type cidRequest struct {
 	CID    string `json:"cid"`
 	Reason string `json:"reason,omitempty"`
+	// Replicas (pin only): keep this many live copies in the swarm.
+	Replicas int `json:"replicas,omitempty"`
 }
 
 func decodeCID(w http.ResponseWriter, r *http.Request) (cas.CID, cidRequest, bool) {
@@ -347,6 +361,10 @@ func (s *Server) pin(w http.ResponseWriter, r *http.Request) {
 	if reason == "" {
 		reason = cas.PinUser
 	}
+	if req.Replicas != 0 && s.Replicas == nil {
+		writeErr(w, http.StatusServiceUnavailable, "this daemon keeps no replicas (it runs no overlay)")
+		return
+	}
 	if err := s.Store.Pin(c, reason); err != nil {
 		code := http.StatusInternalServerError
 		if errors.Is(err, cas.ErrNotFound) {
@@ -355,7 +373,13 @@ func (s *Server) pin(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, code, err.Error())
 		return
 	}
-	writeJSON(w, map[string]string{"pinned": c.String(), "reason": reason})
+	if req.Replicas != 0 {
+		if err := s.Replicas(c, req.Replicas); err != nil {
+			writeErr(w, http.StatusBadRequest, err.Error())
+			return
+		}
+	}
+	writeJSON(w, map[string]any{"pinned": c.String(), "reason": reason, "replicas": req.Replicas})
 }
 
 var pageTmpl = template.Must(template.New("page").Funcs(template.FuncMap{
@@ -373,7 +397,7 @@ var pageTmpl = template.Must(template.New("page").Funcs(template.FuncMap{
 </head><body>
 <h1>rdrr peer</h1>
 <p>peer <code>{{.Status.Peer}}</code> · {{if .Status.Online}}online{{else}}offline (reconnecting){{end}} · up {{printf "%.0f" .Status.UptimeSeconds}} s</p>
-<p>{{.Status.Blobs}} blobs, {{mb .Status.StoreBytes}} stored, {{.Status.Pinned}} pinned · served {{mb .Status.Swarm.ServedBytes}}, fetched {{mb .Status.Swarm.FetchedBytes}} · {{.Status.Swarm.BadSlices}} bad slices, {{.Status.Swarm.Bans}} bans</p>
+<p>{{.Status.Blobs}} blobs, {{mb .Status.StoreBytes}} stored, {{.Status.Pinned}} pinned{{range .Status.Replicas}} · {{.CID}}: {{.Min}} of {{.Replicas}} live copies{{end}} · served {{mb .Status.Swarm.ServedBytes}}, fetched {{mb .Status.Swarm.FetchedBytes}} · {{.Status.Swarm.BadSlices}} bad slices, {{.Status.Swarm.Bans}} bans</p>
 <h2>Peers ({{len .Peers}})</h2>
 <table id="peers"><tr><th>peer</th><th>links</th></tr>
 {{range .Peers}}<tr><td><code>{{.ID}}</code></td><td>{{.Links}}</td></tr>{{end}}
@@ -409,10 +433,14 @@ var (
 	descPeers   = prometheus.NewDesc("rdrr_swarm_peers", "Connected peers.", nil, nil)
 	descBlobs   = prometheus.NewDesc("rdrr_store_blobs", "Blobs stored.", nil, nil)
 	descBytes   = prometheus.NewDesc("rdrr_store_bytes", "Bytes stored.", nil, nil)
+	descPeerB   = prometheus.NewDesc("rdrr_swarm_peer_bytes_total", "Verified blob bytes fetched from (in) and served to (out) a peer; the maxPeerMetrics peers that moved the most.", []string{"peer", "direction"}, nil)
 )
 
+// maxPeerMetrics bounds the peers /metrics lists (label cardinality).
+const maxPeerMetrics = 256
+
 func (collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descFetched, descServed, descBad, descBans, descLinks, descPeers, descBlobs, descBytes} {
+	for _, d := range []*prometheus.Desc{descFetched, descServed, descBad, descBans, descLinks, descPeers, descBlobs, descBytes, descPeerB} {
 		ch <- d
 	}
 }
@@ -430,6 +458,23 @@ func (k collector) Collect(ch chan<- prometheus.Metric) {
 	m(descPeers, prometheus.GaugeValue, float64(st.Peers))
 	m(descBlobs, prometheus.GaugeValue, float64(st.Blobs))
 	m(descBytes, prometheus.GaugeValue, float64(st.StoreBytes))
+	if n := k.s.Node(); n != nil {
+		type row struct {
+			p  peer.ID
+			pb swarm.PeerBytes
+		}
+		var rows []row
+		for p, pb := range n.PeerBytes() {
+			rows = append(rows, row{p, pb})
+		}
+		sort.Slice(rows, func(i, j int) bool {
+			return rows[i].pb.In+rows[i].pb.Out > rows[j].pb.In+rows[j].pb.Out
+		})
+		for _, r := range rows[:min(len(rows), maxPeerMetrics)] {
+			ch <- prometheus.MustNewConstMetric(descPeerB, prometheus.CounterValue, float64(r.pb.In), r.p.String(), "in")
+			ch <- prometheus.MustNewConstMetric(descPeerB, prometheus.CounterValue, float64(r.pb.Out), r.p.String(), "out")
+		}
+	}
 }
 
 // PeerIDs parses peer IDs (for clients of the API).

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	manet "github.com/multiformats/go-multiaddr/net"
 	"log/slog"
 	"math/rand/v2"
 	"sync"
@@ -44,6 +45,13 @@ type OverlayConfig struct {
 	// Registerer, if set, receives the DHT's and gossip's metrics.
 	Registerer prometheus.Registerer
 	Logger     *slog.Logger
+	// RefusePeer, if set, says which peers the host refuses to connect
+	// to or accept (the connection gater): those the swarm node banned.
+	// Safe for concurrent use; called on libp2p's goroutines.
+	RefusePeer func(peer.ID) bool
+	// HaveRefresh is how often every blob provided is announced again on
+	// gossip, for peers that joined since (default 10 min).
+	HaveRefresh time.Duration
 }
 
 // Bounds of an Overlay.
@@ -82,9 +90,13 @@ type Overlay struct {
 	wg       sync.WaitGroup
 	meetings chan struct{} // semaphore of Meet's connections
 
-	mu    sync.Mutex
-	haves map[cas.Digest][]peer.ID // from have-announcements
-	queue []cas.CID                // to announce on gossip
+	repl        *Topic      // the replication topic
+	replication replication // what it said
+
+	mu       sync.Mutex
+	haves    map[cas.Digest][]peer.ID // from have-announcements
+	queue    []cas.CID                // to announce on gossip
+	provided map[cas.Digest]cas.CID   // announced once: again every HaveRefresh
 }
 
 var _ swarm.Overlay = (*Overlay)(nil)
@@ -106,11 +118,27 @@ func NewOverlay(ctx context.Context, cfg OverlayConfig) (*Overlay, error) {
 	if cfg.DHTAuto {
 		mode = DHTAuto
 	}
-	h, err := NewHost(HostConfig{Identity: cfg.Identity, Loopback: cfg.Loopback, ListenAddrs: cfg.ListenAddrs, Logger: cfg.Logger})
+	if cfg.HaveRefresh <= 0 {
+		cfg.HaveRefresh = 10 * time.Minute
+	}
+	var gater *Gater
+	if cfg.Loopback || cfg.RefusePeer != nil {
+		gater = &Gater{RefusePeer: cfg.RefusePeer}
+		if cfg.Loopback {
+			gater.AllowAddr = manet.IsIPLoopback
+		}
+	}
+	hc := HostConfig{Identity: cfg.Identity, Loopback: cfg.Loopback, ListenAddrs: cfg.ListenAddrs, Logger: cfg.Logger}
+	if gater != nil {
+		hc.Gater = gater
+	}
+	h, err := NewHost(hc)
 	if err != nil {
 		return nil, err
 	}
-	o := &Overlay{Host: h, cfg: cfg, log: cfg.Logger, meetings: make(chan struct{}, maxMeetings), haves: make(map[cas.Digest][]peer.ID)}
+	o := &Overlay{Host: h, cfg: cfg, log: cfg.Logger, meetings: make(chan struct{}, maxMeetings), haves: make(map[cas.Digest][]peer.ID),
+		replication: replication{targets: map[cas.Digest]swarm.ReplicaTarget{}, replicators: map[peer.ID]time.Time{}},
+		provided:    map[cas.Digest]cas.CID{}}
 	fail := func(err error) (*Overlay, error) {
 		o.closeParts()
 		return nil, err
@@ -125,14 +153,22 @@ func NewOverlay(ctx context.Context, cfg OverlayConfig) (*Overlay, error) {
 	if o.Haves, err = o.Gossip.JoinHaves(cfg.SwarmName); err != nil {
 		return fail(err)
 	}
+	replName, err := ReplicateTopic(cfg.SwarmName)
+	if err != nil {
+		return fail(err)
+	}
+	if o.repl, err = o.Gossip.JoinValidatedTopic(replName, MaxReplicateBytes, validReplicate); err != nil {
+		return fail(err)
+	}
 	o.Signal = NewStreamSignaler(h, SignalConfig{Logger: cfg.Logger})
 	o.Router = NewSignalRouter(o.Signal, nil)
 	o.ctx, o.cancel = context.WithCancel(context.Background())
 	o.bootstrap(ctx)
-	o.wg.Add(3)
+	o.wg.Add(4)
 	go o.keepBootstrapped()
 	go o.readHaves()
 	go o.announceHaves()
+	go o.readReplicate()
 	return o, nil
 }
 
@@ -207,20 +243,33 @@ func containsPeer(ps []peer.ID, p peer.ID) bool {
 }
 
 // announceHaves publishes the queued CIDs on the have topic, once a
-// second at most.
+// second at most, and every HaveRefresh all those provided so far (a
+// have-announcement reaches the peers subscribed when it is sent; those
+// that join later would otherwise learn only from the DHT).
 func (o *Overlay) announceHaves() {
 	defer o.wg.Done()
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
+	refresh := time.NewTicker(o.cfg.HaveRefresh)
+	defer refresh.Stop()
 	for {
+		var all bool
 		select {
 		case <-o.ctx.Done():
 			return
 		case <-t.C:
+		case <-refresh.C:
+			all = true
 		}
 		o.mu.Lock()
 		q := o.queue
 		o.queue = nil
+		if all {
+			q = q[:0]
+			for _, c := range o.provided {
+				q = append(q, c)
+			}
+		}
 		o.mu.Unlock()
 		if len(q) == 0 {
 			continue
@@ -309,6 +358,9 @@ func (o *Overlay) Provide(ctx context.Context, c cas.CID) error {
 	o.mu.Lock()
 	if len(o.queue) < maxHaveQueue {
 		o.queue = append(o.queue, c)
+	}
+	if _, ok := o.provided[c.Digest()]; ok || len(o.provided) < maxHaveDigests {
+		o.provided[c.Digest()] = c
 	}
 	o.mu.Unlock()
 	return o.DHT.Provide(ctx, c)

@@ -90,6 +90,10 @@ const (
 	// default on this connection (it announced caps.recv_mtu; native
 	// peers on loopback or a LAN that carries them).
 	CapBigMTU Caps = 1 << 1
+	// CapPartial: the sender takes HAVE entries with bitmaps (blobs held
+	// in part) in answers to its WANTs and in announcements (req 0), and
+	// announces its own pieces as they complete (PROTOCOL.md, HAVE).
+	CapPartial Caps = 1 << 2
 )
 
 // Code is a REJECT reason code.
