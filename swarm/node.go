@@ -296,7 +296,8 @@ func (n *Node) Stats() Stats {
 
 // PeerBytes counts the blob bytes a node fetched from one peer and used
 // (In: verified and written; the loser's copy of an endgame piece is not
-// counted) and the bytes it served to it (Out: every range sent in full).
+// counted, a piece written again after a request failed part way is) and
+// the bytes it served to it (Out: every range sent in full).
 type PeerBytes struct{ In, Out int64 }
 
 // maxPeerStats bounds the peers counted; bytes of more peers are counted
