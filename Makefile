@@ -10,7 +10,7 @@ FUZZEXECS ?= 200000
 # without make uses upstream modules and works too, minus those patches.
 export GOFLAGS := $(strip $(GOFLAGS) -modfile=$(CURDIR)/.build/go.mod)
 # Packages whose code is concurrent: run under the race detector.
-RACEPKGS ?= $(patsubst %,./%/...,$(wildcard cas signaling swarm gpu tiers kernels))
+RACEPKGS ?= $(patsubst %,./%/...,$(wildcard cas signaling swarm gpu tiers kernels)) ./experts/
 
 .PHONY: all deps build test test-short vet race fuzz bench demo clean
 
