@@ -140,12 +140,15 @@ func (e *encoder) pad(alignment uint64) {
 	}
 }
 
-// each writes the elements of an array with one.
-func each[T any](e *encoder, xs []T, one func(T)) {
+// each writes v, which must be a []T, as a count and its elements, and
+// reports whether it was one (if not, it writes an empty array).
+func each[T any](e *encoder, v any, one func(T)) bool {
+	xs, ok := v.([]T)
 	e.u64(uint64(len(xs)))
 	for _, x := range xs {
 		one(x)
 	}
+	return ok
 }
 
 // value writes v, preceded by its type.
@@ -202,62 +205,35 @@ func (e *encoder) value(v any, typed bool) {
 
 func (e *encoder) array(a Array) {
 	e.u32(uint32(a.Type))
-	ok := true
+	var ok bool
+	v := a.Values
 	switch a.Type {
 	case TypeUint8:
-		var xs []uint8
-		xs, ok = a.Values.([]uint8)
-		each(e, xs, e.u8)
+		ok = each(e, v, e.u8)
 	case TypeInt8:
-		var xs []int8
-		xs, ok = a.Values.([]int8)
-		each(e, xs, func(x int8) { e.u8(uint8(x)) })
+		ok = each(e, v, func(x int8) { e.u8(uint8(x)) })
 	case TypeUint16:
-		var xs []uint16
-		xs, ok = a.Values.([]uint16)
-		each(e, xs, e.u16)
+		ok = each(e, v, e.u16)
 	case TypeInt16:
-		var xs []int16
-		xs, ok = a.Values.([]int16)
-		each(e, xs, func(x int16) { e.u16(uint16(x)) })
+		ok = each(e, v, func(x int16) { e.u16(uint16(x)) })
 	case TypeUint32:
-		var xs []uint32
-		xs, ok = a.Values.([]uint32)
-		each(e, xs, e.u32)
+		ok = each(e, v, e.u32)
 	case TypeInt32:
-		var xs []int32
-		xs, ok = a.Values.([]int32)
-		each(e, xs, func(x int32) { e.u32(uint32(x)) })
+		ok = each(e, v, func(x int32) { e.u32(uint32(x)) })
 	case TypeFloat32:
-		var xs []float32
-		xs, ok = a.Values.([]float32)
-		each(e, xs, func(x float32) { e.u32(math.Float32bits(x)) })
+		ok = each(e, v, func(x float32) { e.u32(math.Float32bits(x)) })
 	case TypeBool:
-		var xs []bool
-		xs, ok = a.Values.([]bool)
-		each(e, xs, e.boolean)
+		ok = each(e, v, e.boolean)
 	case TypeString:
-		var xs []string
-		xs, ok = a.Values.([]string)
-		each(e, xs, e.str)
+		ok = each(e, v, e.str)
 	case TypeUint64:
-		var xs []uint64
-		xs, ok = a.Values.([]uint64)
-		each(e, xs, e.u64)
+		ok = each(e, v, e.u64)
 	case TypeInt64:
-		var xs []int64
-		xs, ok = a.Values.([]int64)
-		each(e, xs, func(x int64) { e.u64(uint64(x)) })
+		ok = each(e, v, func(x int64) { e.u64(uint64(x)) })
 	case TypeFloat64:
-		var xs []float64
-		xs, ok = a.Values.([]float64)
-		each(e, xs, func(x float64) { e.u64(math.Float64bits(x)) })
+		ok = each(e, v, func(x float64) { e.u64(math.Float64bits(x)) })
 	case TypeArray:
-		var xs []Array
-		xs, ok = a.Values.([]Array)
-		each(e, xs, e.array)
-	default:
-		ok = false
+		ok = each(e, v, e.array)
 	}
 	if !ok && e.err == nil {
 		e.err = fmt.Errorf("gguf: array of %s holding %T", a.Type, a.Values)
