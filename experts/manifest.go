@@ -54,6 +54,8 @@ type Manifest struct {
 	// Tokenizer is the model's own tokenizer, when it came with one (GGUF);
 	// synthetic models use bytes as tokens.
 	Tokenizer *Tokenizer `json:"tokenizer,omitempty"`
+
+	expertAt map[[2]int]int // (layer, expert) -> index in Experts, set by Validate
 }
 
 // Tokenizer is a GGUF tokenizer's data (tokenizer.ggml.*).
@@ -468,7 +470,7 @@ func (m *Manifest) validateExperts(starts []int64) error {
 	if len(m.Experts) > MaxLayers*MaxExperts {
 		return fieldErr("experts", "%d entries (limit %d)", len(m.Experts), MaxLayers*MaxExperts)
 	}
-	seen := make(map[[2]int]bool, len(m.Experts))
+	index := make(map[[2]int]int, len(m.Experts))
 	for i := range m.Experts {
 		e := &m.Experts[i]
 		f := fmt.Sprintf("experts[%d]", i)
@@ -478,10 +480,10 @@ func (m *Manifest) validateExperts(starts []int64) error {
 		if e.Index < 0 || e.Index >= m.Config.Experts() {
 			return fieldErr(f+".expert", "%d (the model has %d experts per layer)", e.Index, m.Config.Experts())
 		}
-		if seen[[2]int{e.Layer, e.Index}] {
+		if _, dup := index[[2]int{e.Layer, e.Index}]; dup {
 			return fieldErr(f, "layer %d expert %d appears twice", e.Layer, e.Index)
 		}
-		seen[[2]int{e.Layer, e.Index}] = true
+		index[[2]int{e.Layer, e.Index}] = i
 		if len(e.Tensors) == 0 || len(e.Tensors) > 8 {
 			return fieldErr(f+".tensors", "%d tensors (want 1 to 8)", len(e.Tensors))
 		}
@@ -521,6 +523,7 @@ func (m *Manifest) validateExperts(starts []int64) error {
 			return fieldErr(f, "expert of %d bytes is larger than a shard and must start at a shard's start", e.Size)
 		}
 	}
+	m.expertAt = index
 	return nil
 }
 
@@ -545,8 +548,14 @@ func (m *Manifest) Ranges(shard int, offset, size int64) []BlobRange {
 	return out
 }
 
-// Expert returns the index entry of layer l's expert e.
+// Expert returns the index entry of layer l's expert e: from the index
+// Validate built (the decode loops ask for every chosen expert of every
+// token, and a DeepSeek-V3 manifest lists 14848), or, for a manifest not
+// validated or changed since, by a scan.
 func (m *Manifest) Expert(l, e int) (*Expert, bool) {
+	if i, ok := m.expertAt[[2]int{l, e}]; ok && i < len(m.Experts) && m.Experts[i].Layer == l && m.Experts[i].Index == e {
+		return &m.Experts[i], true
+	}
 	for i := range m.Experts {
 		if m.Experts[i].Layer == l && m.Experts[i].Index == e {
 			return &m.Experts[i], true

@@ -174,3 +174,28 @@ func FuzzManifest(f *testing.F) {
 		}
 	})
 }
+
+// Expert finds every entry, through Validate's index and, once the
+// entries move, by its scan.
+func TestExpertLookup(t *testing.T) {
+	m, _ := presetInStore(t, "tiny-deepseek", 1)
+	if err := m.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	check := func() {
+		t.Helper()
+		for i := range m.Experts {
+			e := &m.Experts[i]
+			if got, ok := m.Expert(e.Layer, e.Index); !ok || got != e {
+				t.Fatalf("layer %d expert %d: got %v, %v", e.Layer, e.Index, got, ok)
+			}
+		}
+		if _, ok := m.Expert(0, m.Config.Experts()); ok {
+			t.Fatal("an expert past the last was found")
+		}
+	}
+	check()
+	n := len(m.Experts)
+	m.Experts[0], m.Experts[n-1] = m.Experts[n-1], m.Experts[0] // the index is now stale
+	check()
+}
