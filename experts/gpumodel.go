@@ -410,11 +410,7 @@ func (g *GPUModel) Step(ctx context.Context, token int) ([]float32, error) {
 		return nil, err
 	}
 	var held []*tiers.Lease // matrices of the masked layers, until their submit
-	defer func() {
-		for _, l := range held {
-			l.Release()
-		}
-	}()
+	defer func() { releaseAll(held) }()
 	var masked []int // layers that ran masked: their choice comes back at the end
 	b := g.d.Batch()
 	// section, with ProfileGPU, submits what was recorded since the last
@@ -474,10 +470,7 @@ func (g *GPUModel) Step(ctx context.Context, token int) ([]float32, error) {
 					return nil, err
 				}
 				pr.Submits++
-				for _, l := range held {
-					l.Release()
-				}
-				held = held[:0]
+				held = releaseAll(held)
 				b = g.d.Batch()
 			}
 			continue
@@ -496,10 +489,7 @@ func (g *GPUModel) Step(ctx context.Context, token int) ([]float32, error) {
 			return nil, err
 		}
 		pr.Submits++
-		for _, l := range held {
-			l.Release() // submitted: a later upload into their slots queues after
-		}
-		held = held[:0]
+		held = releaseAll(held) // submitted: a later upload into their slots queues after
 		lap(&pr.Record)
 		// The experts chosen (and the next layer's guess, in the same
 		// read-back): page them into VRAM slots.
@@ -520,11 +510,6 @@ func (g *GPUModel) Step(ctx context.Context, token int) ([]float32, error) {
 		}
 		var slots [3][]int // gate, up, down: one arena slot per matrix
 		var leases []*tiers.Lease
-		release := func() {
-			for _, l := range leases {
-				l.Release()
-			}
-		}
 		// Page the chosen matrices in at once: their uploads overlap (one
 		// at a time, a 64 MiB upload moves about half what several do).
 		type want struct {
@@ -532,14 +517,13 @@ func (g *GPUModel) Step(ctx context.Context, token int) ([]float32, error) {
 			name string
 		}
 		var wants []want
-		for i := 0; i < k; i++ {
-			e := int(binary.LittleEndian.Uint32(idb[4*i:]))
-			ex, ok := g.m.Expert(l, e)
-			if !ok {
-				return nil, fmt.Errorf("experts: layer %d: the router chose expert %d, which the manifest lacks", l, e)
-			}
+		exs, err := g.chosen(l, idb)
+		if err != nil {
+			return nil, err
+		}
+		for _, ex := range exs {
 			for j, name := range ex.Tensors {
-				wants = append(wants, want{e, j, name})
+				wants = append(wants, want{ex.Index, j, name})
 			}
 		}
 		got := make([]*tiers.Lease, len(wants))
@@ -553,7 +537,6 @@ func (g *GPUModel) Step(ctx context.Context, token int) ([]float32, error) {
 			}()
 		}
 		wg.Wait()
-		var err error
 		for i, w := range wants {
 			if got[i] != nil {
 				leases = append(leases, got[i])
@@ -563,7 +546,7 @@ func (g *GPUModel) Step(ctx context.Context, token int) ([]float32, error) {
 			}
 		}
 		if err != nil {
-			release()
+			releaseAll(leases)
 			return nil, err
 		}
 		for i, w := range wants {
@@ -579,7 +562,7 @@ func (g *GPUModel) Step(ctx context.Context, token int) ([]float32, error) {
 		// later upload into one of these slots is a copy on the same
 		// queue, so it runs after them (one queue, in order).
 		err = b.Submit(ctx)
-		release()
+		releaseAll(leases)
 		if err != nil {
 			return nil, err
 		}
@@ -609,13 +592,11 @@ func (g *GPUModel) Step(ctx context.Context, token int) ([]float32, error) {
 	lap(&pr.LogitsWait)
 	for _, l := range masked {
 		// What the masked layers chose: count it as the paged path does.
-		idb := out[g.idsAt(l):][:k*4]
-		for i := 0; i < k; i++ {
-			e := int(binary.LittleEndian.Uint32(idb[4*i:]))
-			ex, ok := g.m.Expert(l, e)
-			if !ok {
-				return nil, fmt.Errorf("experts: layer %d: the router chose expert %d, which the manifest lacks", l, e)
-			}
+		exs, err := g.chosen(l, out[g.idsAt(l):][:k*4])
+		if err != nil {
+			return nil, err
+		}
+		for _, ex := range exs {
 			for _, name := range ex.Tensors {
 				g.cache.Touch(g.matrixKey(name), tiers.VRAM)
 			}
@@ -763,21 +744,40 @@ func (g *GPUModel) holdLayer(l int) []*tiers.Lease {
 		for _, name := range ex.Tensors {
 			lease := g.cache.Hold(g.matrixKey(name), tiers.VRAM)
 			if lease == nil {
-				for _, h := range out {
-					h.Release()
-				}
+				releaseAll(out)
 				return nil
 			}
 			out = append(out, lease)
 		}
 	}
 	if len(out) != 3*E {
-		for _, h := range out {
-			h.Release()
-		}
+		releaseAll(out)
 		return nil
 	}
 	return out
+}
+
+// releaseAll releases ls and returns it emptied, for reuse.
+func releaseAll(ls []*tiers.Lease) []*tiers.Lease {
+	for _, l := range ls {
+		l.Release()
+	}
+	return ls[:0]
+}
+
+// chosen returns the experts of layer l that ids (the router's u32 ids)
+// name; an id the manifest lacks is an error that names it.
+func (g *GPUModel) chosen(l int, ids []byte) ([]*Expert, error) {
+	out := make([]*Expert, 0, len(ids)/4)
+	for i := 0; i+4 <= len(ids); i += 4 {
+		e := int(binary.LittleEndian.Uint32(ids[i:]))
+		ex, ok := g.m.Expert(l, e)
+		if !ok {
+			return nil, fmt.Errorf("experts: layer %d: the router chose expert %d, which the manifest lacks", l, e)
+		}
+		out = append(out, ex)
+	}
+	return out, nil
 }
 
 // recordMasked records a MoE layer whose experts are all resident (layer:
