@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+
+	"github.com/rdrr/peer/cas"
 )
 
 // Warm brings every key to level before a run or a measurement, workers
@@ -29,13 +31,12 @@ func (c *Cache) Warm(ctx context.Context, keys []Key, level Level, workers int, 
 		return fmt.Errorf("tiers: warming %d bytes into a %s level of %d", total, level, b)
 	}
 	var groups [][]Key
-	byBlob := map[string]int{}
+	byBlob := map[cas.CID]int{}
 	for _, k := range keys {
-		id := k.Blob.String()
-		i, ok := byBlob[id]
+		i, ok := byBlob[k.Blob]
 		if !ok {
 			i = len(groups)
-			byBlob[id] = i
+			byBlob[k.Blob] = i
 			groups = append(groups, nil)
 		}
 		groups[i] = append(groups[i], k)
