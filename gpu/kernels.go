@@ -427,7 +427,7 @@ func (k *Kernels) Q4KMatVecGroup(ctx context.Context, b *Batch, arena Region, sl
 
 // Q4KMatVecGroupWith is Q4KMatVecGroup with an explicit configuration.
 func (k *Kernels) Q4KMatVecGroupWith(ctx context.Context, b *Batch, cfg Q4KConfig, arena Region, slots []int, x Region, sharedX bool, y Region, rows, cols int) error {
-	return k.q4kGroup(ctx, b, cfg, arena, slots, nil, nil, 0, x, sharedX, -1, y, 0, rows, cols)
+	return k.q4kGroup(ctx, b, cfg, groupCall{arena: arena, slots: slots, x: x, sharedX: sharedX, xUpper: -1, y: y, rows: rows, cols: cols})
 }
 
 // Q4KMatVecMasked records an MoE layer's expert products with the router's
@@ -445,7 +445,8 @@ func (k *Kernels) Q4KMatVecGroupWith(ctx context.Context, b *Batch, cfg Q4KConfi
 // further into y (a multiple of 4): an expert's up matrix can run in the
 // same dispatch as its gate, each filling its half of y.
 func (k *Kernels) Q4KMatVecMasked(ctx context.Context, b *Batch, arena Region, slots, experts []int, sel Region, kSel int, x Region, sharedX bool, y Region, yUpper int, rows, cols int) error {
-	return k.q4kMasked(ctx, b, arena, slots, experts, sel, kSel, x, sharedX, -1, y, yUpper, rows, cols)
+	return k.q4kMasked(ctx, b, groupCall{arena: arena, slots: slots, experts: experts, sel: sel, kSel: kSel,
+		x: x, sharedX: sharedX, xUpper: -1, y: y, yUpper: yUpper, rows: rows, cols: cols})
 }
 
 // Q4KMatVecMaskedSwiGLU is Q4KMatVecMasked for an MoE layer's down
@@ -459,26 +460,43 @@ func (k *Kernels) Q4KMatVecMaskedSwiGLU(ctx context.Context, b *Batch, arena Reg
 	if err := need("q4k_matmul_masked", "gate and up", gu, uint64(upOff+kSel*cols*4)); err != nil {
 		return b.note(err)
 	}
-	return k.q4kMasked(ctx, b, arena, slots, experts, sel, kSel, gu, false, upOff, y, 0, rows, cols)
+	return k.q4kMasked(ctx, b, groupCall{arena: arena, slots: slots, experts: experts, sel: sel, kSel: kSel,
+		x: gu, xUpper: upOff, y: y, rows: rows, cols: cols})
 }
 
-func (k *Kernels) q4kMasked(ctx context.Context, b *Batch, arena Region, slots, experts []int, sel Region, kSel int, x Region, sharedX bool, xUpper int, y Region, yUpper int, rows, cols int) error {
-	cfg := DefaultQ4KConfig(rows*min(kSel, len(slots)), cols, 1)
-	if len(experts) != len(slots) || kSel <= 0 || kSel > 32 || yUpper < 0 || yUpper%4 != 0 {
-		return b.note(shapeErr("q4k_matmul_masked", "%d experts for %d slots, %d chosen (1..32), upper half at byte %d", len(experts), len(slots), kSel, yUpper))
+func (k *Kernels) q4kMasked(ctx context.Context, b *Batch, g groupCall) error {
+	if len(g.experts) != len(g.slots) || g.kSel <= 0 || g.kSel > 32 || g.yUpper < 0 || g.yUpper%4 != 0 {
+		return b.note(shapeErr("q4k_matmul_masked", "%d experts for %d slots, %d chosen (1..32), upper half at byte %d", len(g.experts), len(g.slots), g.kSel, g.yUpper))
 	}
-	return k.q4kGroup(ctx, b, cfg, arena, slots, experts, sel, kSel, x, sharedX, xUpper, y, yUpper, rows, cols)
+	return k.q4kGroup(ctx, b, DefaultQ4KConfig(g.rows*min(g.kSel, len(g.slots)), g.cols, 1), g)
+}
+
+// groupCall is one Q4KMatVecGroup or Q4KMatVecMasked dispatch: the
+// products (weights at arena slots; experts, sel and kSel when masked),
+// their input (xUpper >= 0, masked only: x is SwiGLU of gate rows and up
+// rows xUpper bytes further) and their output (yUpper: the upper half).
+type groupCall struct {
+	arena          Region
+	slots, experts []int
+	sel            Region
+	kSel           int
+	x              Region
+	sharedX        bool
+	xUpper         int
+	y              Region
+	yUpper         int
+	rows, cols     int
 }
 
 // MaskedUpper marks a Q4KMatVecMasked product whose output goes to the
 // upper half of y.
 const MaskedUpper = 1 << 31
 
-// q4kGroup records Q4KMatVecGroupWith, or Q4KMatVecMasked when experts is
-// not nil.
-// xUpper >= 0 (masked only) reads x as SwiGLU of gate rows and up rows
-// xUpper bytes further.
-func (k *Kernels) q4kGroup(ctx context.Context, b *Batch, cfg Q4KConfig, arena Region, slots, experts []int, sel Region, kSel int, x Region, sharedX bool, xUpper int, y Region, yUpper int, rows, cols int) error {
+// q4kGroup records Q4KMatVecGroupWith, or Q4KMatVecMasked when g.experts
+// is not nil.
+func (k *Kernels) q4kGroup(ctx context.Context, b *Batch, cfg Q4KConfig, g groupCall) error {
+	arena, slots, experts, sel, kSel, x, sharedX, xUpper, y, yUpper, rows, cols :=
+		g.arena, g.slots, g.experts, g.sel, g.kSel, g.x, g.sharedX, g.xUpper, g.y, g.yUpper, g.rows, g.cols
 	name := "q4k_matmul"
 	outs := len(slots) // products whose output y holds
 	if experts != nil {
