@@ -73,21 +73,21 @@ func (a *app) startAPI(listen string, hooks *serveHooks) (stop func(), err error
 			return n
 		},
 		Providers: func(ctx context.Context, c cas.CID) ([]swarm.Provider, error) {
-			n, m := hooks.node()
-			if n == nil {
-				return nil, errors.New("the daemon is not in the swarm right now (reconnecting)")
+			n, m, err := hooks.waitNode(ctx)
+			if err != nil {
+				return nil, err
 			}
 			return (&swarm.Ranges{Node: n, Discover: m.Discover}).Providers(ctx, c)
 		},
 		Fetch: func(ctx context.Context, c cas.CID, progress func(done, total int64)) error {
-			n, m := hooks.node()
-			if n == nil {
-				return errors.New("the daemon is not in the swarm right now (reconnecting)")
+			n, m, err := hooks.waitNode(ctx)
+			if err != nil {
+				return err
 			}
 			hooks.mu.Lock()
 			st := hooks.store
 			hooks.mu.Unlock()
-			_, err := n.Fetch(ctx, st, c, swarm.FetchOptions{Discover: m.Discover, Providers: m.Providers, Progress: progress})
+			_, err = n.Fetch(ctx, st, c, swarm.FetchOptions{Discover: m.Discover, Providers: m.Providers, Progress: progress})
 			if err == nil {
 				m.AnnounceSoon() // what was fetched is served: say so now
 			}

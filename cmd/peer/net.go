@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/libp2p/go-libp2p/core/peer"
 	"io"
 	"net"
 	"net/http"
@@ -19,6 +18,7 @@ import (
 
 	ma "github.com/multiformats/go-multiaddr"
 	manet "github.com/multiformats/go-multiaddr/net"
+	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/pion/webrtc/v4"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -363,6 +363,31 @@ func (h *serveHooks) node() (*swarm.Node, *swarm.Member) {
 		return nil, nil
 	}
 	return h.member.Node(), h.member
+}
+
+// nodeWait is how long an API call that needs the swarm waits for the
+// daemon to start or to reconnect before it gives up.
+const nodeWait = 20 * time.Second
+
+// waitNode returns the node of the moment, waiting up to nodeWait (or
+// until ctx ends) while the daemon starts or reconnects: a fetch asked
+// of a daemon that is still joining is served once it has joined, not
+// refused.
+func (h *serveHooks) waitNode(ctx context.Context) (*swarm.Node, *swarm.Member, error) {
+	ctx, cancel := context.WithTimeout(ctx, nodeWait)
+	defer cancel()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if n, m := h.node(); n != nil {
+			return n, m, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, nil, errors.New("the daemon is not in the swarm right now (starting or reconnecting)")
+		case <-tick.C:
+		}
+	}
 }
 
 // serve keeps this peer in the swarm, answering requests for stored blobs,
