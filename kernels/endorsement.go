@@ -233,6 +233,25 @@ type Verifier struct {
 // errors (ErrSchema, ErrSignature, ErrClass, ErrABI, ErrExpired,
 // ErrNotYetValid, ErrNotFaster, ErrReplay).
 func (v *Verifier) Verify(s *SignedEndorsement) error {
+	if err := v.Check(s); err != nil {
+		return err
+	}
+	e := &s.Endorsement
+	now := v.now().Unix()
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if !v.seen.add(replayKey(e), e.Expires, now, v.MaxSeen) {
+		return fmt.Errorf("%w: %s nonce %d", ErrReplay, e.Peer, e.Nonce)
+	}
+	return nil
+}
+
+// Check is Verify without the replay set: what a record must be whether
+// or not it was seen before. A gossip validator runs it on every copy
+// (the same record comes again, and rightly so, when its author
+// republishes it for peers that joined later); Verify, which remembers,
+// runs once a record is new.
+func (v *Verifier) Check(s *SignedEndorsement) error {
 	e := &s.Endorsement
 	if err := e.check(); err != nil {
 		return err
@@ -249,20 +268,39 @@ func (v *Verifier) Verify(s *SignedEndorsement) error {
 	if want, ok := v.ABI[e.Op]; !ok || e.ABI != want {
 		return fmt.Errorf("%w: %s ABI %d (this build: %d)", ErrABI, e.Op, e.ABI, want)
 	}
-	now := v.now().Unix()
-	if now >= e.Expires {
+	return checkTimely(e, v.now())
+}
+
+// Relayable checks what every peer on the gossip topic of coarse class
+// can check of a record, whatever its own driver and build: it decodes,
+// its author signed it, it names that coarse class, it is valid now and
+// faster. Whether this peer keeps it (its exact class, its ABI, replays)
+// is Verify's call; a record that fails only those is still forwarded.
+func Relayable(data []byte, coarse string, now time.Time) error {
+	s, err := Decode(data)
+	if err != nil {
+		return err
+	}
+	e := &s.Endorsement
+	if err := checkSignature(e, s.Sig); err != nil {
+		return err
+	}
+	if e.Coarse != coarse {
+		return fmt.Errorf("%w: %q on the topic of %q", ErrClass, e.Coarse, coarse)
+	}
+	return checkTimely(e, now)
+}
+
+// checkTimely checks that e is valid at now and claims a speedup.
+func checkTimely(e *Endorsement, now time.Time) error {
+	if now.Unix() >= e.Expires {
 		return fmt.Errorf("%w: at %d", ErrExpired, e.Expires)
 	}
-	if e.Issued > now+int64(MaxClockSkew/time.Second) {
-		return fmt.Errorf("%w: at %d, now %d", ErrNotYetValid, e.Issued, now)
+	if e.Issued > now.Unix()+int64(MaxClockSkew/time.Second) {
+		return fmt.Errorf("%w: at %d, now %d", ErrNotYetValid, e.Issued, now.Unix())
 	}
 	if !e.Faster() {
 		return fmt.Errorf("%w: speedup %g, interval low %g", ErrNotFaster, e.Speedup, e.SpeedupLow)
-	}
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	if !v.seen.add(replayKey(e), e.Expires, now, v.MaxSeen) {
-		return fmt.Errorf("%w: %s nonce %d", ErrReplay, e.Peer, e.Nonce)
 	}
 	return nil
 }

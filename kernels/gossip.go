@@ -92,9 +92,17 @@ type ReceiverStats struct {
 // Subscribe subscribes r to its device's topic on g.
 func (r *Receiver) Subscribe(g Gossip) { g.Subscribe(Topic(r.V.Class.Coarse()), r.Handle) }
 
-// Handle verifies and stores one record: a Subscribe handler.
+// Handle verifies and stores one record: a Subscribe handler. A record
+// the registry already holds is a duplicate (gossip delivers records
+// again when their authors republish them), not a replay.
 func (r *Receiver) Handle(_ peer.ID, data []byte) {
 	s, err := Decode(data)
+	if err == nil && r.Registry != nil && r.Registry.Has(s) {
+		r.mu.Lock()
+		r.stats.Duplicate++
+		r.mu.Unlock()
+		return
+	}
 	if err == nil {
 		err = r.V.Verify(s)
 	}

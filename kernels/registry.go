@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/rdrr/peer/cas"
 	"github.com/rdrr/peer/internal/atomicfile"
 )
@@ -36,7 +37,7 @@ type Registry struct {
 	mu        sync.Mutex
 	st        activeState
 	recs      []*SignedEndorsement // oldest first
-	ids       map[[32]byte]bool
+	ids       map[[32]byte]*SignedEndorsement // Endorsement.ID -> record
 	dirty     bool
 	lastFlush time.Time
 	dropped   int
@@ -73,7 +74,7 @@ func OpenRegistry(dir string, now func() time.Time) (*Registry, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	r := &Registry{dir: dir, now: now, ids: map[[32]byte]bool{},
+	r := &Registry{dir: dir, now: now, ids: map[[32]byte]*SignedEndorsement{},
 		st: activeState{Active: map[string]string{}, Previous: map[string]string{}}}
 	if err := r.loadActive(); err != nil {
 		return nil, err
@@ -292,7 +293,7 @@ func copyMap(m map[string]string) map[string]string {
 func (r *Registry) AddEndorsement(s *SignedEndorsement) (bool, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.ids[s.Endorsement.ID()] {
+	if r.ids[s.Endorsement.ID()] != nil {
 		return false, nil
 	}
 	now := r.now()
@@ -308,7 +309,7 @@ func (r *Registry) AddEndorsement(s *SignedEndorsement) (bool, error) {
 // insert appends s, keeping the per-peer and total bounds.
 func (r *Registry) insert(s *SignedEndorsement) {
 	id := s.Endorsement.ID()
-	if r.ids[id] {
+	if r.ids[id] != nil {
 		return
 	}
 	n := 0
@@ -329,7 +330,7 @@ func (r *Registry) insert(s *SignedEndorsement) {
 		r.remove(0)
 	}
 	r.recs = append(r.recs, s)
-	r.ids[id] = true
+	r.ids[id] = s
 }
 
 func (r *Registry) remove(i int) {
@@ -349,6 +350,32 @@ func (r *Registry) prune(now time.Time) {
 	}
 	clear(r.recs[len(keep):])
 	r.recs = keep
+}
+
+// Has reports whether the registry holds s itself: the same endorsement
+// with the same signature (Ed25519 signatures are deterministic, so an
+// author's republished record is byte for byte the stored one; a copy
+// with another signature is not held).
+func (r *Registry) Has(s *SignedEndorsement) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	x := r.ids[s.Endorsement.ID()]
+	return x != nil && bytes.Equal(x.Sig, s.Sig)
+}
+
+// RecordsBy returns the wire bytes of the stored, unexpired
+// endorsements that peer p signed (what a daemon republishes of its own).
+func (r *Registry) RecordsBy(p peer.ID) [][]byte {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := r.now().Unix()
+	var out [][]byte
+	for _, s := range r.recs {
+		if now < s.Endorsement.Expires && s.Endorsement.Peer == p.String() {
+			out = append(out, s.Encode())
+		}
+	}
+	return out
 }
 
 // Endorsements returns the stored endorsements that have not expired,
