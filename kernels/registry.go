@@ -36,7 +36,7 @@ type Registry struct {
 
 	mu        sync.Mutex
 	st        activeState
-	recs      []*SignedEndorsement // oldest first
+	recs      []*SignedEndorsement            // oldest first
 	ids       map[[32]byte]*SignedEndorsement // Endorsement.ID -> record
 	dirty     bool
 	lastFlush time.Time
