@@ -117,6 +117,15 @@ func (a *app) startAPI(listen string, hooks *serveHooks) (stop func(), err error
 			}
 			return a.pinReplicas(repl, c, r)
 		},
+		Kernels: func() any {
+			hooks.mu.Lock()
+			k := hooks.kern
+			hooks.mu.Unlock()
+			if k == nil {
+				return nil
+			}
+			return k.Status()
+		},
 		ReplicaStatus: func() []swarm.ReplicaStatus {
 			hooks.mu.Lock()
 			repl := hooks.repl

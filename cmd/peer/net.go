@@ -135,6 +135,8 @@ type netFlags struct {
 	// replicas that lack live copies, every replicateEvery.
 	replicate      bool
 	replicateEvery time.Duration
+	// The daemon's kernel gossip (nil: none).
+	kernels *kernelFlags
 }
 
 func (nf *netFlags) add(cmd *cobra.Command) {
@@ -338,6 +340,7 @@ func daemonCmd(a *app) *cobra.Command {
 	cmd.Flags().StringVar(&listen, "signal-listen", "", "also run a signaling server (with /metrics) on this address")
 	cmd.Flags().BoolVar(&nf.replicate, "replicate", false, "keep copies for the swarm: fetch shards of collections pinned with --replicas that have fewer live copies than asked")
 	cmd.Flags().DurationVar(&nf.replicateEvery, "replicate-interval", 30*time.Second, "how often replica counts are checked (and the pins with replicas published)")
+	nf.kernels = addKernelFlags(cmd)
 	addSignalLimits(cmd, &cfg)
 	return cmd
 }
@@ -352,6 +355,7 @@ type serveHooks struct {
 	ready  chan struct{}        // closed once the store is open
 	reg    *prometheus.Registry // the overlay's metrics, served on /metrics
 	repl   *swarm.Replicator    // nil: no overlay
+	kern   *kernelDaemon        // nil: no kernel gossip
 }
 
 // node returns the node of the moment and the membership (nil, nil before
@@ -374,17 +378,28 @@ const nodeWait = 20 * time.Second
 // of a daemon that is still joining is served once it has joined, not
 // refused.
 func (h *serveHooks) waitNode(ctx context.Context) (*swarm.Node, *swarm.Member, error) {
+	n, err := awaitNode(ctx, func() *swarm.Node { n, _ := h.node(); return n })
+	if err != nil {
+		return nil, nil, err
+	}
+	_, m := h.node()
+	return n, m, nil
+}
+
+// awaitNode polls get until it returns a node, for up to nodeWait or
+// until ctx ends.
+func awaitNode(ctx context.Context, get func() *swarm.Node) (*swarm.Node, error) {
 	ctx, cancel := context.WithTimeout(ctx, nodeWait)
 	defer cancel()
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		if n, m := h.node(); n != nil {
-			return n, m, nil
+		if n := get(); n != nil {
+			return n, nil
 		}
 		select {
 		case <-ctx.Done():
-			return nil, nil, errors.New("the daemon is not in the swarm right now (starting or reconnecting)")
+			return nil, errors.New("the daemon is not in the swarm right now (starting or reconnecting)")
 		case <-tick.C:
 		}
 	}
@@ -472,8 +487,22 @@ func (a *app) serveWith(cmd *cobra.Command, nf *netFlags, hooks *serveHooks) err
 			hooks.member, hooks.ov, hooks.repl = m, ov, repl
 			hooks.mu.Unlock()
 		}
+		kern, err := a.startKernels(ctx, nf.kernels, ov, st, swarmFetcher{m, st}, nf.registerer)
+		if err != nil {
+			a.log.Warn("kernel gossip off", "err", err)
+		}
+		if hooks != nil {
+			hooks.mu.Lock()
+			hooks.kern = kern
+			hooks.mu.Unlock()
+		}
 		<-ctx.Done()
 		<-replDone
+		if kern != nil {
+			if err := kern.Close(); err != nil {
+				a.log.Warn("kernel gossip", "err", err)
+			}
+		}
 		err = m.Close()
 		if ov != nil {
 			err = errors.Join(err, ov.Close())

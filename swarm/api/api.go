@@ -49,6 +49,10 @@ type Server struct {
 	// daemon counted of the targets it knows.
 	Replicas      func(c cas.CID, r int) error
 	ReplicaStatus func() []swarm.ReplicaStatus
+	// Kernels, if set, describes the daemon's kernel lab (device class,
+	// active variants, endorsements received by gossip, pulls) for
+	// GET /api/v1/kernels; nil, or a nil result: not found.
+	Kernels func() any
 	// Token authorizes state changes. Required.
 	Token string
 	// Registry, if not nil, has more collectors for /metrics.
@@ -97,6 +101,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /api/v1/blobs", s.blobs)
 	mux.HandleFunc("GET /api/v1/fetch", s.listJobs)
 	mux.HandleFunc("GET /api/v1/providers", s.providers)
+	mux.HandleFunc("GET /api/v1/kernels", s.kernels)
 	mux.HandleFunc("POST /api/v1/fetch", s.authorized(s.fetch))
 	mux.HandleFunc("POST /api/v1/pin", s.authorized(s.pin))
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
@@ -196,6 +201,18 @@ func (s *Server) statusNow() Status {
 }
 
 func (s *Server) status(w http.ResponseWriter, _ *http.Request) { writeJSON(w, s.statusNow()) }
+
+func (s *Server) kernels(w http.ResponseWriter, _ *http.Request) {
+	var v any
+	if s.Kernels != nil {
+		v = s.Kernels()
+	}
+	if v == nil {
+		writeErr(w, http.StatusNotFound, "this daemon runs no kernel gossip")
+		return
+	}
+	writeJSON(w, v)
+}
 
 // PeerInfo is one entry of /api/v1/peers.
 type PeerInfo struct {
