@@ -17,9 +17,13 @@
 #      endorsed by peer A; B (a second home, another process) gets the
 #      blobs and the signed record, verifies it, pulls it with A's key as
 #      trusted (gate and timing again, here), activates it; list.txt.
+#   3b. gossip.txt/.json: the same through two daemons: A's gossips the
+#      record, C's (a fresh home) fetches the variant over the swarm, gates,
+#      times and activates it (daemon-*.log).
 #   4. test.log: the lab's Go tests (cheaters, hang, gossip) when
 #      .gl/lab.test exists; SKIP_TESTS=1 skips them.
-# RUNS (default 50) is the timed batches per comparison.
+# RUNS (default 50) is the timed batches per comparison. QUICK=1 skips
+# step 1 and the workgroup-size variants of step 2.
 set -uo pipefail
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
@@ -37,9 +41,11 @@ rm -rf "$A" "$B"
 "$peer" --home "$A" init > /dev/null && "$peer" --home "$B" init > /dev/null || exit 1
 quiet() { grep -v '^\[wgpu\] \[Warn\]'; }
 
+if [ "${QUICK:-0}" != 1 ]; then
 echo "== 1. built-in kernels"
 "$peer" --home "$A" kernels bench all --runs "$runs" 2>&1 | quiet | tee "$out/bench.txt"
 "$peer" --home "$A" --json kernels bench all --runs "$runs" 2>/dev/null > "$out/bench.json"
+fi
 
 echo "== 2. variants"
 : > "$out/variants.json"
@@ -57,8 +63,9 @@ for r in json.load(sys.stdin):
   done
 }
 {
-  try argmax argmax_ilp.wgsl "" 32000 151936 1000000
-  for wg in 32 64 128; do
+  try softmax softmax_online.wgsl "" 1x151936 8x151936 1x32000 32x4096
+  try argmax argmax_ilp.wgsl "" 151936 32000 1000000
+  [ "${QUICK:-0}" = 1 ] || for wg in 32 64 128; do
     try softmax softmax_wg.wgsl "--const WG=$wg" 1x32000 32x4096 8x151936
     try rmsnorm rmsnorm_wg.wgsl "--const WG=$wg" 1x4096 32x4096 1x7168
   done
@@ -103,6 +110,48 @@ EOF
     "$peer" --home "$B" kernels list 2>&1 | quiet | tee "$out/list.txt"
   fi
 } 2>&1 | tee "$out/endorse.txt"
+
+# 3b. The same through the swarm: A's daemon gossips its endorsement on
+# its device class's topic; C's daemon (a fresh home, trusting A's key)
+# receives it, fetches the variant's blobs from A over WebRTC, gates and
+# times it in its own child process and activates it.
+if [ -n "$best" ]; then
+  C=/tmp/lab-c
+  rm -rf "$C"
+  "$peer" --home "$C" init > /dev/null
+  sig=127.0.0.1:17001
+  "$peer" --home "$A" daemon --signal-listen $sig --api-listen 127.0.0.1:0 --kernel-announce-interval 2s --log-level info 2> "$out/daemon-a.log" &
+  da=$!
+  sleep 3
+  aaddr=$(head -1 "$A/p2p.addr")
+  "$peer" --home "$C" daemon --signal ws://$sig --bootstrap "$aaddr" --api-listen 127.0.0.1:0 --kernel-pull \
+    --kernel-trust-keys /tmp/trusted.txt --kernel-runs "$runs" --log-level info 2> "$out/daemon-c.log" &
+  dc=$!
+  python3 - "$C" "$out/gossip.json" <<'EOF2' | tee "$out/gossip.txt"
+import json, sys, time, urllib.request
+home, path = sys.argv[1], sys.argv[2]
+deadline = time.time() + 240
+st = None
+while time.time() < deadline:
+    time.sleep(2)
+    try:
+        api = open(home + "/api.addr").read().strip()
+        st = json.load(urllib.request.urlopen(api + "/api/v1/kernels", timeout=5))
+    except Exception as e:
+        continue
+    if any(p.get("activated") for p in st.get("pulls", [])):
+        break
+json.dump(st, open(path, "w"), indent=1)
+if st is None:
+    print("C: no kernel status")
+else:
+    print("C: class", st["class"], "received", st["received"], "endorsements", len(st["endorsements"] or []))
+    for p in st.get("pulls") or []:
+        print("C: pulled %s %s %s: measured %.3fx activated %s %s" % (p["op"], p["variant"], p["shape"], p.get("measuredSpeedup", 0), p["activated"], p.get("error", "")))
+EOF2
+  kill $dc $da; wait $dc $da 2>/dev/null
+  "$peer" --home "$C" kernels list 2>&1 | quiet | tee -a "$out/gossip.txt"
+fi
 
 if [ -x .gl/lab.test ] && [ "${SKIP_TESTS:-0}" != 1 ]; then
   echo "== 4. lab tests"

@@ -93,21 +93,38 @@ func (l *Lab) Compare(ctx context.Context, cand, base *kernels.Artifact, dims []
 		}
 	}
 
-	// Warm up, then size the batches by the slower of the two.
-	var t1 time.Duration
+	// Warm up, then size the batches by the slower of the two: double the
+	// dispatches until a batch lasts targetBatch. A batch's submit and the
+	// wait for its end cost a fixed time whatever it holds (up to the
+	// device poller's longest sleep, 0.5 ms); sized by the time of one
+	// dispatch, which that cost swamps, batches on an H100 held two
+	// dispatches and every op timed alike (~245 us a dispatch, argmax of
+	// 151936 and of 10^6 values the same). The fixed cost left in a
+	// targetBatch batch only brings speedups toward 1.
 	for _, p := range []*gpu.Pipeline{cp, bp} {
 		if _, err := l.timeBatch(ctx, p, probs[0], sets, warmup, 0); err != nil {
 			return res, err
 		}
-		t, err := l.timeBatch(ctx, p, probs[0], sets, 1, 0)
-		if err != nil {
-			return res, err
-		}
-		t1 = max(t1, t)
 	}
 	// At least two dispatches a batch: with one, a kernel that computes
 	// only into a poisoned output would be right every time it is timed.
-	reps := int(min(max(int64(targetBatch/max(t1, time.Microsecond)), 2), maxReps))
+	reps := 2
+	var t1 time.Duration // one dispatch of the slower, fixed cost included
+	for {
+		var tb time.Duration
+		for _, p := range []*gpu.Pipeline{cp, bp} {
+			t, err := l.timeBatch(ctx, p, probs[0], sets, reps, 0)
+			if err != nil {
+				return res, err
+			}
+			tb = max(tb, t)
+		}
+		t1 = tb / time.Duration(reps)
+		if tb >= targetBatch || reps >= maxReps {
+			break
+		}
+		reps = min(2*reps, maxReps)
+	}
 	if (reps-1)%inputSets == 0 {
 		reps++ // the last dispatch must read another set than the first
 	}
