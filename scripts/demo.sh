@@ -80,21 +80,30 @@ step "8. The GPU: adapters, then the built-in kernels checked against their CPU 
 run $peer gpu info
 run $peer gpu selftest
 
-step "9. The kernel lab: a variant gated, timed against the built-in and endorsed on this device; a second peer verifies the record, gates and times it again, and activates it"
+step "9. The kernel lab: a variant gated, timed against the built-in and endorsed on this device; a second peer's daemon hears of it by gossip, fetches it over the swarm, gates and times it again, and activates it"
 run $peer kernels bench softmax
 variant=$($peer --json kernels add "$(dirname "$0")/../kernels/lab/variants/softmax_wg.wgsl" --op softmax --const WG=64 2>/dev/null | sed -n 's/.*"cid": *"\([^"]*\)".*/\1/p' | head -1)
 echo "variant $variant (softmax with 64-thread workgroups)"
-if run $peer kernels endorse "$variant" --out "$work/records.jsonl"; then
+if run $peer kernels endorse "$variant"; then
+  $peer --json kernels list 2>/dev/null | sed -n 's/.*"peer": *"\([^"]*\)".*/\1/p' | head -1 > "$work/trusted.txt"
+  port2=$((20000 + RANDOM % 20000))
+  echo "this peer's daemon gossips its endorsement on the topic of its device class; a fresh peer's daemon trusts its key and pulls"
+  $peer daemon --signal-listen 127.0.0.1:$port2 --api-listen 127.0.0.1:0 --kernel-announce-interval 2s --log-level warn > "$work/daemon-a.log" 2>&1 &
+  da=$!
+  trap 'kill $daemon $da 2>/dev/null || true; cleanup' EXIT
+  for _ in $(seq 100); do [ -s "$RDRR_HOME/p2p.addr" ] && break; sleep 0.1; done
   export RDRR_HOME=$work/home4
   run $peer init
-  # the variant's blobs (the swarm's job once the daemon gossips endorsements) and the signed record
-  RDRR_HOME=$work/home $peer cat "$variant" > "$work/desc.json"
-  wgsl=$(sed -n 's/.*"wgsl": *"\([^"]*\)".*/\1/p' "$work/desc.json")
-  RDRR_HOME=$work/home $peer cat "$wgsl" > "$work/variant.wgsl"
-  $peer add -q "$work/desc.json" > /dev/null && $peer add -q "$work/variant.wgsl" > /dev/null
-  RDRR_HOME=$work/home $peer --json kernels list 2>/dev/null | sed -n 's/.*"peer": *"\([^"]*\)".*/\1/p' | head -1 > "$work/trusted.txt"
-  run $peer kernels import "$work/records.jsonl"
-  run $peer kernels pull --trust-keys "$work/trusted.txt" || echo "(not activated here: it was not faster on this run)"
+  $peer daemon --signal ws://127.0.0.1:$port2 --bootstrap "$(head -1 "$work/home/p2p.addr")" --api-listen 127.0.0.1:0 \
+    --kernel-pull --kernel-trust-keys "$work/trusted.txt" --kernel-runs 15 --log-level warn > "$work/daemon-b.log" 2>&1 &
+  db=$!
+  trap 'kill $daemon $da $db 2>/dev/null || true; cleanup' EXIT
+  for _ in $(seq 120); do
+    $peer --json kernels status 2>/dev/null | grep -q '"activated"' && break
+    sleep 1
+  done
+  run $peer kernels status || true
+  kill $db $da 2>/dev/null; wait $db $da 2>/dev/null || true
   run $peer kernels list
   export RDRR_HOME=$work/home
 else

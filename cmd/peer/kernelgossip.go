@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -343,4 +345,46 @@ func (f swarmFetcher) Fetch(ctx context.Context, c cas.CID, maxSize int64) error
 	}
 	_, err = n.Fetch(ctx, f.st, c, swarm.FetchOptions{Discover: f.m.Discover, Providers: f.m.Providers, MaxBlobSize: maxSize})
 	return err
+}
+
+// kernelsStatusCmd is `peer kernels status`: the kernel state of the
+// daemon running on this home (its store is the daemon's while it runs).
+func kernelsStatusCmd(a *app) *cobra.Command {
+	return &cobra.Command{
+		Use:   "status",
+		Short: "The kernel gossip of the daemon running on this home: class, active variants, endorsements received, pulls",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var st KernelStatus
+			if err := a.apiGet("/api/v1/kernels", &st); err != nil {
+				return err
+			}
+			return a.print(st, func(w io.Writer) {
+				fmt.Fprintf(w, "class %s, topic %s with %d peers\n", st.Class, st.Topic, st.TopicPeers)
+				ops := make([]string, 0, len(st.Active))
+				for op, v := range st.Active {
+					if v != kernels.Builtin {
+						ops = append(ops, op)
+					}
+				}
+				sort.Strings(ops)
+				for _, op := range ops {
+					fmt.Fprintf(w, "active %s: %s\n", op, st.Active[op])
+				}
+				fmt.Fprintf(w, "endorsements stored %d; received: %d accepted, %d duplicate, dropped %v; published %d of this peer's\n",
+					len(st.Endorsements), st.Received.Accepted, st.Received.Duplicate, st.Received.Dropped, st.Published)
+				if !st.Pull {
+					fmt.Fprintln(w, "pulls off (peer daemon --kernel-pull)")
+				}
+				for _, p := range st.Pulls {
+					why := ""
+					if p.Error != "" {
+						why = ": " + p.Error
+					}
+					fmt.Fprintf(w, "pulled %s %s (%s, %d endorsers): measured %.2fx here, activated %v%s\n",
+						p.Op, p.Variant, p.Shape, p.Endorsers, p.Measured, p.Activated, why)
+				}
+			})
+		},
+	}
 }

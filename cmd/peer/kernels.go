@@ -46,7 +46,7 @@ before it is timed or used; endorsements only decide what is worth trying.`,
 		},
 	}
 	cmd.AddCommand(kernelsAddCmd(a), kernelsBenchCmd(a), kernelsEndorseCmd(a), kernelsImportCmd(a),
-		kernelsPullCmd(a), kernelsUseCmd(a), kernelsListCmd(a), kernelsWorkerCmd(a))
+		kernelsPullCmd(a), kernelsUseCmd(a), kernelsListCmd(a), kernelsStatusCmd(a), kernelsWorkerCmd(a))
 	return []*cobra.Command{cmd}
 }
 
