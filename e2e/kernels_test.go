@@ -21,6 +21,7 @@ type kernelStatus struct {
 		Accepted, Duplicate int
 		Dropped             map[string]int
 	}
+	Records   []json.RawMessage
 	Published int
 	Pulls     []struct {
 		Variant   string
@@ -130,6 +131,9 @@ func TestKernelEndorsementByGossip(t *testing.T) {
 	kb := b.kernels(t)
 	if kb.Class != rec.Endorsement.Class || kb.Received.Accepted != 1 || len(kb.Endorsements) != 1 || kb.Endorsements[0].Kernel != fast {
 		t.Errorf("B's kernel state %+v; want A's one endorsement for %s", kb, rec.Endorsement.Class)
+	}
+	if len(kb.Records) != 1 || !strings.Contains(string(kb.Records[0]), fast) {
+		t.Errorf("B serves records %s; want A's signed record", kb.Records)
 	}
 	if len(kb.Pulls) == 0 || !kb.Pulls[len(kb.Pulls)-1].Activated || kb.Pulls[len(kb.Pulls)-1].Measured <= 1 {
 		t.Errorf("B's pulls %+v; want the variant activated, measured faster here", kb.Pulls)

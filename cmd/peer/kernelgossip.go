@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -97,10 +98,13 @@ type KernelStatus struct {
 	TopicPeers   int                   `json:"topicPeers"`
 	Active       map[string]string     `json:"active"`
 	Endorsements []kernels.Endorsement `json:"endorsements"`
-	Received     kernels.ReceiverStats `json:"received"`
-	Published    int                   `json:"published"`
-	Pull         bool                  `json:"pull"`
-	Pulls        []kernelPull          `json:"pulls"`
+	// Records are the stored records as signed (each a line of `peer
+	// kernels import`): what the daemon serves of its endorsements.
+	Records   []json.RawMessage     `json:"records"`
+	Received  kernels.ReceiverStats `json:"received"`
+	Published int                   `json:"published"`
+	Pull      bool                  `json:"pull"`
+	Pulls     []kernelPull          `json:"pulls"`
 }
 
 // startKernels joins the endorsement topic of this device's class, or
@@ -314,8 +318,16 @@ func (k *kernelDaemon) Status() KernelStatus {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	return KernelStatus{Class: k.class.Exact(), Topic: k.topic.Name(), TopicPeers: len(k.topic.Peers()),
-		Active: k.reg.ActiveAll(), Endorsements: k.reg.Endorsements(), Received: k.recv.Stats(),
+		Active: k.reg.ActiveAll(), Endorsements: k.reg.Endorsements(), Records: records(k.reg), Received: k.recv.Stats(),
 		Published: k.sent, Pull: k.puller != nil, Pulls: append([]kernelPull{}, k.pulls...)}
+}
+
+func records(r *kernels.Registry) []json.RawMessage {
+	var out []json.RawMessage
+	for _, b := range r.Records() {
+		out = append(out, b)
+	}
+	return out
 }
 
 // Close leaves the topic once the loops (whose context ended) are done,
