@@ -605,10 +605,14 @@ const closeWarnAfter = 10 * time.Second
 
 // Poll backoff: after a poll that changed nothing the poller sleeps
 // pollMinSleep, doubling up to pollMaxSleep; a callback that fires or a new
-// submission starts it again from the bottom.
+// submission starts it again from the bottom. The sleeps are system calls
+// (preciseSleep), not Go timers: the runtime waits at least a millisecond
+// for a timer when the process is otherwise idle (epoll_wait takes
+// milliseconds), so a 10 us timer slept ~1 ms, and every wait for the GPU
+// (a read-back, a Sync, a staging buffer's return) was late by up to that.
 const (
 	pollMinSleep = 10 * time.Microsecond
-	pollMaxSleep = 500 * time.Microsecond
+	pollMaxSleep = 200 * time.Microsecond
 )
 
 // pollLoop drives wgpu's callbacks while anything is outstanding: work on
@@ -653,15 +657,13 @@ func (d *Device) pollLoop() {
 				continue
 			}
 			sleep = min(max(2*sleep, pollMinSleep), pollMaxSleep)
-			t := time.NewTimer(sleep)
+			preciseSleep(sleep)
 			select {
 			case <-d.stop:
-				t.Stop()
 				return
 			case <-d.kick:
-				t.Stop()
 				sleep = 0
-			case <-t.C:
+			default:
 			}
 		}
 	}
