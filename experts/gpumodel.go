@@ -173,7 +173,7 @@ func NewGPUModel(ctx context.Context, m *Manifest, d *gpu.Device, cache *tiers.C
 		"dgate": wide * 4, "dup": wide * 4, "dact": wide * 4, "dy": h * 4,
 		"tok": 4, "x": h * 4, "xn": h * 4, "q": nq * hd * 4, "qkv": (nq + 2*nkv) * hd * 4, "att": nq * hd * 4, "o": h * 4,
 		"rlogits": c.Experts() * 4, "ids": idsPredOff + k*4, "w": k * 4, "gu": 2 * ((k*ffn*4 + 255) / 256 * 256),
-		"act": k * ffn * 4, "y": k * h * 4, "out": (c.VocabSize*4+255)/256*256 + c.NumHiddenLayers*256, "ones": 16, "freqs": hd / 2 * 4,
+		"act": k * ffn * 4, "y": k * h * 4, "out": (c.VocabSize*4+255)/256*256 + 256 + c.NumHiddenLayers*256, "ones": 16, "sampled": 16, "freqs": hd / 2 * 4,
 		"pxn": h * 4, "plogits": c.Experts() * 4, "pw": k * 4,
 	}
 	for name, n := range sizes {
@@ -392,13 +392,31 @@ func (g *GPUModel) Close() {
 // token as one submission and one read-back (the logits and every masked
 // layer's choice, for the stats and the trace).
 func (g *GPUModel) Step(ctx context.Context, token int) ([]float32, error) {
+	logits, _, err := g.step(ctx, token, head{logits: true})
+	return logits, err
+}
+
+// head says what a step ends with: the logits read back (Step), a token
+// sampled on the GPU and read back alone (4 bytes, not the vocabulary's
+// logits: Generate), or neither (a prompt token before the last: no LM
+// head at all).
+type head struct {
+	logits bool
+	sample bool
+	// The draw of a sampled token: greedy (argmax) at temperature 0, else
+	// top-p with the uniform u (Sampling's rule).
+	temperature, topP, u float64
+}
+
+// step runs one token; see Step and head.
+func (g *GPUModel) step(ctx context.Context, token int, hd head) ([]float32, int, error) {
 	c := &g.m.Config
 	k := c.NumExpertsPerTok
 	if token < 0 || token >= c.VocabSize {
-		return nil, fmt.Errorf("experts: token %d outside the vocabulary of %d", token, c.VocabSize)
+		return nil, 0, fmt.Errorf("experts: token %d outside the vocabulary of %d", token, c.VocabSize)
 	}
 	if g.pos >= g.MaxPos {
-		return nil, fmt.Errorf("experts: position %d: the KV cache holds %d", g.pos, g.MaxPos)
+		return nil, 0, fmt.Errorf("experts: position %d: the KV cache holds %d", g.pos, g.MaxPos)
 	}
 	B := g.buf
 	pr := &g.Profile
@@ -407,7 +425,7 @@ func (g *GPUModel) Step(ctx context.Context, token int) ([]float32, error) {
 	lap := func(d *time.Duration) { now := time.Now(); *d += now.Sub(mark); mark = now }
 	defer func() { pr.Steps++; pr.Total += time.Since(tStep) }()
 	if err := g.d.Write(B["tok"], binary.LittleEndian.AppendUint32(nil, uint32(token))); err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	var held []*tiers.Lease // matrices of the masked layers, until their submit
 	defer func() { releaseAll(held) }()
@@ -435,12 +453,12 @@ func (g *GPUModel) Step(ctx context.Context, token int) ([]float32, error) {
 	}
 	g.k.Embed(ctx, b, gpu.Q4K, g.dense["model.embed_tokens.weight"], B["tok"], B["x"], 1, c.HiddenSize, c.VocabSize)
 	if err := section("embed"); err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	for l := 0; l < c.NumHiddenLayers; l++ {
 		g.recordAttention(ctx, b, l)
 		if err := section("attention"); err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 		p := fmt.Sprintf("model.layers.%d.", l)
 		if !c.IsMoE(l) {
@@ -455,19 +473,19 @@ func (g *GPUModel) Step(ctx context.Context, token int) ([]float32, error) {
 			sel := B["out"].Sub(g.idsAt(l), uint64(k*4))
 			g.k.Route(ctx, b, B["rlogits"], nil, sel, B["w"], g.route())
 			if err := section("router"); err != nil {
-				return nil, err
+				return nil, 0, err
 			}
 			held = append(held, layer...)
 			g.recordMasked(ctx, b, l, layer, sel)
 			if err := section("experts"); err != nil {
-				return nil, err
+				return nil, 0, err
 			}
 			masked = append(masked, l)
 			if len(masked)%maskedPerSubmit == 0 {
 				// Submit as we go: the GPU runs these layers while the
 				// next ones are recorded.
 				if err := b.Submit(ctx); err != nil {
-					return nil, err
+					return nil, 0, err
 				}
 				pr.Submits++
 				held = releaseAll(held)
@@ -486,7 +504,7 @@ func (g *GPUModel) Step(ctx context.Context, token int) ([]float32, error) {
 			g.k.Route(ctx, b, B["plogits"], nil, B["ids"].Sub(idsPredOff, uint64(k*4)), B["pw"], g.route())
 		}
 		if err := b.Submit(ctx); err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 		pr.Submits++
 		held = releaseAll(held) // submitted: a later upload into their slots queues after
@@ -499,7 +517,7 @@ func (g *GPUModel) Step(ctx context.Context, token int) ([]float32, error) {
 		}
 		both := make([]byte, n)
 		if err := g.d.Read(ctx, B["ids"].Sub(0, uint64(n)), both); err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 		pr.Readbacks++
 		lap(&pr.RouteWait)
@@ -519,7 +537,7 @@ func (g *GPUModel) Step(ctx context.Context, token int) ([]float32, error) {
 		var wants []want
 		exs, err := g.chosen(l, idb)
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 		for _, ex := range exs {
 			for j, name := range ex.Tensors {
@@ -547,7 +565,7 @@ func (g *GPUModel) Step(ctx context.Context, token int) ([]float32, error) {
 		}
 		if err != nil {
 			releaseAll(leases)
-			return nil, err
+			return nil, 0, err
 		}
 		for i, w := range wants {
 			slots[w.j] = append(slots[w.j], got[i].Slot())
@@ -564,37 +582,68 @@ func (g *GPUModel) Step(ctx context.Context, token int) ([]float32, error) {
 		err = b.Submit(ctx)
 		releaseAll(leases)
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 		pr.Submits++
 		lap(&pr.Record)
 		b = g.d.Batch()
 	}
-	g.k.RMSNorm(ctx, b, B["x"], g.dense["model.norm.weight"], B["xn"], 1, c.HiddenSize, float32(c.RMSNormEps))
-	g.k.Q4KMatVec(ctx, b, g.dense["lm_head.weight"], B["xn"], B["out"].Sub(0, uint64(c.VocabSize*4)), c.VocabSize, c.HiddenSize)
+	logitsAt := B["out"].Sub(0, uint64(c.VocabSize*4))
+	if hd.logits || hd.sample {
+		g.k.RMSNorm(ctx, b, B["x"], g.dense["model.norm.weight"], B["xn"], 1, c.HiddenSize, float32(c.RMSNormEps))
+		g.k.Q4KMatVec(ctx, b, g.dense["lm_head.weight"], B["xn"], logitsAt, c.VocabSize, c.HiddenSize)
+	}
+	if hd.sample {
+		// The kernel writes its own buffer (a dispatch cannot write the
+		// buffer it reads), copied next to the layers' choices.
+		tok := B["sampled"].Sub(0, 4)
+		if hd.temperature <= 0 {
+			g.k.Argmax(ctx, b, logitsAt, tok, c.VocabSize)
+		} else {
+			g.k.TopP(ctx, b, logitsAt, tok, c.VocabSize, float32(hd.temperature), float32(hd.topP), float32(hd.u))
+		}
+		if err := b.Copy(B["out"].Sub(g.tokAt(), 4), tok); err != nil {
+			return nil, 0, err
+		}
+	}
 	if err := section("head"); err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	if err := b.Submit(ctx); err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	pr.Submits++
 	lap(&pr.Record)
-	n := uint64(c.VocabSize * 4)
+	// One read-back: from the logits (or the sampled token, or the first
+	// masked layer's choice) to the last masked layer's choice.
+	from, to := uint64(0), uint64(c.VocabSize*4)
+	switch {
+	case hd.logits:
+	case hd.sample:
+		from, to = g.tokAt(), g.tokAt()+4
+	default:
+		from, to = g.idsAt(0), g.idsAt(0)
+	}
 	if len(masked) > 0 {
-		n = g.idsAt(masked[len(masked)-1]) + uint64(k*4)
+		to = g.idsAt(masked[len(masked)-1]) + uint64(k*4)
+		from = min(from, g.idsAt(masked[0]))
 	}
-	out := make([]byte, n)
-	if err := g.d.Read(ctx, B["out"].Sub(0, n), out); err != nil {
-		return nil, err
+	buf := make([]byte, to-from)
+	if to > from {
+		if err := g.d.Read(ctx, B["out"].Sub(from, to-from), buf); err != nil {
+			return nil, 0, err
+		}
+		pr.Readbacks++
+	} else if err := g.d.Sync(ctx); err != nil { // nothing to read: wait for the step
+		return nil, 0, err
 	}
-	pr.Readbacks++
 	lap(&pr.LogitsWait)
+	at := func(off uint64) []byte { return buf[off-from:] } // buf holds [from, to) of out
 	for _, l := range masked {
 		// What the masked layers chose: count it as the paged path does.
-		exs, err := g.chosen(l, out[g.idsAt(l):][:k*4])
+		exs, err := g.chosen(l, at(g.idsAt(l))[:k*4])
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 		for _, ex := range exs {
 			for _, name := range ex.Tensors {
@@ -604,11 +653,21 @@ func (g *GPUModel) Step(ctx context.Context, token int) ([]float32, error) {
 	}
 	pr.MaskedLayers += len(masked)
 	g.pos++
-	logits := make([]float32, c.VocabSize)
-	for i := range logits {
-		logits[i] = math.Float32frombits(binary.LittleEndian.Uint32(out[4*i:]))
+	var logits []float32
+	if hd.logits {
+		logits = make([]float32, c.VocabSize)
+		for i := range logits {
+			logits[i] = math.Float32frombits(binary.LittleEndian.Uint32(at(uint64(4 * i))))
+		}
 	}
-	return logits, nil
+	tok := -1
+	if hd.sample {
+		tok = int(binary.LittleEndian.Uint32(at(g.tokAt())))
+		if tok < 0 || tok >= c.VocabSize {
+			return nil, 0, fmt.Errorf("experts: the GPU sampled token %d outside the vocabulary of %d", tok, c.VocabSize)
+		}
+	}
+	return logits, tok, nil
 }
 
 // compile records one step's kernels into a batch that is never
@@ -675,7 +734,14 @@ const maskedPerSubmit = 4
 // when the layer runs masked: after the logits, 256 bytes a layer (a
 // storage binding's offset alignment).
 func (g *GPUModel) idsAt(l int) uint64 {
-	return (uint64(g.m.Config.VocabSize*4)+255)/256*256 + uint64(l)*256
+	return g.tokAt() + 256 + uint64(l)*256
+}
+
+// tokAt is where, in the out buffer, a step's sampled token goes: after
+// the logits, before the layers' choices (one read-back takes it and
+// them).
+func (g *GPUModel) tokAt() uint64 {
+	return (uint64(g.m.Config.VocabSize*4) + 255) / 256 * 256
 }
 
 // recordAttention records layer l up to its FFN input: x += attention(x)
@@ -839,17 +905,19 @@ func (g *GPUModel) recordMasked(ctx context.Context, b *gpu.Batch, l int, layer 
 }
 
 // Generate feeds prompt then generates up to maxTokens tokens (as
-// RefModel.Generate), sampling on the CPU from the logits read back.
+// RefModel.Generate, with the same draws), sampling on the GPU: a step
+// reads back the chosen token (and the masked layers' choices), not the
+// vocabulary's logits, and a prompt token before the last runs no LM
+// head. Greedy tokens are the host's argmax of the same logits; top-p
+// ones may differ from the float64 reference's where a draw falls within
+// f32 rounding of a boundary.
 func (g *GPUModel) Generate(ctx context.Context, prompt []int, maxTokens int, s Sampling, emit func(int)) ([]int, error) {
-	return decode(ctx, g.m, g.Trace, prompt, maxTokens, s, emit, func(ctx context.Context, tok int) ([]float64, error) {
-		l, err := g.Step(ctx, tok)
-		if err != nil {
-			return nil, err
+	return decode(ctx, g.m, g.Trace, prompt, maxTokens, s, emit, func(ctx context.Context, tok int, d *draw) (int, error) {
+		hd := head{}
+		if d != nil {
+			hd = head{sample: true, temperature: d.temperature, topP: d.topP, u: d.u}
 		}
-		wide := make([]float64, len(l))
-		for i, v := range l {
-			wide[i] = float64(v)
-		}
-		return wide, nil
+		_, next, err := g.step(ctx, tok, hd)
+		return next, err
 	})
 }

@@ -209,3 +209,129 @@ func argmax32(x []float32) int {
 	}
 	return best
 }
+
+// Generate samples on the GPU (argmax or top-p over the logits it keeps
+// there, one token read back): its tokens are the float64 reference's,
+// greedy and at temperature 0.9 with top-p 0.8 under one seed, for 24
+// tokens with a quarter of the experts in VRAM and all of them (masked
+// layers). A top-p token may differ only where the reference's draw fell
+// within 1e-5 of a boundary (f32 against float64): the comparison stops
+// there, and at least half the tokens must have been compared.
+func TestGPUModelSamples(t *testing.T) {
+	if os.Getenv("XDG_RUNTIME_DIR") == "" {
+		t.Setenv("XDG_RUNTIME_DIR", t.TempDir())
+	}
+	var o gpu.Options
+	if s := os.Getenv("RDRR_GPU_BACKEND"); s != "" {
+		o.Backend, _ = gpu.ParseBackend(s)
+	}
+	d, err := gpu.Open(context.Background(), o)
+	if err != nil {
+		t.Fatalf("no GPU adapter: %v", err)
+	}
+	defer d.Close()
+	m, src := tinyInStore(t, 1)
+	ctx := context.Background()
+	prompt := ByteTokens("The swarm is")
+	const n = 24
+	// reference replays the reference engine with the draws Generate
+	// makes, and returns its tokens and each draw's margin.
+	reference := func(s Sampling) ([]int, []float64) {
+		cache, err := tiers.New(tiers.Config{RAM: m.TotalSize, Disk: src})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cache.Close()
+		rm, err := NewRefModel(ctx, m, cache)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var margins []float64
+		toks, err := decode(ctx, m, nil, prompt, n, s, nil, func(ctx context.Context, tok int, dr *draw) (int, error) {
+			logits, err := rm.Step(ctx, tok)
+			if err != nil || dr == nil {
+				return 0, err
+			}
+			if dr.temperature <= 0 {
+				margins = append(margins, math.Inf(1))
+				return ref.Argmax(logits), nil
+			}
+			next, margin := ref.TopP(logits, dr.temperature, dr.topP, dr.u)
+			margins = append(margins, margin)
+			return next, nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return toks, margins
+	}
+	for _, c := range []struct {
+		name     string
+		s        Sampling
+		resident bool
+	}{
+		{"greedy, paged", Sampling{}, false},
+		{"greedy, resident", Sampling{}, true},
+		{"top-p, paged", Sampling{Temperature: 0.9, TopP: 0.8, Seed: 7}, false},
+		{"top-p, resident", Sampling{Temperature: 0.9, TopP: 0.8, Seed: 7}, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if testing.Short() && c.s.Temperature == 0 {
+				t.Skip("short: the top-p cases only (greedy tokens are compared by TestGPUModelMatchesReference too)")
+			}
+			slots := len(m.Experts) * 3 / 4
+			if c.resident {
+				slots = 3 * len(m.Experts)
+			}
+			arena, err := tiers.NewGPUArena(d, ExpertMatrixBytes(m), slots, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer arena.Release()
+			cache, err := tiers.New(tiers.Config{RAM: m.TotalSize, Arena: arena, Disk: src})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cache.Close()
+			g, err := NewGPUModel(ctx, m, d, cache, arena, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer g.Close()
+			if c.resident {
+				if err := cache.Warm(ctx, g.ExpertKeys(), tiers.VRAM, 2, nil); err != nil {
+					t.Fatal(err)
+				}
+			}
+			got, err := g.Generate(ctx, prompt, n, c.s, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want, margins := reference(c.s)
+			if len(got) != len(want) {
+				t.Fatalf("%d tokens; the reference made %d", len(got), len(want))
+			}
+			same := 0
+			for i := range want {
+				if got[i] == want[i] {
+					same++
+					continue
+				}
+				if margins[i] >= 1e-5 {
+					t.Fatalf("token %d: %d; the reference chose %d (margin %.3g)\ngot  %v\nwant %v", i, got[i], want[i], margins[i], got, want)
+				}
+				t.Logf("token %d: %d, the reference %d: its draw is %.3g from a boundary (f32 against float64); not compared further", i, got[i], want[i], margins[i])
+				break
+			}
+			if same < n/2 {
+				t.Fatalf("only %d of %d tokens compared", same, n)
+			}
+			if c.resident && g.Profile.MaskedLayers == 0 {
+				t.Fatal("no layer ran masked with every expert in VRAM")
+			}
+			if g.Profile.Readbacks > g.Profile.Steps*(m.Config.NumHiddenLayers+1) {
+				t.Fatalf("%d read-backs in %d steps", g.Profile.Readbacks, g.Profile.Steps)
+			}
+		})
+	}
+}

@@ -252,41 +252,83 @@ type Sampling struct {
 // Generate feeds prompt then samples up to maxTokens tokens, calling emit
 // with each generated one; it stops early at the tokenizer's end token.
 func (rm *RefModel) Generate(ctx context.Context, prompt []int, maxTokens int, s Sampling, emit func(int)) ([]int, error) {
-	return decode(ctx, rm.m, rm.Trace, prompt, maxTokens, s, emit, rm.Step)
+	return decode(ctx, rm.m, rm.Trace, prompt, maxTokens, s, emit, func(ctx context.Context, tok int, d *draw) (int, error) {
+		logits, err := rm.Step(ctx, tok)
+		if err != nil || d == nil {
+			return 0, err
+		}
+		return d.pick(logits), nil
+	})
+}
+
+// A draw is how one token is chosen from a step's logits: greedy at
+// temperature 0, else top-p with the uniform u that the seeded stream gave
+// for this token.
+type draw struct {
+	temperature, topP, u float64
+}
+
+// pick applies d to logits on the host.
+func (d *draw) pick(logits []float64) int {
+	if d.temperature <= 0 {
+		return ref.Argmax(logits)
+	}
+	tok, _ := ref.TopP(logits, d.temperature, d.topP, d.u)
+	return tok
 }
 
 // decode is the generation loop of both engines: the prompt through step,
-// then sampling (greedy at temperature 0, else top-p with a seeded draw),
-// each token fed back, until maxTokens or the end token.
-func decode(ctx context.Context, m *Manifest, trace *tiers.TraceRecorder, prompt []int, maxTokens int, s Sampling, emit func(int), step func(context.Context, int) ([]float64, error)) ([]int, error) {
+// then a token sampled after each step (greedy at temperature 0, else
+// top-p with a seeded draw, one draw a sampled token in order), each fed
+// back, until maxTokens or the end token. step runs one token and, given
+// a draw, returns the next token chosen from its logits (an engine may
+// choose on its own device: the draws are the same).
+func decode(ctx context.Context, m *Manifest, trace *tiers.TraceRecorder, prompt []int, maxTokens int, s Sampling, emit func(int), step func(ctx context.Context, tok int, d *draw) (int, error)) ([]int, error) {
 	if len(prompt) == 0 {
 		return nil, fmt.Errorf("experts: empty prompt")
 	}
 	rng := newSplitmix(s.Seed)
-	var logits []float64
-	var err error
+	topP := s.TopP
+	if topP <= 0 || topP > 1 {
+		topP = 1
+	}
+	next := func() *draw {
+		d := &draw{temperature: s.Temperature, topP: topP}
+		if s.Temperature > 0 {
+			d.u = unit(rng.next())
+		}
+		return d
+	}
+	var out []int
+	if maxTokens <= 0 {
+		// Only the prompt: no token is chosen.
+		for i, t := range prompt {
+			if trace != nil {
+				trace.SetToken(i)
+			}
+			if _, err := step(ctx, t, nil); err != nil {
+				return nil, err
+			}
+		}
+		return out, nil
+	}
+	var tok int
 	for i, t := range prompt {
 		if trace != nil {
 			trace.SetToken(i)
 		}
-		if logits, err = step(ctx, t); err != nil {
+		var d *draw
+		if i == len(prompt)-1 {
+			d = next()
+		}
+		var err error
+		if tok, err = step(ctx, t, d); err != nil {
 			return nil, err
 		}
 	}
-	var out []int
-	for len(out) < maxTokens {
+	for {
 		if err := ctx.Err(); err != nil {
 			return out, err
-		}
-		var tok int
-		if s.Temperature <= 0 {
-			tok = ref.Argmax(logits)
-		} else {
-			p := s.TopP
-			if p <= 0 || p > 1 {
-				p = 1
-			}
-			tok, _ = ref.TopP(logits, s.Temperature, p, unit(rng.next()))
 		}
 		out = append(out, tok)
 		if emit != nil {
@@ -298,7 +340,8 @@ func decode(ctx context.Context, m *Manifest, trace *tiers.TraceRecorder, prompt
 		if trace != nil {
 			trace.SetToken(len(prompt) + len(out) - 1)
 		}
-		if logits, err = step(ctx, tok); err != nil {
+		var err error
+		if tok, err = step(ctx, tok, next()); err != nil {
 			return out, err
 		}
 	}
