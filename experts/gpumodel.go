@@ -704,9 +704,12 @@ func (g *GPUModel) compile(ctx context.Context) error {
 		for i := range ids {
 			ids[i] = i
 		}
-		g.k.Q4KMatVecMasked(ctx, b, buf, zeros, ids, B["ids"], k, B["xn"], true, B["gu"], g.upOff(), ffn, h)
-		g.k.Q4KMatVecMasked(ctx, b, buf, zeros, ids, B["ids"], k, B["act"], false, B["y"], 0, h, ffn)
-		g.k.Q4KMatVecMaskedSwiGLU(ctx, b, buf, zeros, ids, B["ids"], k, B["gu"], g.upOff(), B["y"], h, ffn)
+		g.k.Q4KMatVecMasked(ctx, b, gpu.Masked{Arena: buf, Slots: zeros, Experts: ids, Sel: B["ids"], K: k,
+			X: B["xn"], SharedX: true, Y: B["gu"], YUpper: g.upOff(), Rows: ffn, Cols: h})
+		g.k.Q4KMatVecMasked(ctx, b, gpu.Masked{Arena: buf, Slots: zeros, Experts: ids, Sel: B["ids"], K: k,
+			X: B["act"], Y: B["y"], Rows: h, Cols: ffn})
+		g.k.Q4KMatVecMaskedSwiGLU(ctx, b, gpu.Masked{Arena: buf, Slots: zeros, Experts: ids, Sel: B["ids"], K: k,
+			X: B["gu"], Y: B["y"], Rows: h, Cols: ffn}, g.upOff())
 		if c.NumSharedExperts > 0 {
 			g.ffn(ctx, b, p+"mlp.shared_experts.", ffn*c.NumSharedExperts)
 		}
@@ -882,9 +885,11 @@ func (g *GPUModel) recordMasked(ctx context.Context, b *gpu.Batch, l int, layer 
 			for i := 0; i < len(r.slots); i += gpu.MaxGroup {
 				end := min(i+gpu.MaxGroup, len(r.slots))
 				if swiglu {
-					g.k.Q4KMatVecMaskedSwiGLU(ctx, b, buf, r.slots[i:end], r.experts[i:end], sel, k, x, g.upOff(), y, rows, cols)
+					g.k.Q4KMatVecMaskedSwiGLU(ctx, b, gpu.Masked{Arena: buf, Slots: r.slots[i:end], Experts: r.experts[i:end], Sel: sel, K: k,
+						X: x, Y: y, Rows: rows, Cols: cols}, g.upOff())
 				} else {
-					g.k.Q4KMatVecMasked(ctx, b, buf, r.slots[i:end], r.experts[i:end], sel, k, x, shared, y, upper, rows, cols)
+					g.k.Q4KMatVecMasked(ctx, b, gpu.Masked{Arena: buf, Slots: r.slots[i:end], Experts: r.experts[i:end], Sel: sel, K: k,
+						X: x, SharedX: shared, Y: y, YUpper: upper, Rows: rows, Cols: cols})
 				}
 			}
 		}

@@ -430,38 +430,60 @@ func (k *Kernels) Q4KMatVecGroupWith(ctx context.Context, b *Batch, cfg Q4KConfi
 	return k.q4kGroup(ctx, b, cfg, groupCall{arena: arena, slots: slots, x: x, sharedX: sharedX, xUpper: -1, y: y, rows: rows, cols: cols})
 }
 
-// Q4KMatVecMasked records an MoE layer's expert products with the router's
-// choice left on the GPU: product e is expert experts[e], its matrix in
-// arena slot slots[e], and sel holds the k expert ids the router chose
-// (u32, as Route writes them). If experts[e] is sel[j], the product reads
-// x[j] (or the one shared x) and writes y's rows j*rows..; if the router
+// Masked is an MoE layer's expert products with the router's choice left
+// on the GPU (Q4KMatVecMasked): product e is expert Experts[e], its
+// matrix in Arena slot Slots[e] (equal slots of Rows x Cols Q4_K
+// matrices), and Sel holds the K expert ids the router chose (u32, as
+// Route writes them).
+type Masked struct {
+	Arena   Region
+	Slots   []int
+	Experts []int // an entry with MaskedUpper set writes YUpper bytes further into Y
+	Sel     Region
+	K       int
+	X       Region // K cols-vectors, or one for all if SharedX
+	SharedX bool
+	Y       Region
+	YUpper  int // a multiple of 4
+	Rows    int
+	Cols    int
+}
+
+func (m Masked) call() groupCall {
+	return groupCall{arena: m.Arena, slots: m.Slots, experts: m.Experts, sel: m.Sel, kSel: m.K,
+		x: m.X, sharedX: m.SharedX, xUpper: -1, y: m.Y, yUpper: m.YUpper, rows: m.Rows, cols: m.Cols}
+}
+
+// Q4KMatVecMasked records m. If Experts[e] is Sel[j], product e reads
+// X[j] (or the one shared X) and writes Y's rows j*Rows..; if the router
 // did not choose it, it does nothing. Every expert the router can choose
-// must therefore be a product of one of the calls that fill y (several
+// must therefore be a product of one of the calls that fill Y (several
 // calls when a layer's experts lie in several arena buffers); what the
 // caller knows is that all of the layer's experts are resident, not which
 // ones run, so there is no read-back between routing and the experts.
 //
-// An experts entry with MaskedUpper set writes its output yUpper bytes
-// further into y (a multiple of 4): an expert's up matrix can run in the
-// same dispatch as its gate, each filling its half of y.
-func (k *Kernels) Q4KMatVecMasked(ctx context.Context, b *Batch, arena Region, slots, experts []int, sel Region, kSel int, x Region, sharedX bool, y Region, yUpper int, rows, cols int) error {
-	return k.q4kMasked(ctx, b, groupCall{arena: arena, slots: slots, experts: experts, sel: sel, kSel: kSel,
-		x: x, sharedX: sharedX, xUpper: -1, y: y, yUpper: yUpper, rows: rows, cols: cols})
+// An Experts entry with MaskedUpper set writes its output YUpper bytes
+// further into Y: an expert's up matrix can run in the same dispatch as
+// its gate, each filling its half of Y.
+func (k *Kernels) Q4KMatVecMasked(ctx context.Context, b *Batch, m Masked) error {
+	return k.q4kMasked(ctx, b, m.call())
 }
 
 // Q4KMatVecMaskedSwiGLU is Q4KMatVecMasked for an MoE layer's down
 // products straight from its gate and up products: product j's x is
-// silu(gu[j]) * up[j], gate rows of cols floats from gu's start, up rows
-// from byte upOff (a multiple of 16). It saves the SwiGLU dispatch.
-func (k *Kernels) Q4KMatVecMaskedSwiGLU(ctx context.Context, b *Batch, arena Region, slots, experts []int, sel Region, kSel int, gu Region, upOff int, y Region, rows, cols int) error {
-	if upOff < kSel*cols*4 || upOff%16 != 0 {
-		return b.note(shapeErr("q4k_matmul_masked", "up half at byte %d of %d gate rows of %d", upOff, kSel, cols))
+// silu(gate[j]) * up[j], gate rows of Cols floats from m.X's start, up
+// rows from byte upOff (a multiple of 16); m.SharedX and m.YUpper are
+// not used. It saves the SwiGLU dispatch.
+func (k *Kernels) Q4KMatVecMaskedSwiGLU(ctx context.Context, b *Batch, m Masked, upOff int) error {
+	if upOff < m.K*m.Cols*4 || upOff%16 != 0 {
+		return b.note(shapeErr("q4k_matmul_masked", "up half at byte %d of %d gate rows of %d", upOff, m.K, m.Cols))
 	}
-	if err := need("q4k_matmul_masked", "gate and up", gu, uint64(upOff+kSel*cols*4)); err != nil {
+	if err := need("q4k_matmul_masked", "gate and up", m.X, uint64(upOff+m.K*m.Cols*4)); err != nil {
 		return b.note(err)
 	}
-	return k.q4kMasked(ctx, b, groupCall{arena: arena, slots: slots, experts: experts, sel: sel, kSel: kSel,
-		x: gu, xUpper: upOff, y: y, rows: rows, cols: cols})
+	g := m.call()
+	g.sharedX, g.xUpper, g.yUpper = false, upOff, 0
+	return k.q4kMasked(ctx, b, g)
 }
 
 func (k *Kernels) q4kMasked(ctx context.Context, b *Batch, g groupCall) error {

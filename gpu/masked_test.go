@@ -65,7 +65,7 @@ func TestQ4KMatVecMasked(t *testing.T) {
 						slots, experts = append(slots, w.slot), append(experts, e)
 					}
 				}
-				if err := k.Q4KMatVecMasked(ctxT(t), b, bufs[bi], slots, experts, sel, kSel, xb, c.sharedX, y, 0, rows, cols); err != nil {
+				if err := k.Q4KMatVecMasked(ctxT(t), b, Masked{Arena: bufs[bi], Slots: slots, Experts: experts, Sel: sel, K: kSel, X: xb, SharedX: c.sharedX, Y: y, Rows: rows, Cols: cols}); err != nil {
 					return err
 				}
 			}
@@ -81,7 +81,7 @@ func TestQ4KMatVecMasked(t *testing.T) {
 	x := uploadF32(t, d, randF32(r, cols, 1))
 	y := poisoned(t, d, 2*rows*4)
 	run(t, d, func(b *Batch) error {
-		return k.Q4KMatVecMasked(ctxT(t), b, bufs[0], []int{4, 2, 0, 1}, []int{0, 1, 2, 3}, sel, 2, x, true, y, 0, rows, cols)
+		return k.Q4KMatVecMasked(ctxT(t), b, Masked{Arena: bufs[0], Slots: []int{4, 2, 0, 1}, Experts: []int{0, 1, 2, 3}, Sel: sel, K: 2, X: x, SharedX: true, Y: y, Rows: rows, Cols: cols})
 	})
 	got := readF32(t, d, y, 2*rows)
 	for i, v := range got[:rows] {
@@ -104,7 +104,8 @@ func TestQ4KMatVecMasked(t *testing.T) {
 		run(t, d, func(b *Batch) error {
 			// Buffer 0 holds experts 0-3's gates (slots 4,2,0,1) and, for
 			// this test, their up matrices (slots 3,0,4,2).
-			return k.Q4KMatVecMasked(ctxT(t), b, bufs[0], []int{4, 2, 0, 1, 3, 0, 4, 2}, []int{0, 1, 2, 3, 0 | MaskedUpper, 1 | MaskedUpper, 2 | MaskedUpper, 3 | MaskedUpper}, sel, 2, x, true, y, upper, rows, cols)
+			return k.Q4KMatVecMasked(ctxT(t), b, Masked{Arena: bufs[0], Slots: []int{4, 2, 0, 1, 3, 0, 4, 2},
+				Experts: []int{0, 1, 2, 3, 0 | MaskedUpper, 1 | MaskedUpper, 2 | MaskedUpper, 3 | MaskedUpper}, Sel: sel, K: 2, X: x, SharedX: true, Y: y, YUpper: upper, Rows: rows, Cols: cols})
 		})
 		upMatrix := func(e int) []float64 { // buffer 0 again, slots 3,0,4,2
 			s := []int{3, 0, 4, 2}[e]
@@ -135,16 +136,16 @@ func TestQ4KMatVecMasked(t *testing.T) {
 	// Bad shapes are refused.
 	for _, bad := range []func(b *Batch) error{
 		func(b *Batch) error {
-			return k.Q4KMatVecMasked(ctxT(t), b, bufs[0], []int{0, 1}, []int{0}, sel, 2, x, true, y, 0, rows, cols)
+			return k.Q4KMatVecMasked(ctxT(t), b, Masked{Arena: bufs[0], Slots: []int{0, 1}, Experts: []int{0}, Sel: sel, K: 2, X: x, SharedX: true, Y: y, Rows: rows, Cols: cols})
 		},
 		func(b *Batch) error {
-			return k.Q4KMatVecMasked(ctxT(t), b, bufs[0], []int{0}, []int{0}, sel, 0, x, true, y, 0, rows, cols)
+			return k.Q4KMatVecMasked(ctxT(t), b, Masked{Arena: bufs[0], Slots: []int{0}, Experts: []int{0}, Sel: sel, K: 0, X: x, SharedX: true, Y: y, Rows: rows, Cols: cols})
 		},
 		func(b *Batch) error {
-			return k.Q4KMatVecMasked(ctxT(t), b, bufs[0], []int{0}, []int{0}, sel, 3, x, true, y, 0, rows, cols)
+			return k.Q4KMatVecMasked(ctxT(t), b, Masked{Arena: bufs[0], Slots: []int{0}, Experts: []int{0}, Sel: sel, K: 3, X: x, SharedX: true, Y: y, Rows: rows, Cols: cols})
 		},
 		func(b *Batch) error {
-			return k.Q4KMatVecMasked(ctxT(t), b, bufs[0], []int{0}, []int{-1}, sel, 2, x, true, y, 0, rows, cols)
+			return k.Q4KMatVecMasked(ctxT(t), b, Masked{Arena: bufs[0], Slots: []int{0}, Experts: []int{-1}, Sel: sel, K: 2, X: x, SharedX: true, Y: y, Rows: rows, Cols: cols})
 		},
 	} {
 		b := d.Batch()
@@ -231,7 +232,7 @@ func TestQ4KFusedForms(t *testing.T) {
 	sel := upload(t, d, Bytes([]uint32{2, 0}))
 	y := poisoned(t, d, 2*rows*4)
 	run(t, d, func(b *Batch) error {
-		return k.Q4KMatVecMaskedSwiGLU(ctxT(t), b, ab, []int{1, 2, 0}, []int{0, 1, 2}, sel, 2, gub, upOff, y, rows, cols)
+		return k.Q4KMatVecMaskedSwiGLU(ctxT(t), b, Masked{Arena: ab, Slots: []int{1, 2, 0}, Experts: []int{0, 1, 2}, Sel: sel, K: 2, X: gub, Y: y, Rows: rows, Cols: cols}, upOff)
 	})
 	var want, wmag []float64
 	for j, e := range []int{2, 0} {
