@@ -2,6 +2,7 @@ package kernels
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -35,6 +36,18 @@ type Puller struct {
 	Baselines map[string]*Artifact // op -> built-in variant (Builtins)
 	Now       func() time.Time     // nil: time.Now
 	Log       *slog.Logger         // nil: discard
+	// Skip, if set, passes over candidates it returns true for (a daemon
+	// skips the variants it already judged: endorsements that keep
+	// arriving for a refused variant cost no second gate).
+	Skip func(Candidate) bool
+}
+
+// Judged reports whether err is a verdict on the variant itself (the gate,
+// the benchmark, the descriptor), not a failure to get that far (a fetch,
+// a cancelled context): a verdict holds on this device until the variant
+// or the build changes.
+func Judged(err error) bool {
+	return errors.Is(err, ErrGate) || errors.Is(err, ErrTooFast) || errors.Is(err, ErrNotEndorsable) || errors.Is(err, ErrDescriptor)
 }
 
 // PullResult is what Pull did with one candidate.
@@ -66,7 +79,7 @@ func (p *Puller) Pull(ctx context.Context, op string) ([]PullResult, error) {
 		if err := ctx.Err(); err != nil {
 			return out, err
 		}
-		if p.Registry.Active(op) == c.Kernel.String() {
+		if p.Registry.Active(op) == c.Kernel.String() || (p.Skip != nil && p.Skip(c)) {
 			continue
 		}
 		r := PullResult{Candidate: c}

@@ -191,4 +191,24 @@ func TestPull(t *testing.T) {
 	if prev, err := reg.Rollback("attention_decode"); err != nil || prev != Builtin {
 		t.Fatalf("rollback: %s %v", prev, err)
 	}
+	// Every refusal of the first pull was a verdict (Judged); a Skip that
+	// passes over judged variants tries only what it has not judged.
+	for _, r := range want[:3] {
+		if !Judged(r.err) {
+			t.Fatalf("%v is not a verdict", r.err)
+		}
+	}
+	if Judged(context.Canceled) || Judged(errors.New("fetch: no provider")) {
+		t.Fatal("a failure to fetch or a cancellation counted as a verdict")
+	}
+	judged := map[cas.CID]bool{wrong.CID: true, otherOp.CID: true, slow.CID: true}
+	p.Skip = func(c Candidate) bool { return judged[c.Kernel] }
+	gate.calls, bench.calls = 0, 0
+	res, err = p.Pull(ctx, "attention_decode")
+	if err != nil || len(res) != 1 || res[0].Candidate.Kernel != honest.CID || !res[0].Activated {
+		t.Fatalf("pull with the judged ones skipped: %+v, %v; want the honest one alone", res, err)
+	}
+	if gate.calls != 1 {
+		t.Fatalf("gate ran %d times; want 1", gate.calls)
+	}
 }

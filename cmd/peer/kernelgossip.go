@@ -69,8 +69,13 @@ type kernelDaemon struct {
 	pullq chan string // ops with new candidates
 	mu    sync.Mutex
 	pulls []kernelPull // latest last, at most maxPulls
-	sent  int          // records published
-	wg    sync.WaitGroup
+	// judged: variants (and shapes) refused here by the gate or the
+	// benchmark, and when: endorsements that keep coming for them (from
+	// new identities, say) do not make the daemon gate them again for
+	// judgedFor.
+	judged map[string]time.Time
+	sent   int // records published
+	wg     sync.WaitGroup
 
 	published prometheus.Counter
 	tried     *prometheus.CounterVec
@@ -90,6 +95,38 @@ type kernelPull struct {
 
 // maxPulls bounds the pull results kept for the API.
 const maxPulls = 64
+
+// judgedFor is how long a refusal stands; maxJudged bounds the refusals
+// remembered.
+const (
+	judgedFor = 24 * time.Hour
+	maxJudged = 4096
+)
+
+func judgedKey(c kernels.Candidate) string { return c.Kernel.String() + " " + c.Shape }
+
+// skip reports whether c was refused here within judgedFor.
+func (k *kernelDaemon) skip(c kernels.Candidate) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	at, ok := k.judged[judgedKey(c)]
+	return ok && time.Since(at) < judgedFor
+}
+
+// judge remembers a refusal (k.mu held).
+func (k *kernelDaemon) judgeLocked(c kernels.Candidate) {
+	if len(k.judged) >= maxJudged {
+		for key, at := range k.judged {
+			if time.Since(at) >= judgedFor {
+				delete(k.judged, key)
+			}
+		}
+		if len(k.judged) >= maxJudged {
+			clear(k.judged) // forget rather than grow: at worst a variant is gated again
+		}
+	}
+	k.judged[judgedKey(c)] = time.Now()
+}
 
 // KernelStatus is /api/v1/kernels.
 type KernelStatus struct {
@@ -156,7 +193,7 @@ func (a *app) startKernels(ctx context.Context, kf *kernelFlags, ov *p2p.Overlay
 	k := &kernelDaemon{
 		log: a.log, class: class, self: self, reg: kreg, topic: topic, every: kf.announce,
 		recv:  &kernels.Receiver{V: &kernels.Verifier{Class: class, AnyDriver: kf.anyDriver, ABI: kernels.ABIVersions()}, Registry: kreg},
-		pullq: make(chan string, len(kernels.Ops())),
+		pullq: make(chan string, len(kernels.Ops())), judged: map[string]time.Time{},
 		published: prometheus.NewCounter(prometheus.CounterOpts{Name: "rdrr_kernel_endorsements_published_total",
 			Help: "Endorsement records this peer published on its class's topic (its own, republished)."}),
 		tried: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "rdrr_kernel_pulls_total",
@@ -177,7 +214,7 @@ func (a *app) startKernels(ctx context.Context, kf *kernelFlags, ov *p2p.Overlay
 			return nil, err
 		}
 		k.puller = &kernels.Puller{Registry: kreg, Store: st, Fetcher: fetch, Gate: w, Bench: w, Policy: pol, Class: class,
-			Baselines: bs, Log: a.log}
+			Baselines: bs, Log: a.log, Skip: k.skip}
 		// What arrived while the daemon was down is worth a try too.
 		for _, op := range kernels.Ops() {
 			k.pullq <- op
@@ -302,6 +339,8 @@ func (k *kernelDaemon) pullLoop(ctx context.Context) {
 			}
 			if r.Activated {
 				result = "activated"
+			} else if kernels.Judged(r.Err) {
+				k.judgeLocked(r.Candidate)
 			}
 			k.tried.WithLabelValues(result).Inc()
 			k.pulls = append(k.pulls, p)
