@@ -68,6 +68,36 @@ func MatMul(w, x []float64, rows, cols, n int) (y, mag []float64) {
 	return y, mag
 }
 
+// Q4KMatMul is MatMul of the Q4_K matrix blocks (rows x cols, cols a
+// multiple of 256) and x (n tokens): the weights are decoded as Q4K does,
+// one row at a time, so a large matrix is never widened whole.
+func Q4KMatMul(blocks []byte, x []float64, rows, cols, n int) (y, mag []float64, err error) {
+	rb := q4k.RowBytes(cols)
+	if cols <= 0 || cols%q4k.BlockWeights != 0 || rows < 0 || n < 0 || len(blocks) < rows*rb || len(x) < n*cols {
+		return nil, nil, fmt.Errorf("ref: Q4KMatMul of %d bytes, %d x values as %dx%d, %d tokens", len(blocks), len(x), rows, cols, n)
+	}
+	y = make([]float64, n*rows)
+	mag = make([]float64, n*rows)
+	w := make([]float32, cols)
+	for r := range rows {
+		if err := q4k.Dequantize(w, blocks[r*rb:(r+1)*rb]); err != nil {
+			return nil, nil, err
+		}
+		for t := range n {
+			xt := x[t*cols : (t+1)*cols]
+			var s, m float64
+			for k, wv := range w {
+				p := float64(wv) * xt[k]
+				s += p
+				m += math.Abs(p)
+			}
+			y[t*rows+r] = s
+			mag[t*rows+r] = m
+		}
+	}
+	return y, mag, nil
+}
+
 // RMSNorm returns y = x / sqrt(mean(x^2) + eps) * w per row of d.
 func RMSNorm(x, w []float64, n, d int, eps float64) []float64 {
 	y := make([]float64, n*d)

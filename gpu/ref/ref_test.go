@@ -4,6 +4,8 @@ import (
 	"errors"
 	"math"
 	"testing"
+
+	"github.com/rdrr/peer/gpu/q4k"
 )
 
 // Hand-worked cases: the references are the ground truth of the kernels,
@@ -27,6 +29,35 @@ func TestMatMul(t *testing.T) {
 	y, mag := MatMul([]float64{1, 2, 3, 4, 5, 6}, []float64{1, 0, -1, 2, 1, 0}, 2, 3, 2)
 	near(t, "y", y, []float64{-2, -2, 4, 13})
 	near(t, "mag", mag, []float64{4, 10, 4, 13})
+}
+
+// Q4KMatMul is MatMul of the widened blocks, bit for bit (the same sums
+// in the same order), with the known blocks (their weights checked against
+// GGML's in gpu/q4k) as 4 rows of 256 and as 2 rows of 512.
+func TestQ4KMatMul(t *testing.T) {
+	blocks, w32 := q4k.KnownBlocks()
+	w := F32(w32)
+	for _, c := range []struct{ rows, cols, n int }{{4, 256, 1}, {4, 256, 3}, {2, 512, 2}, {1, 1024, 1}} {
+		x := make([]float64, c.n*c.cols)
+		for i := range x {
+			x[i] = math.Sin(float64(i)) * 3
+		}
+		y, mag, err := Q4KMatMul(blocks, x, c.rows, c.cols, c.n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantY, wantMag := MatMul(w, x, c.rows, c.cols, c.n)
+		for i := range wantY {
+			if y[i] != wantY[i] || mag[i] != wantMag[i] {
+				t.Fatalf("%+v: element %d: %v, %v; want %v, %v", c, i, y[i], mag[i], wantY[i], wantMag[i])
+			}
+		}
+	}
+	for _, c := range []struct{ rows, cols int }{{5, 256}, {1, 100}, {2, 0}} {
+		if _, _, err := Q4KMatMul(blocks, make([]float64, 1024), c.rows, c.cols, 1); err == nil {
+			t.Errorf("%+v of 4 blocks: no error", c)
+		}
+	}
 }
 
 func TestRMSNorm(t *testing.T) {

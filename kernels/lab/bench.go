@@ -50,17 +50,10 @@ func (l *Lab) Compare(ctx context.Context, cand, base *kernels.Artifact, dims []
 	}
 	runs = min(max(runs, kernels.MinRuns), kernels.MaxRuns)
 
-	cp, h, err := l.compile(ctx, cand)
+	h, err := harnessOf(cand.Descriptor.Op)
 	if err != nil {
 		return res, err
 	}
-	defer cp.Release()
-	bp, _, err := l.compile(ctx, base)
-	if err != nil {
-		return res, fmt.Errorf("baseline %s: %w", base.CID, err)
-	}
-	defer bp.Release()
-
 	rng := seeded(opt.Seed, cand.Descriptor.Op, "bench")
 	var probs []*problem
 	var sets []*buffers
@@ -74,6 +67,9 @@ func (l *Lab) Compare(ctx context.Context, cand, base *kernels.Artifact, dims []
 		if err != nil {
 			return res, err
 		}
+		if i > 0 && (p.groups != probs[0].groups || constsKey(p.consts) != constsKey(probs[0].consts)) {
+			return res, fmt.Errorf("lab: %s %v: input sets dispatch differently", cand.Descriptor.Op, dims)
+		}
 		var shared *buffers
 		if i > 0 {
 			shared = sets[0]
@@ -84,6 +80,16 @@ func (l *Lab) Compare(ctx context.Context, cand, base *kernels.Artifact, dims []
 		}
 		probs, sets = append(probs, p), append(sets, b)
 	}
+	cp, err := l.compile(ctx, cand, probs[0].consts)
+	if err != nil {
+		return res, err
+	}
+	defer cp.Release()
+	bp, err := l.compile(ctx, base, probs[0].consts)
+	if err != nil {
+		return res, fmt.Errorf("baseline %s: %w", base.CID, err)
+	}
+	defer bp.Release()
 	for i := range inputSets {
 		if _, err := l.run(ctx, cp, probs[i], sets[i]); err != nil {
 			return res, fmt.Errorf("candidate on the timing inputs: %w", err)
@@ -101,9 +107,14 @@ func (l *Lab) Compare(ctx context.Context, cand, base *kernels.Artifact, dims []
 	// dispatches and every op timed alike (~245 us a dispatch, argmax of
 	// 151936 and of 10^6 values the same). The fixed cost left in a
 	// targetBatch batch only brings speedups toward 1.
+	// The warmup goes one dispatch a submission: warmup dispatches of a
+	// large shape in one submission can pass the time limit on a slow
+	// device (ten 4096x4096x8 Q4_K products on a loaded lavapipe did).
 	for _, p := range []*gpu.Pipeline{cp, bp} {
-		if _, err := l.timeBatch(ctx, p, probs[0], sets, warmup, 0); err != nil {
-			return res, err
+		for i := range warmup {
+			if _, err := l.timeBatch(ctx, p, probs, sets, 1, i%inputSets); err != nil {
+				return res, err
+			}
 		}
 	}
 	// At least two dispatches a batch: with one, a kernel that computes
@@ -113,7 +124,7 @@ func (l *Lab) Compare(ctx context.Context, cand, base *kernels.Artifact, dims []
 	for {
 		var tb time.Duration
 		for _, p := range []*gpu.Pipeline{cp, bp} {
-			t, err := l.timeBatch(ctx, p, probs[0], sets, reps, 0)
+			t, err := l.timeBatch(ctx, p, probs, sets, reps, 0)
 			if err != nil {
 				return res, err
 			}
@@ -146,7 +157,7 @@ func (l *Lab) Compare(ctx context.Context, cand, base *kernels.Artifact, dims []
 				return res, err
 			}
 			off := i % inputSets
-			t, err := l.timeBatch(ctx, p, probs[0], sets, reps, off)
+			t, err := l.timeBatch(ctx, p, probs, sets, reps, off)
 			if err != nil {
 				return res, err
 			}
@@ -166,7 +177,15 @@ func (l *Lab) Compare(ctx context.Context, cand, base *kernels.Artifact, dims []
 			}
 		}
 	}
-	floor, err := l.floor(ctx, probs[0].bytes)
+	// An in-place op's timed dispatches include the copy that restores
+	// its binding: its bytes are part of the floor.
+	fb := probs[0].bytes
+	for _, bd := range probs[0].binds {
+		if bd.inout {
+			fb += 2 * int64(bd.size)
+		}
+	}
+	floor, err := l.floor(ctx, fb)
 	if err != nil {
 		return res, fmt.Errorf("copy bandwidth: %w", err)
 	}
@@ -176,12 +195,18 @@ func (l *Lab) Compare(ctx context.Context, cand, base *kernels.Artifact, dims []
 }
 
 // timeBatch records reps dispatches of p, cycling through the input sets
-// from set off (all writing the shared outputs), and returns the time
-// from submit to completion.
-func (l *Lab) timeBatch(ctx context.Context, p *gpu.Pipeline, prob *problem, sets []*buffers, reps, off int) (time.Duration, error) {
+// (each with its own uniform block) from set off, all writing the shared
+// outputs (in-place bindings restored from the set's data before each),
+// and returns the time from submit to completion.
+func (l *Lab) timeBatch(ctx context.Context, p *gpu.Pipeline, probs []*problem, sets []*buffers, reps, off int) (time.Duration, error) {
 	b := l.Dev.Batch()
 	for j := range reps {
-		s := sets[(off+j)%len(sets)]
+		k := (off + j) % len(sets)
+		s, prob := sets[k], probs[k]
+		if err := s.restore(b, prob); err != nil {
+			b.Drop()
+			return 0, err
+		}
 		if err := b.Dispatch(p, prob.groups, prob.params, s.regions...); err != nil {
 			b.Drop()
 			return 0, gateErr("%v", err)

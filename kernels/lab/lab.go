@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/rdrr/peer/gpu"
@@ -110,24 +112,48 @@ func (l *Lab) wait(ctx context.Context, what string, f func(context.Context) err
 	return fmt.Errorf("%w: %s: %w", kernels.ErrGate, what, err)
 }
 
-// compile builds v's pipeline; a failure is the variant's.
-func (l *Lab) compile(ctx context.Context, v *kernels.Artifact) (*gpu.Pipeline, harness, error) {
-	h, ok := harnesses[v.Descriptor.Op]
+// harnessOf returns op's harness.
+func harnessOf(op string) (harness, error) {
+	h, ok := harnesses[op]
 	if !ok {
-		return nil, h, fmt.Errorf("lab: op %s is not wired into the lab yet (it runs %v)", v.Descriptor.Op, Ops())
+		return h, fmt.Errorf("lab: op %s is not wired into the lab yet (it runs %v)", op, Ops())
 	}
+	return h, nil
+}
+
+// compile builds v's pipeline with the call site's constants (a problem's
+// consts), which win over the variant's own as they do in gpu (the
+// dispatch rule, such as the tile sizes the grid was computed with, is
+// the call site's); a failure is the variant's.
+func (l *Lab) compile(ctx context.Context, v *kernels.Artifact, consts map[string]float64) (*gpu.Pipeline, error) {
 	k, err := v.Kernel()
 	if err != nil {
-		return nil, h, gateErr("%v", err)
+		return nil, gateErr("%v", err)
+	}
+	if len(consts) > 0 {
+		if k.Constants == nil {
+			k.Constants = map[string]float64{}
+		}
+		maps.Copy(k.Constants, consts)
 	}
 	p, err := l.Dev.Compile(ctx, k)
 	if err != nil {
 		if errors.Is(err, gpu.ErrDeviceLost) {
 			l.broken = err
 		}
-		return nil, h, gateErr("%v", err)
+		return nil, gateErr("%v", err)
 	}
-	return p, h, nil
+	return p, nil
+}
+
+// constsKey names a set of constants (pipelines by constants).
+func constsKey(c map[string]float64) string {
+	names := slices.Sorted(maps.Keys(c))
+	var b strings.Builder
+	for _, n := range names {
+		fmt.Fprintf(&b, "%s=%v,", n, c[n])
+	}
+	return b.String()
 }
 
 // seeded returns the input stream of seed for op.
@@ -142,12 +168,32 @@ type buffers struct {
 	bufs    []*gpu.Buffer
 	regions []gpu.Region // the bindings: data then the tail guard
 	sizes   []int
+	// pristine holds an in-place binding's initial data (nil for the
+	// others): copied over the binding before every dispatch.
+	pristine []*gpu.Buffer
 }
 
 func (b *buffers) release() {
 	for _, x := range b.bufs {
 		x.Release()
 	}
+	for _, x := range b.pristine {
+		x.Release()
+	}
+}
+
+// restore records the copy of every in-place binding's initial data over
+// the binding (its data, not its guards).
+func (b *buffers) restore(batch *gpu.Batch, p *problem) error {
+	for i, bd := range p.binds {
+		if bd.inout {
+			n := uint64(align4(bd.size))
+			if err := batch.Copy(b.regions[i].(gpu.Span).Buffer().Sub(guard, n), b.pristine[i].Sub(0, n)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 func align4(n int) int { return (n + 3) &^ 3 }
@@ -169,12 +215,27 @@ func guardWord(i int) uint32 {
 }
 
 // upload makes the buffers of p: guard pattern all over, then the inputs'
-// data (outputs are poisoned before each dispatch). Outputs come from
-// shared when it is given (one set of outputs for several input sets).
+// data (outputs are poisoned, in-place bindings restored, before each
+// dispatch). Outputs and in-place bindings come from shared when it is
+// given (one set of outputs for several input sets).
 func (l *Lab) upload(p *problem, shared *buffers) (*buffers, error) {
-	b := &buffers{}
+	b := &buffers{pristine: make([]*gpu.Buffer, len(p.binds))}
 	for i, bd := range p.binds {
-		if bd.output() && shared != nil {
+		if bd.inout {
+			pb, err := l.Dev.Alloc(uint64(align4(bd.size)))
+			if err != nil {
+				b.release()
+				return nil, err
+			}
+			b.pristine[i] = pb
+			init := make([]byte, align4(bd.size))
+			copy(init, bd.data)
+			if err := l.Dev.Write(pb, init); err != nil {
+				b.release()
+				return nil, err
+			}
+		}
+		if bd.written() && shared != nil {
 			b.bufs = append(b.bufs, nil)
 			b.regions = append(b.regions, shared.regions[i])
 			b.sizes = append(b.sizes, bd.size)
@@ -190,7 +251,9 @@ func (l *Lab) upload(p *problem, shared *buffers) (*buffers, error) {
 		b.regions = append(b.regions, buf.Sub(guard, uint64(align4(bd.size)+guard)))
 		b.sizes = append(b.sizes, bd.size)
 		init := pattern(total, guardWord)
-		copy(init[guard:], bd.data)
+		if !bd.written() {
+			copy(init[guard:], bd.data)
+		}
 		if err := l.Dev.Write(buf, init); err != nil {
 			b.release()
 			return nil, err
@@ -216,7 +279,7 @@ func (l *Lab) poisonOutputs(p *problem, b *buffers) error {
 func (l *Lab) readOutputs(ctx context.Context, p *problem, b *buffers) (map[int][]byte, error) {
 	out := map[int][]byte{}
 	for i, bd := range p.binds {
-		if !bd.output() {
+		if !bd.written() {
 			continue
 		}
 		buf := b.regions[i].(gpu.Span).Buffer()
@@ -241,6 +304,10 @@ func (l *Lab) run(ctx context.Context, pipe *gpu.Pipeline, p *problem, b *buffer
 		return 0, err
 	}
 	batch := l.Dev.Batch()
+	if err := b.restore(batch, p); err != nil {
+		batch.Drop()
+		return 0, err
+	}
 	if err := batch.Dispatch(pipe, p.groups, p.params, b.regions...); err != nil {
 		batch.Drop()
 		return 0, gateErr("%v", err)
@@ -272,11 +339,16 @@ func (l *Lab) Check(ctx context.Context, v *kernels.Artifact, seed uint64) (kern
 	if err := l.usable(); err != nil {
 		return rep, err
 	}
-	pipe, h, err := l.compile(ctx, v)
+	h, err := harnessOf(v.Descriptor.Op)
 	if err != nil {
 		return rep, err
 	}
-	defer pipe.Release()
+	pipes := map[string]*gpu.Pipeline{}
+	defer func() {
+		for _, p := range pipes {
+			p.Release()
+		}
+	}()
 	rng := seeded(seed, v.Descriptor.Op, "gate")
 	shapes := append(slices.Clone(h.gateShapes), h.random(rng))
 	for _, dims := range shapes {
@@ -286,6 +358,14 @@ func (l *Lab) Check(ctx context.Context, v *kernels.Artifact, seed uint64) (kern
 		p, err := h.make(rng, dims)
 		if err != nil {
 			return rep, err
+		}
+		key := constsKey(p.consts)
+		pipe := pipes[key]
+		if pipe == nil {
+			if pipe, err = l.compile(ctx, v, p.consts); err != nil {
+				return rep, err
+			}
+			pipes[key] = pipe
 		}
 		b, err := l.upload(p, nil)
 		if err != nil {

@@ -7,6 +7,25 @@ import (
 	"github.com/rdrr/peer/kernels"
 )
 
+// testShape is the shape the tests time op on: its default shape, or a
+// smaller one where that takes lavapipe long (`peer kernels bench all`
+// times the default shapes).
+func testShape(op string) []int {
+	switch op {
+	case "attention_decode":
+		return []int{32, 8, 128, 300}
+	case "q4k_matvec":
+		return []int{1024, 4096}
+	case "q4k_matmul":
+		return []int{256, 4096, 8}
+	case "q4k_matvec_group":
+		return []int{2, 512, 4096}
+	case "q4k_dequant":
+		return []int{1 << 18}
+	}
+	return DefaultShape(op)
+}
+
 // Every built-in passes the gate, and against itself times a speedup
 // near 1 above the roofline floor.
 func TestBuiltinsPassGate(t *testing.T) {
@@ -21,7 +40,7 @@ func TestBuiltinsPassGate(t *testing.T) {
 			if len(rep.Shapes) < 5 {
 				t.Fatalf("gate ran %d shapes; want several", len(rep.Shapes))
 			}
-			res, err := l.Compare(ctxT(t, 2*time.Minute), bs[op], bs[op], DefaultShape(op), kernels.BenchOptions{Runs: 9, Seed: 7})
+			res, err := l.Compare(ctxT(t, 2*time.Minute), bs[op], bs[op], testShape(op), kernels.BenchOptions{Runs: 9, Seed: 7})
 			if err != nil {
 				t.Fatalf("compare: %v", err)
 			}

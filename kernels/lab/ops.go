@@ -3,8 +3,10 @@ package lab
 import (
 	"encoding/binary"
 	"fmt"
+	"maps"
 	"math"
 	"math/rand/v2"
+	"slices"
 
 	"github.com/rdrr/peer/gpu"
 	"github.com/rdrr/peer/gpu/ref"
@@ -26,6 +28,8 @@ type harness struct {
 	random func(r *rand.Rand) []int
 	// make builds a problem of dims with inputs from r.
 	make func(r *rand.Rand, dims []int) (*problem, error)
+	// shape is the default shape (DefaultShape).
+	shape []int
 }
 
 // A problem is one dispatch of an op: its bindings in ABI order, the
@@ -34,6 +38,9 @@ type problem struct {
 	binds  []binding
 	params []byte
 	groups [3]uint32
+	// consts are the override constants the call site sets (tile sizes
+	// the grid depends on): they win over the variant's, as in gpu.
+	consts map[string]float64
 	bytes  int64 // bytes the op must read and write at least (the roofline)
 	// check compares the outputs (by binding index) with the reference and
 	// returns the worst error as a multiple of the op's tolerance.
@@ -41,57 +48,61 @@ type problem struct {
 }
 
 // A binding is one storage buffer: inputs have data; outputs are
-// poisoned before every dispatch.
+// poisoned before every dispatch; an in-place binding (inout: the op reads
+// and writes it, like rope's x or accumulate's dst) gets its data copied
+// over it before every dispatch, in the same batch (so a timed in-place
+// op includes that copy, for the candidate and the baseline alike), and
+// is checked like an output.
 type binding struct {
-	data []byte // initial contents (inputs); nil for an output
-	size int    // bytes
+	data  []byte // initial contents (inputs, in-place); nil for an output
+	size  int    // bytes
+	inout bool
 }
 
+// output: poisoned before each dispatch.
 func (b binding) output() bool { return b.data == nil }
 
-// harnesses holds the ops the lab runs. The others (q4k, attention,
-// routing, rope, accumulate, embed, topp) are not wired yet.
+// written: read back and checked after each dispatch.
+func (b binding) written() bool { return b.data == nil || b.inout }
+
+// harnesses holds the ops the lab runs: every op of kernels.Ops(). What
+// each covers of the runtime's use of its built-in (and what not) is said
+// where its make function is.
 var harnesses = map[string]harness{
 	"rmsnorm": {
 		gateShapes: [][]int{{1, 1}, {1, 7}, {3, 255}, {2, 257}, {5, 1000}, {1, 4096}, {33, 2048}},
 		random:     func(r *rand.Rand) []int { return []int{1 + r.IntN(40), 1 + r.IntN(5000)} },
 		make:       makeRMSNorm,
+		shape:      []int{1, 4096},
 	},
 	"softmax": {
 		gateShapes: [][]int{{1, 1}, {1, 7}, {3, 255}, {2, 257}, {5, 1000}, {1, 32000}, {33, 2048}},
 		random:     func(r *rand.Rand) []int { return []int{1 + r.IntN(40), 1 + r.IntN(5000)} },
 		make:       makeSoftmax,
+		shape:      []int{32, 4096}, // attention scores of 32 heads over 4096 positions
 	},
 	"swiglu": {
 		gateShapes: [][]int{{1}, {7}, {255}, {257}, {1000}, {65537}, {14336 * 4}},
 		random:     func(r *rand.Rand) []int { return []int{1 + r.IntN(100000)} },
 		make:       makeSwiGLU,
+		shape:      []int{14336},
 	},
 	"argmax": {
 		gateShapes: [][]int{{1}, {7}, {255}, {257}, {4097}, {32000}, {151936}},
 		random:     func(r *rand.Rand) []int { return []int{1 + r.IntN(200000)} },
 		make:       makeArgmax,
+		shape:      []int{32000},
 	},
 }
 
-// Ops returns the ops the lab can gate and benchmark.
-func Ops() []string { return []string{"argmax", "rmsnorm", "softmax", "swiglu"} }
+// Ops returns the ops the lab can gate and benchmark, sorted.
+func Ops() []string { return slices.Sorted(maps.Keys(harnesses)) }
 
 // DefaultShape is the shape `bench` times when none is given: a decode
-// step's size on a 7B-class model.
-func DefaultShape(op string) []int {
-	switch op {
-	case "rmsnorm":
-		return []int{1, 4096}
-	case "softmax":
-		return []int{32, 4096}
-	case "swiglu":
-		return []int{14336}
-	case "argmax":
-		return []int{151936}
-	}
-	return nil
-}
+// step of a Mixtral-8x7B-shaped model (dim 4096, 32 heads, 8 KV heads,
+// head dim 128, FFN 14336, 8 experts top-2, vocabulary 32000) unless the
+// op's harness says otherwise.
+func DefaultShape(op string) []int { return slices.Clone(harnesses[op].shape) }
 
 // maxElems bounds a problem's elements (the host's reference work and
 // the buffers): 64 Mi values.
@@ -145,16 +156,25 @@ func f32s(b []byte) []float32 {
 	return out
 }
 
-// worst returns the largest |got-want| / (Abs + Rel*|want|) (with scale
-// max(|want|, scales[i]) when scales is given), and an error naming the
-// first element that exceeds 1 or is NaN.
+// worst returns the largest |got-want| / (Abs + Rel*|want|), and an
+// error naming the first element that exceeds 1 or is NaN.
 func worst(got []float32, want []float64, tol ref.Tol) (float64, error) {
+	return worstScaled(got, want, nil, tol)
+}
+
+// worstScaled is worst with the scale of element i max(|want[i]|,
+// scales[i]) (scales may be nil), as ref.Compare.
+func worstScaled(got []float32, want, scales []float64, tol ref.Tol) (float64, error) {
 	if len(got) != len(want) {
 		return math.MaxFloat64, fmt.Errorf("%w: %d values; want %d", ref.ErrMismatch, len(got), len(want))
 	}
 	w, at := 0.0, -1
 	for i, g := range got {
-		allowed := tol.Abs + tol.Rel*math.Abs(want[i])
+		s := math.Abs(want[i])
+		if scales != nil {
+			s = math.Max(s, scales[i])
+		}
+		allowed := tol.Abs + tol.Rel*s
 		r := math.Abs(float64(g)-want[i]) / math.Max(allowed, 1e-300)
 		if math.IsNaN(r) || r > math.MaxFloat64 {
 			r = math.MaxFloat64 // finite: reports travel as JSON
@@ -237,6 +257,11 @@ func makeSwiGLU(r *rand.Rand, dims []int) (*problem, error) {
 	}, nil
 }
 
+// makeArgmax: the op's built-in artifact is argmax.wgsl (gpu's "argmax":
+// one workgroup over all n values, one dispatch), the lab's baseline; the
+// runtime's Argmax runs argmax_blocks twice (blocks of 4096 values, then
+// their winners), which a variant of this op does not replace and the lab
+// does not time.
 func makeArgmax(r *rand.Rand, dims []int) (*problem, error) {
 	if len(dims) != 1 {
 		return nil, fmt.Errorf("lab: argmax takes n")

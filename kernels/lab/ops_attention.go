@@ -1,0 +1,83 @@
+package lab
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+
+	"github.com/rdrr/peer/gpu"
+	"github.com/rdrr/peer/gpu/ref"
+)
+
+// The harness of attention_decode. Its built-in artifact is attention.wgsl
+// (gpu's "attention": one workgroup per query head, the whole cache in
+// tiles, one dispatch), the lab's single-dispatch baseline; the runtime's
+// Attention runs attention_split then attention_merge (flash-decoding over
+// chunks of 64 positions, partials in a scratch buffer), which a variant
+// of this op does not replace and the lab does not time. The shapes are
+// limited as gpu's Attention limits them (HeadDim <= 256 and a multiple of
+// 4, Heads a multiple of KVHeads, at most 1024 dimensions in 8 query heads
+// of a cache head), so a variant passing here has the runtime's ABI.
+
+func init() {
+	harnesses["attention_decode"] = harness{
+		// heads, kvHeads, headDim, kvLen
+		gateShapes: [][]int{{1, 1, 4, 1}, {8, 2, 64, 7}, {4, 4, 24, 300}, {2, 2, 20, 129}, {6, 1, 100, 513}, {2, 1, 256, 1000}, {32, 8, 128, 257}, {12, 1, 64, 65}},
+		random: func(r *rand.Rand) []int {
+			kv := 1 << r.IntN(4)
+			g := 1 + r.IntN(8)
+			hd := 4 * (1 + r.IntN(min(64, 1024/(4*g))))
+			return []int{kv * g, kv, hd, 1 + r.IntN(2000)}
+		},
+		make:  makeAttention,
+		shape: []int{32, 8, 128, 4096}, // a decode step at position 4096
+	}
+}
+
+// attnSpare is the most cache rows past kvLen an attention problem's
+// cache holds (the cache is [maxLen][kvHeads][headDim], filled with NaN
+// past the positions in use, so a kernel that reads them fails).
+const attnSpare = 16
+
+func makeAttention(r *rand.Rand, dims []int) (*problem, error) {
+	if len(dims) != 4 {
+		return nil, fmt.Errorf("lab: attention_decode takes heads, kvHeads, headDim, kvLen")
+	}
+	heads, kv, hd, kvLen := dims[0], dims[1], dims[2], dims[3]
+	if heads <= 0 || kv <= 0 || heads%kv != 0 || hd <= 0 || hd > 256 || hd%4 != 0 || kvLen <= 0 || heads > 65535 ||
+		min(heads/kv, 8)*hd > 1024 || kvLen > 1<<24 {
+		return nil, fmt.Errorf("lab: attention_decode %v (headDim <= 256 and a multiple of 4; heads a multiple of kvHeads; at most 1024 dimensions in 8 query heads)", dims)
+	}
+	spare := min(kvLen, attnSpare)
+	row := kv * hd
+	if _, err := elems([]int{kvLen + spare, row}); err != nil {
+		return nil, err
+	}
+	q := normal(r, heads*hd, 1+2*r.Float64()) // sharper or flatter scores
+	k := normal(r, (kvLen+spare)*row, 1)
+	v := normal(r, (kvLen+spare)*row, 1)
+	nan := float32(math.NaN())
+	for i := kvLen * row; i < len(k); i++ {
+		k[i], v[i] = nan, nan
+	}
+	scale := float32(1 / math.Sqrt(float64(hd)))
+	q64, k64, v64 := ref.F32(q), ref.F32(k[:kvLen*row]), ref.F32(v[:kvLen*row])
+	want := ref.Attention(q64, k64, v64, heads, kv, hd, kvLen, float64(scale))
+	// The error scale of an output is the weighted sum of the magnitudes
+	// of the values it averages (an output near 0 is a sum of large terms
+	// that cancel).
+	for i, x := range v64 {
+		v64[i] = math.Abs(x)
+	}
+	mag := ref.Attention(q64, k64, v64, heads, kv, hd, kvLen, float64(scale))
+	return &problem{
+		binds: []binding{{data: gpu.Bytes(q), size: len(q) * 4}, {data: gpu.Bytes(k), size: len(k) * 4},
+			{data: gpu.Bytes(v), size: len(v) * 4}, {size: heads * hd * 4}},
+		params: append(u32s(uint32(heads), uint32(kv), uint32(hd), uint32(kvLen)), u32s(math.Float32bits(scale))...),
+		groups: [3]uint32{uint32(heads), 1, 1},
+		bytes:  int64(2*heads*hd+2*kvLen*row) * 4,
+		check: func(out map[int][]byte) (float64, error) {
+			return worstScaled(f32s(out[3]), want, mag, ref.Tolerance(ref.OpAttention))
+		},
+	}, nil
+}
