@@ -2,7 +2,7 @@
 # The kernel lab on the lent accelerator machine (it has no Go toolchain),
 # from binaries built here:
 #
-#   go build -trimpath -ldflags='-s -w' -o .gl/peer ./cmd/peer
+#   go build -tags nobrowser -trimpath -ldflags='-s -w' -o .gl/peer ./cmd/peer  # no wasm: carry is 64 MiB
 #   go test -c -trimpath -ldflags='-s -w' -o .gl/lab.test ./kernels/lab/   # optional
 #   # device tool: carry [".gl"], command: bash kernels/lab-device.sh
 #

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # The paged-generation issue's 671B case on the lent accelerator machine: a
+# bin/peer for it: go build -tags nobrowser -trimpath -ldflags='-s -w' -o bin/peer ./cmd/peer
+# (without the browser peer's WebAssembly: a carry holds 64 MiB in all).
 # seeder daemon serves a procedural DeepSeek-V3-shaped model (regenerated on
 # demand, never stored: 380 GB do not fit that machine's disk) over
 # loopback, and `peer generate --engine gpu` pages its experts from it over
