@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Runs `peer generate --engine gpu` on the lent accelerator machine with
-# bin/peer for it: go build -tags nobrowser -trimpath -ldflags='-s -w' -o bin/peer ./cmd/peer
-# (without the browser peer's WebAssembly: a carry holds 64 MiB in all).
 # synthetic models regenerated there (--procedural: nothing stored):
 #   device tool: carry ["bin", ".gl"], command: bash scripts/generate-device.sh
 # .gl holds the Vulkan loader and glvnd debs (see gpu/bench-device.sh).
 # PRESETS, VRAMS, TOKENS and PROMPT choose the runs; GEN_ARGS adds flags
 # (e.g. --json). Each run leaves its trace and a Go CPU profile in $OUT.
+# bin/peer for it: go build -tags nobrowser -trimpath -ldflags='-s -w' -o bin/peer ./cmd/peer
+# (without the browser peer's WebAssembly: a carry holds 64 MiB in all).
 set -uo pipefail
 out=${OUT:-/tmp/out}
 mkdir -p "$out"

@@ -1,7 +1,5 @@
 #!/usr/bin/env bash
 # The paged-generation issue's 671B case on the lent accelerator machine: a
-# bin/peer for it: go build -tags nobrowser -trimpath -ldflags='-s -w' -o bin/peer ./cmd/peer
-# (without the browser peer's WebAssembly: a carry holds 64 MiB in all).
 # seeder daemon serves a procedural DeepSeek-V3-shaped model (regenerated on
 # demand, never stored: 380 GB do not fit that machine's disk) over
 # loopback, and `peer generate --engine gpu` pages its experts from it over
@@ -9,6 +7,8 @@
 #   device tool: carry ["bin", ".gl"], command: bash scripts/generate-swarm-device.sh
 # PRESET (default deepseek-v3-671b), TOKENS (8), PROMPT ("Hi"), VRAM
 # (60GiB), RAM (100GiB) choose the run. Logs and the --json result go to $OUT.
+# bin/peer for it: go build -tags nobrowser -trimpath -ldflags='-s -w' -o bin/peer ./cmd/peer
+# (without the browser peer's WebAssembly: a carry holds 64 MiB in all).
 set -uo pipefail
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
