@@ -12,7 +12,7 @@ export GOFLAGS := $(strip $(GOFLAGS) -modfile=$(CURDIR)/.build/go.mod)
 # Packages whose code is concurrent: run under the race detector.
 RACEPKGS ?= $(patsubst %,./%/...,$(wildcard cas signaling swarm gpu tiers kernels)) ./experts/
 
-.PHONY: all deps build test test-short vet race fuzz bench demo clean
+.PHONY: all deps wasm build test test-short vet race fuzz bench demo clean
 
 all: build
 
@@ -22,7 +22,11 @@ $(XDG_RUNTIME_DIR):
 deps: $(XDG_RUNTIME_DIR)
 	@./scripts/deps.sh
 
-build: deps
+# The browser peer (WebAssembly), embedded by `peer` and served at /app/.
+wasm: deps
+	@./scripts/build-wasm.sh
+
+build: deps wasm
 	$(GO) build -o $(BIN) ./cmd/peer
 
 vet:
@@ -32,7 +36,7 @@ vet:
 # what `go install` and programs importing the swarm package get
 # (DESIGN.md, "The SCTP packet size"). RDRR_EXPECT_BIG_PACKETS makes each
 # run check which build it has.
-test: deps vet
+test: deps vet wasm
 	RDRR_EXPECT_BIG_PACKETS=1 $(GO) test -count=1 -timeout 15m ./...
 	GOFLAGS= RDRR_EXPECT_BIG_PACKETS=0 $(GO) test -count=1 -short -timeout 10m ./swarm/...
 	$(GO) test -count=1 -race -short -timeout 15m $(RACEPKGS)

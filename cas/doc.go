@@ -27,4 +27,9 @@
 // and commit), indexing it in place if it is whole, so a crash during that
 // recovery loses nothing (TestCrashKill). A lost index.db is rebuilt the
 // same way; pins, and which blobs were held as collections, are lost.
+//
+// Platforms: the Store (bbolt and files) builds for native targets only;
+// names, collections and verification (cid.go, types.go,
+// collection_format.go, errors.go and package bao) build for js/wasm too,
+// where the browser peer keeps blobs in its own store (swarm/browser).
 package cas

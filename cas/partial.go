@@ -1,3 +1,5 @@
+//go:build !js
+
 package cas
 
 import (
@@ -17,12 +19,6 @@ import (
 	"github.com/rdrr/peer/cas/bao"
 	bolt "go.etcd.io/bbolt"
 )
-
-// Range is a byte range of a blob.
-type Range struct {
-	Off int64 `json:"off"`
-	Len int64 `json:"len"`
-}
 
 // Progress of a partial blob is made durable (data and outboard synced,
 // then the bitmap committed) after this many new bytes or this much time.

@@ -1,3 +1,5 @@
+//go:build !js
+
 package cas
 
 import (
@@ -10,14 +12,6 @@ import (
 	"github.com/rdrr/peer/cas/bao"
 	bolt "go.etcd.io/bbolt"
 )
-
-// GroupSize is the unit of verification: every 16 KiB group of a blob is
-// checked against the CID before it is used.
-const GroupSize = bao.GroupSize
-
-// SliceLen is the length of the bao slice encoding of [off, off+n) of a
-// blob of size bytes (see package bao for the format).
-func SliceLen(size, off, n int64) int64 { return bao.SliceLen(size, off, n) }
 
 // maxRead bounds the bytes one verified read holds in memory.
 const maxRead = 4 << 20

@@ -1,3 +1,5 @@
+//go:build !js
+
 package cas
 
 import (
@@ -304,27 +306,6 @@ func (s *Store) adopt(path string) error {
 	s.log.Info("indexing blob file that the index did not name", "cid", c, "size", enc.Size())
 	_, err = s.commitBlob(c, enc.Size(), path, ob, nil)
 	return err
-}
-
-// Pin is one reason a blob is kept by GC.
-type Pin struct {
-	Reason string    `json:"reason"`
-	Time   time.Time `json:"time"`
-}
-
-// Info describes a stored blob, as seen through one CID: Collection, Pins
-// and the CID itself are those of that CID (the raw and the collection CID
-// of the same bytes share the blob, its size, times, links and refs).
-type Info struct {
-	CID        CID       `json:"cid"`
-	Size       int64     `json:"size"`
-	Collection bool      `json:"collection,omitempty"` // CID is a collection CID
-	Corrupt    bool      `json:"corrupt,omitempty"`
-	Added      time.Time `json:"added"`
-	Accessed   time.Time `json:"accessed"`
-	Verified   time.Time `json:"verified"`
-	Pins       []Pin     `json:"pins,omitempty"`
-	Refs       int64     `json:"refs,omitempty"`
 }
 
 func (s *Store) info(tx *bolt.Tx, c CID, r record) Info {

@@ -87,7 +87,7 @@ func (d *daemon) do(t *testing.T, method, path, token string, body any) (int, []
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := apiClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -243,6 +243,10 @@ func TestDaemonAPI(t *testing.T) {
 		t.Fatal("the blob fetched through the API differs")
 	}
 }
+
+// apiClient talks to the daemons' APIs: a daemon that stops answering
+// (a deadlock) fails the call instead of hanging the test.
+var apiClient = &http.Client{Timeout: time.Minute}
 
 // freeAddr returns a loopback address with a port free right now.
 func freeAddr(t *testing.T) string {

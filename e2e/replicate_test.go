@@ -18,6 +18,7 @@ type replicaStatus struct {
 		CID           string
 		Replicas, Min int
 		Fetched       int64
+		Checked       time.Time
 	}
 }
 

@@ -35,8 +35,10 @@ const (
 	envTopic  = "RDRR_E2E_TOPIC"
 	envCID    = "RDRR_E2E_CID"
 	envFlip   = "RDRR_E2E_FLIP"  // serve: "every" flips a byte in every slice; "<cid>:<hex>" one byte
+	envLie    = "RDRR_E2E_LIE"   // serve: "have" claims every piece of what it stores and serves none
 	envAddr   = "RDRR_E2E_ADDR"  // tcp-send: where to connect
 	envBytes  = "RDRR_E2E_BYTES" // tcp-send, naive-send: how much to send
+	envStay   = "RDRR_E2E_STAY"  // fetch: stay (serving) after done, until stdin closes
 )
 
 func TestMain(m *testing.M) {
@@ -129,6 +131,9 @@ func roleServe(ctx context.Context, log *slog.Logger) error {
 		}
 		src = fs
 	}
+	if os.Getenv(envLie) == "have" {
+		src = haveLiar{st}
+	}
 	node, sc, err := joinSwarm(ctx, log, os.Getenv(envHome), src)
 	if err != nil {
 		return err
@@ -168,6 +173,40 @@ func (f *flipSource) AppendSlice(dst []byte, c cas.CID, off, n int64) ([]byte, e
 	return out, nil
 }
 
+// haveLiar is a dishonest server of another kind: in HAVE it claims
+// every piece of every blob its store holds, as if downloading it, and
+// it refuses every request for them (not_found). It holds nothing whole.
+type haveLiar struct{ st *cas.Store }
+
+func (h haveLiar) Stat(c cas.CID) (cas.Info, error) {
+	return cas.Info{}, fmt.Errorf("%s: %w", c, cas.ErrNotFound)
+}
+
+func (h haveLiar) AppendSlice(dst []byte, c cas.CID, off, n int64) ([]byte, error) {
+	return dst, fmt.Errorf("%s: %w", c, cas.ErrNotFound)
+}
+
+func (h haveLiar) PartialVerified(c cas.CID) (int64, []uint64, bool) {
+	inf, err := h.st.Stat(c)
+	if err != nil {
+		return 0, nil, false
+	}
+	groups := make([]uint64, ((inf.Size+cas.GroupSize-1)/cas.GroupSize+63)/64)
+	for i := range groups {
+		groups[i] = ^uint64(0)
+	}
+	return inf.Size, groups, true
+}
+
+func (h haveLiar) AppendPartialSlice(dst []byte, c cas.CID, off, n int64) ([]byte, error) {
+	return dst, fmt.Errorf("%s: %w", c, cas.ErrNotFound)
+}
+
+// fetchEvent is what the fetch role reports of its node's events.
+type fetchEvent struct {
+	Peer, Kind string
+}
+
 func roleFetch(ctx context.Context, log *slog.Logger) error {
 	ctx = untilStdinCloses(ctx)
 	c, err := cas.ParseCID(os.Getenv(envCID))
@@ -199,7 +238,29 @@ func roleFetch(ctx context.Context, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	fmt.Printf("done %d\n", time.Since(start).Nanoseconds())
+	took := time.Since(start)
+	var evs []fetchEvent
+	for _, e := range node.Events() {
+		evs = append(evs, fetchEvent{Peer: e.Peer.String(), Kind: e.Kind})
+	}
+	var banned []string
+	if members, err := sc.Peers(ctx, topic); err == nil {
+		for _, p := range members {
+			if node.Banned(p) {
+				banned = append(banned, p.String())
+			}
+		}
+	}
+	b, _ := json.Marshal(evs)
+	bb, _ := json.Marshal(banned)
+	mu.Lock()
+	fmt.Printf("events %s\n", b)
+	fmt.Printf("banned %s\n", bb)
+	fmt.Printf("done %d\n", took.Nanoseconds())
+	mu.Unlock()
+	if os.Getenv(envStay) != "" {
+		<-ctx.Done() // serve what it fetched until told to stop
+	}
 	return nil
 }
 

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Installs, idempotently, the system packages that the build and the tests
 # need: the CPU Vulkan driver (lavapipe) for GPU tests on machines without a
-# GPU. Go itself is assumed present (see README).
+# GPU, and chromium for the browser peer's tests (e2e/browser_test.go).
+# Go itself is assumed present (see README).
 set -euo pipefail
-pkgs=(mesa-vulkan-drivers libvulkan1 ca-certificates)
+pkgs=(mesa-vulkan-drivers libvulkan1 ca-certificates chromium)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

@@ -78,7 +78,7 @@ func Dial(ctx context.Context, url string, cfg ClientConfig) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("signaling: dial: %w", err)
 	}
-	ws, resp, err := websocket.Dial(ctx, url, &websocket.DialOptions{HTTPClient: cfg.HTTPClient})
+	ws, resp, err := websocket.Dial(ctx, url, dialOptions(cfg))
 	if err != nil {
 		if e := refusal(resp); e != nil {
 			return nil, fmt.Errorf("signaling: dial %s: %w", url, e)

@@ -108,6 +108,9 @@ type fetchHooks struct {
 	// requested is called before each REQUEST, from the fetch's
 	// goroutines, concurrently.
 	requested func(p peer.ID, c cas.CID, off, n int64)
+	// verified is called when the answer to a REQUEST arrived and may be
+	// written (it won its endgame race, if any), before it is written.
+	verified func(p peer.ID, c cas.CID, off, n int64)
 }
 
 func (h *fetchHooks) request(p peer.ID, c cas.CID, off, n int64) {
@@ -141,13 +144,14 @@ func (o FetchOptions) withDefaults(cfg Config) FetchOptions {
 	return o
 }
 
-// Fetch makes blob c present in st, and if c is a collection, every shard
-// it lists too. Pieces come from whichever peers have them, each 16 KiB
-// group verified against its CID before it is written; a peer that sends
-// a bad group is banned, one that stalls or answers badly is dropped from
-// the fetch, and their pieces are fetched from others. An interrupted
-// fetch resumes from the groups already verified in st.
-func (n *Node) Fetch(ctx context.Context, st *cas.Store, c cas.CID, opt FetchOptions) (cas.Info, error) {
+// FetchTo makes blob c present in st, and if c is a collection, every
+// shard it lists too. Pieces come from whichever peers have them, each 16
+// KiB group verified against its CID before it is written; a peer that
+// sends a bad group is banned, one that stalls or answers badly is dropped
+// from the fetch, and their pieces are fetched from others. An interrupted
+// fetch resumes from the groups already verified in st. Fetch is FetchTo
+// a *cas.Store.
+func (n *Node) FetchTo(ctx context.Context, st Store, c cas.CID, opt FetchOptions) (cas.Info, error) {
 	opt = opt.withDefaults(n.cfg)
 	f := &fetcher{n: n, st: st, opt: opt, peers: map[peer.ID]*peerScore{}, early: map[peer.ID][]wire.HaveEntry{}}
 	defer n.trackFetch(f)()
@@ -243,12 +247,17 @@ type want struct {
 	// proof is the verified slice of the last group that proved size,
 	// written once the blob is opened.
 	proof []byte
+	// part is the blob's download, kept open between the rounds of a
+	// fetch (nil while a round's scheduler has it, or when closed): what
+	// it announced it keeps serving (PROTOCOL.md, HAVE). The fetch
+	// closes it when it ends (release).
+	part Partial
 }
 
 // fetcher is one Fetch: the peers' scores last for all of it.
 type fetcher struct {
 	n   *Node
-	st  *cas.Store
+	st  Store
 	opt FetchOptions
 
 	lastProgress atomic.Int64 // unix nanos of the last verified write
@@ -288,6 +297,14 @@ func (f *fetcher) touch() { f.lastProgress.Store(f.n.cfg.Now().UnixNano()) }
 // fetch gets every wanted blob, looking for providers again (and waiting
 // up to FindTimeout without progress) while some are missing.
 func (f *fetcher) fetch(ctx context.Context, wants []*want) error {
+	defer f.release(slices.Clone(wants))
+	// Who was asked is about other blobs (a collection, before its
+	// shards): everyone may be asked for these.
+	f.mu.Lock()
+	for _, ps := range f.peers {
+		ps.asked = false
+	}
+	f.mu.Unlock()
 	idle := time.Now()
 	for {
 		wants = slices.DeleteFunc(wants, func(w *want) bool {
@@ -324,6 +341,27 @@ func (f *fetcher) fetch(ctx context.Context, wants []*want) error {
 		}
 		// Otherwise nobody asked had anything: widen the search at once.
 	}
+}
+
+// release closes the downloads of wants kept open between rounds.
+func (f *fetcher) release(wants []*want) {
+	for _, w := range wants {
+		f.closePart(w)
+	}
+}
+
+// closePart closes w's download kept open between rounds, if any, and
+// retracts the pieces it announced (Node.retract).
+func (f *fetcher) closePart(w *want) {
+	if w.part == nil {
+		return
+	}
+	w.part.Close()
+	w.part = nil
+	if h := f.opt.hooks; h != nil && h.closed != nil {
+		h.closed(w.cid)
+	}
+	f.n.retract(w.cid, w.size)
 }
 
 // candidates returns the peers to ask this round: the given ones not asked
@@ -453,9 +491,22 @@ func (f *fetcher) round(ctx context.Context, wants []*want) (roundResult, error)
 		linksOf[a.p] = a.links
 	}
 	s := newScheduler(f, int64(f.n.cfg.PieceSize), f.opt.OpenBlobs)
-	for _, w := range wants {
+	// Downloads kept open from the last round are opened first: with the
+	// others they stay within OpenBlobs.
+	order := slices.Clone(wants)
+	slices.SortStableFunc(order, func(a, b *want) int {
+		switch {
+		case a.part != nil && b.part == nil:
+			return -1
+		case a.part == nil && b.part != nil:
+			return 1
+		}
+		return 0
+	})
+	for _, w := range order {
 		cl := claims[w]
 		if len(cl) == 0 && (w.size < 0 || len(parts[w]) == 0) {
+			f.closePart(w) // nobody has it this round
 			continue
 		}
 		if w.size < 0 {
@@ -483,6 +534,8 @@ func (f *fetcher) round(ctx context.Context, wants []*want) (roundResult, error)
 		if len(provs) > 0 {
 			s.add(w, provs, bits)
 			res.found = true
+		} else {
+			f.closePart(w)
 		}
 	}
 	for _, a := range answers {
@@ -495,8 +548,12 @@ func (f *fetcher) round(ctx context.Context, wants []*want) (roundResult, error)
 			f.mu.Unlock()
 		case res.found && len(a.links) > 0 && a.links[0].peerHello().Caps&wire.CapPartial != 0 && !f.n.Banned(a.p) && !f.dropped(a.p):
 			// Nothing yet, but it announces pieces as it gets them (a
-			// peer fetching the same blobs): its workers wait for them.
+			// peer fetching the same blobs): its workers wait for them,
+			// and the next round asks it again.
 			s.addWatcher(a.p, a.links)
+			f.mu.Lock()
+			f.score(a.p).asked = false
+			f.mu.Unlock()
 		}
 	}
 	if ctx.Err() != nil {
@@ -685,12 +742,47 @@ func (f *fetcher) liar(p peer.ID, c cas.CID, detail string) {
 // requestFailed scores a failed request to p (started at start) for blob
 // c. It reports whether p is believed to no longer have c.
 func (f *fetcher) requestFailed(p peer.ID, start time.Time, c cas.CID, err error) (lost bool) {
+	var rej *RejectError
+	if errors.As(err, &rej) && rej.Req != 0 && rej.Code == wire.CodeNotFound {
+		f.broke(p, start, c, err)
+		return true
+	}
 	strike, lost := judge(err)
 	if strike {
 		f.strike(p, start, fmt.Errorf("swarm: %s of %s: %w", p, c, err))
 	}
 	return lost
 }
+
+// broke scores p's refusal (not_found) of a request for blob c started
+// at start. Every REQUEST goes to a peer for a range it said it holds (a
+// whole blob, or pieces of its HAVE bitmap), and an honest peer serves
+// what it announced until it retracts it (Node.retract), so a refusal is
+// a broken promise: a strike in this fetch (refusals of requests in
+// flight together count once), and, once per blob and fetch, a protocol
+// violation for the node, which bans a peer at its third within an hour
+// (a peer that lies in HAVE about three blobs; one that deleted a blob,
+// or whose retraction crossed our request, costs one).
+func (f *fetcher) broke(p peer.ID, start time.Time, c cas.CID, err error) {
+	f.mu.Lock()
+	ps := f.score(p)
+	_, again := ps.refused[c.Raw()]
+	if !again && len(ps.refused) < maxRefused {
+		if ps.refused == nil {
+			ps.refused = map[cas.CID]struct{}{}
+		}
+		ps.refused[c.Raw()] = struct{}{}
+	}
+	f.mu.Unlock()
+	f.strike(p, start, fmt.Errorf("swarm: %s refused %s, which it announced: %w", p, c, err))
+	if !again {
+		f.n.log.Info("swarm: fetch: peer refused what it announced", "peer", p, "cid", c, "err", err)
+		f.n.strike(p, fmt.Sprintf("refused a range of %s that it announced (%v)", c, err))
+	}
+}
+
+// maxRefused bounds the blobs remembered per peer as refused (broke).
+const maxRefused = 1024
 
 // judge says what a failed request (or WANT) tells of the peer: strike,
 // that it stalled or misbehaved; lost, that it no longer has the blob.
@@ -703,6 +795,8 @@ func judge(err error) (strike, lost bool) {
 		case wire.CodeBusy:
 			return false, false
 		case wire.CodeNotFound, wire.CodeCorrupt, wire.CodeShuttingDown:
+			// (A REQUEST refused not_found is a broken promise:
+			// requestFailed.)
 			// It may have lost or be leaving it: honest, but no provider.
 			return false, true
 		}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/rdrr/peer/cas"
 )
 
 // peerScore is what one fetch knows of a peer. Guarded by fetcher.mu.
@@ -15,6 +16,9 @@ type peerScore struct {
 	lastStrike time.Time // requests started before it do not count again
 	dropped    bool      // no more requests in this fetch
 	why        error     // the last strike
+	// refused: blobs it refused though it announced them (broke), at
+	// most maxRefused.
+	refused map[cas.CID]struct{}
 }
 
 // score returns p's score, creating it. f.mu must be held.
@@ -31,13 +35,14 @@ func (f *fetcher) score(p peer.ID) *peerScore {
 // request) that timed out, came back short or malformed, or was refused
 // though p announced the blob. Failures of requests that were in flight
 // together count once, so one network hiccup is one strike; MaxStrikes in
-// a row drop p from the fetch and its pieces go to other providers.
-func (f *fetcher) strike(p peer.ID, start time.Time, err error) {
+// a row drop p from the fetch and its pieces go to other providers. It
+// reports whether the failure counted.
+func (f *fetcher) strike(p peer.ID, start time.Time, err error) bool {
 	f.mu.Lock()
 	ps := f.score(p)
 	if ps.dropped || !start.IsZero() && start.Before(ps.lastStrike) {
 		f.mu.Unlock()
-		return
+		return false
 	}
 	ps.strikes++
 	ps.lastStrike = time.Now()
@@ -54,6 +59,7 @@ func (f *fetcher) strike(p peer.ID, start time.Time, err error) {
 			s.removePeer(p)
 		}
 	}
+	return true
 }
 
 // success clears p's strikes: it answered a request in full.

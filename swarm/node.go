@@ -108,9 +108,9 @@ type Node struct {
 	strikes  map[peer.ID]strike    // protocol violations, at most maxBanned peers
 	smallMTU map[peer.ID]time.Time // peers big packets did not reach, until when
 	// haveDirty: blobs whose pieces changed since the last
-	// have-announcement (partial.go), at most maxAnnounce; haveLoop: the
-	// announcing goroutine runs.
-	haveDirty map[cas.CID]struct{}
+	// have-announcement (partial.go), at most maxAnnounce, with their
+	// sizes (-1: unknown); haveLoop: the announcing goroutine runs.
+	haveDirty map[cas.CID]int64
 	haveLoop  bool
 	perPeer   map[peer.ID]*PeerBytes // at most maxPeerStats
 	fetches   map[*fetcher]struct{}  // fetches running: announcements go to them
@@ -178,7 +178,7 @@ func NewNode(cfg Config) (*Node, error) {
 		allLink:   make(map[*link]struct{}),
 		strikes:   make(map[peer.ID]strike),
 		smallMTU:  make(map[peer.ID]time.Time),
-		haveDirty: make(map[cas.CID]struct{}),
+		haveDirty: make(map[cas.CID]int64),
 		perPeer:   make(map[peer.ID]*PeerBytes),
 		fetches:   make(map[*fetcher]struct{}),
 		budget:    newServeBudget(cfg.ServeBudget),

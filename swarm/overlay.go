@@ -39,3 +39,12 @@ type Overlay interface {
 	// reachable (connected) where the overlay could, within ctx.
 	Providers(ctx context.Context, c cas.CID, limit int) ([]peer.ID, error)
 }
+
+// haveAnnouncer is an Overlay that can tell its peers at once that this
+// peer holds a blob (gossip), before Provide's slower records are made.
+// *p2p.Overlay implements it.
+type haveAnnouncer interface {
+	// AnnounceHave queues c for the next have-announcement. It must not
+	// block.
+	AnnounceHave(c cas.CID)
+}

@@ -41,6 +41,9 @@ const (
 	// haveSendTimeout bounds the write of one announcement to one peer: a
 	// peer that does not read its control channel misses it.
 	haveSendTimeout = 2 * time.Second
+	// maxRetractBitmap bounds the empty bitmap of a retraction (a blob
+	// of up to 8 GiB; shards are 64 MiB).
+	maxRetractBitmap = 1 << 10
 )
 
 // unitBitmap returns the HAVE bitmap (bit i: bytes [i MiB, (i+1) MiB) held,
@@ -64,6 +67,15 @@ func unitBitmap(size int64, groups []uint64) ([]byte, bool) {
 		}
 	}
 	return bm, any
+}
+
+// PieceBitmap returns the HAVE bitmap (PROTOCOL.md, HAVE: bit i, LSB
+// first, for bytes [i MiB, (i+1) MiB)) of a download of size bytes whose
+// verified 16 KiB groups are groups, as PartialSource.PartialVerified
+// returns them: the pieces a node announces and serves of it.
+func PieceBitmap(size int64, groups []uint64) []byte {
+	bm, _ := unitBitmap(size, groups)
+	return bm
 }
 
 // unitsHeld reports whether bitmap bm (of a blob of size bytes) holds
@@ -132,16 +144,33 @@ func (n *Node) partialEntry(c cas.CID) (wire.HaveEntry, bool) {
 
 // markHave queues c for the next have-announcement: a piece of it was
 // written, or it was finished.
-func (n *Node) markHave(c cas.CID) {
+func (n *Node) markHave(c cas.CID) { n.queueHave(c, -1) }
+
+// retract queues c, a blob of size bytes whose download was closed
+// unfinished, for the next have-announcement: unless it is held whole or
+// open in another download by then, the announcement is an empty bitmap,
+// so that peers stop asking for the pieces announced before (a peer that
+// refuses pieces it announced is taken for a liar: fetch.go, broke).
+func (n *Node) retract(c cas.CID, size int64) {
+	if size >= 0 {
+		n.queueHave(c, size)
+	}
+}
+
+func (n *Node) queueHave(c cas.CID, size int64) {
 	if _, ok := n.partialSource(); !ok {
 		return
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if n.closed || len(n.haveDirty) >= maxAnnounce {
+	if n.closed {
 		return
 	}
-	n.haveDirty[c.Raw()] = struct{}{}
+	old, ok := n.haveDirty[c.Raw()]
+	if !ok && len(n.haveDirty) >= maxAnnounce {
+		return
+	}
+	n.haveDirty[c.Raw()] = max(old, size)
 	if !n.haveLoop {
 		n.haveLoop = true
 		n.wg.Add(1)
@@ -164,17 +193,20 @@ func (n *Node) announceLoop() {
 		}
 		n.mu.Lock()
 		dirty := n.haveDirty
-		n.haveDirty = make(map[cas.CID]struct{})
+		n.haveDirty = make(map[cas.CID]int64)
 		n.mu.Unlock()
 		if len(dirty) == 0 {
 			continue
 		}
 		var entries []wire.HaveEntry
-		for c := range dirty {
+		for c, size := range dirty {
 			if inf, err := n.cfg.Source.Stat(c); err == nil && !inf.Corrupt {
 				entries = append(entries, wire.HaveEntry{CID: c, Size: uint64(inf.Size)})
 			} else if e, ok := n.partialEntry(c); ok {
 				entries = append(entries, e)
+			} else if size >= 0 && wire.BitmapLen(uint64(size)) <= maxRetractBitmap {
+				// Retracted (a download closed unfinished): nothing held.
+				entries = append(entries, wire.HaveEntry{CID: c, Size: uint64(size), Bitmap: make([]byte, wire.BitmapLen(uint64(size)))})
 			}
 		}
 		if len(entries) == 0 {

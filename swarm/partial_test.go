@@ -91,11 +91,11 @@ func TestLeechersServeEachOther(t *testing.T) {
 	nodes := append([]*testNode{seed}, ls...)
 	for _, l := range ls {
 		in, out := sum(l.PeerBytes())
-		// Every byte came from someone; a piece written again after a
-		// request failed part way counts again, so in may exceed size
-		// (seen under -race on 2 cores: one piece more).
-		if in < int64(size) || out != l.Stats().ServedBytes {
-			t.Errorf("leecher per-peer in %d, out %d; want at least %d, and %d", in, out, size, l.Stats().ServedBytes)
+		// Every byte came from someone, once: no piece is written twice
+		// (an endgame copy of a piece being written once was:
+		// TestEndgameSkipsClaimedPiece).
+		if in != int64(size) || out != l.Stats().ServedBytes || l.Stats().FetchedBytes != int64(size) {
+			t.Errorf("leecher per-peer in %d, out %d, fetched %d; want %d, %d, %d", in, out, l.Stats().FetchedBytes, size, l.Stats().ServedBytes, size)
 		}
 		for p, pb := range l.PeerBytes() {
 			for _, o := range nodes {

@@ -29,8 +29,15 @@ type Ranges struct {
 	Priority Priority
 
 	mu      sync.Mutex
-	holders map[cas.CID]map[peer.ID]int64 // size each peer claimed
+	holders map[cas.CID]map[peer.ID]holder
 	asked   map[cas.CID]time.Time
+}
+
+// holder is what a peer said it holds of a blob: its size, and the HAVE
+// bitmap of the pieces it holds of a download in progress (nil: whole).
+type holder struct {
+	size int64
+	bits []byte
 }
 
 // MaxSlice is the most bytes FetchSlice fetches in one call (one REQUEST).
@@ -40,7 +47,9 @@ const MaxSlice = wire.MaxRequest
 const holdersTTL = 30 * time.Second
 
 // FetchSlice returns the bao slice encoding of [off, off+n) of blob c of
-// size bytes, verified against c. A peer whose slice does not verify is
+// size bytes, verified against c, from a peer that holds the blob whole
+// or, as its HAVE bitmap says, the pieces of it that cover the range (a
+// peer still downloading it). A peer whose slice does not verify is
 // banned (and its bytes dropped) and the next holder is tried; a peer that
 // claims another size for c is not asked. The range is whole 16 KiB
 // groups (off a multiple of cas.GroupSize, n too unless it ends the blob),
@@ -56,6 +65,22 @@ func (r *Ranges) FetchSlice(ctx context.Context, c cas.CID, size, off, n int64) 
 	holders, err := r.findHolders(ctx, c, size, timeout)
 	if err != nil {
 		return nil, err
+	}
+	// Whole holders first, then those holding the range's pieces.
+	r.mu.Lock()
+	var whole, part []peer.ID
+	for _, p := range holders {
+		switch h := r.holders[c][p]; {
+		case h.bits == nil:
+			whole = append(whole, p)
+		case unitsHeld(h.bits, off, n):
+			part = append(part, p)
+		}
+	}
+	r.mu.Unlock()
+	holders = append(whole, part...)
+	if len(holders) == 0 {
+		return nil, fmt.Errorf("swarm: no peer holds [%d, +%d) of %s: %w", off, n, c, cas.ErrNotFound)
 	}
 	start, end := bao.Cover(size, off, n)
 	cover := make([]byte, end-start)
@@ -105,7 +130,7 @@ func (r *Ranges) FetchSlice(ctx context.Context, c cas.CID, size, off, n int64) 
 func (r *Ranges) findHolders(ctx context.Context, c cas.CID, size int64, timeout time.Duration) ([]peer.ID, error) {
 	r.mu.Lock()
 	if r.holders == nil {
-		r.holders, r.asked = map[cas.CID]map[peer.ID]int64{}, map[cas.CID]time.Time{}
+		r.holders, r.asked = map[cas.CID]map[peer.ID]holder{}, map[cas.CID]time.Time{}
 	}
 	fresh := time.Since(r.asked[c]) < holdersTTL && len(r.holders[c]) > 0
 	r.mu.Unlock()
@@ -114,7 +139,7 @@ func (r *Ranges) findHolders(ctx context.Context, c cas.CID, size int64, timeout
 		if err != nil && len(peers) == 0 {
 			return nil, err
 		}
-		got := map[peer.ID]int64{}
+		got := map[peer.ID]holder{}
 		var mu sync.Mutex
 		var wg sync.WaitGroup
 		for _, p := range peers {
@@ -131,9 +156,9 @@ func (r *Ranges) findHolders(ctx context.Context, c cas.CID, size int64, timeout
 				rctx, cancel := context.WithTimeout(ctx, timeout)
 				have, err := ls[0].want(rctx, []cas.CID{c})
 				cancel()
-				if err == nil && len(have) == 1 {
+				if err == nil && len(have) == 1 && have[0].Size <= 1<<50 {
 					mu.Lock()
-					got[p] = int64(have[0].Size)
+					got[p] = holder{size: int64(have[0].Size), bits: have[0].Bitmap}
 					mu.Unlock()
 				}
 			}()
@@ -146,8 +171,8 @@ func (r *Ranges) findHolders(ctx context.Context, c cas.CID, size int64, timeout
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var out []peer.ID
-	for p, s := range r.holders[c] {
-		if (s == size || size < 0) && !r.Node.Banned(p) {
+	for p, h := range r.holders[c] {
+		if (h.size == size || size < 0) && !r.Node.Banned(p) {
 			out = append(out, p)
 		}
 	}
@@ -172,8 +197,8 @@ func (r *Ranges) FetchBlob(ctx context.Context, c cas.CID, max int64) ([]byte, e
 	}
 	r.mu.Lock()
 	sizes := map[int64]int{}
-	for _, s := range r.holders[c] {
-		sizes[s]++
+	for _, h := range r.holders[c] {
+		sizes[h.size]++
 	}
 	r.mu.Unlock()
 	var errs []error
@@ -207,7 +232,8 @@ type Provider struct {
 }
 
 // Providers asks the discovered peers (WANT) which hold c whole. The sizes
-// are their claims, not yet proven.
+// are their claims, not yet proven. (Peers that hold pieces of it are not
+// listed.)
 func (r *Ranges) Providers(ctx context.Context, c cas.CID) ([]Provider, error) {
 	timeout := r.RequestTimeout
 	if timeout <= 0 {
@@ -225,8 +251,10 @@ func (r *Ranges) Providers(ctx context.Context, c cas.CID) ([]Provider, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var out []Provider
-	for p, s := range r.holders[c] {
-		out = append(out, Provider{p, s})
+	for p, h := range r.holders[c] {
+		if h.bits == nil {
+			out = append(out, Provider{p, h.size})
+		}
 	}
 	return out, nil
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 
 	"github.com/libp2p/go-libp2p/core/peer"
@@ -86,4 +87,83 @@ func TestRangesBanLiar(t *testing.T) {
 	if _, err := r2.FetchSlice(ctx, info.CID, int64(len(data)), 1<<20, 64<<10); !errors.Is(err, cas.ErrNotFound) {
 		t.Fatalf("only a liar: %v; want ErrNotFound", err)
 	}
+}
+
+// A range comes from a peer that holds only the pieces covering it (a
+// download in progress, as its HAVE bitmap says); a range outside them is
+// not asked of it.
+func TestRangesFromPartialHolder(t *testing.T) {
+	url := startSignal(t)
+	data := randBytes(23, 6<<20+99)
+	size := int64(len(data))
+	src, err := cas.Open(t.TempDir(), cas.Options{NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	info := put(t, src, data)
+	var checks atomic.Int64 // the holder's look-ups of its download: one per WANT or REQUEST
+	holder := newTestNode(t, url, func(c *Config) {
+		c.Source = &countPartial{PartialSource: c.Source.(PartialSource), Source: c.Source, n: &checks}
+	})
+	// The holder's download has pieces 2 and 3 (bytes [2 MiB, 4 MiB)).
+	part, err := holder.st.OpenPartial(info.CID, size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer part.Close()
+	slice, err := src.AppendSlice(nil, info.CID, 2<<20, 2<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := part.WriteSlice(2<<20, 2<<20, slice); err != nil {
+		t.Fatal(err)
+	}
+	client := newTestNode(t, url, nil)
+	r := &Ranges{Node: client.Node, Discover: func(context.Context) ([]peer.ID, error) { return []peer.ID{holder.ID()}, nil }}
+	ctx := ctxFor(t, 30e9)
+	off, n := int64(3<<20+32<<10), int64(256<<10)
+	got, err := r.FetchSlice(ctx, info.CID, size, off, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start, end := bao.Cover(size, off, n)
+	cover := make([]byte, end-start)
+	var scratch [bao.GroupSize]byte
+	if err := bao.DecodeSlice(cover, got, info.CID.Digest(), size, off, n, &scratch); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(cover[off-start:off-start+n], data[off:off+n]) {
+		t.Fatal("the range differs from the blob")
+	}
+	served := holder.Stats().ServedPartialBytes
+	if served != n {
+		t.Fatalf("the holder served %d bytes from its download; want %d", served, n)
+	}
+	// Outside its pieces: not asked, not found; and it is no provider.
+	before := checks.Load()
+	if _, err := r.FetchSlice(ctx, info.CID, size, 5<<20, 64<<10); !errors.Is(err, cas.ErrNotFound) {
+		t.Fatalf("a range outside the holder's pieces: %v; want ErrNotFound", err)
+	}
+	if got := checks.Load() - before; got != 0 {
+		t.Fatalf("the holder was asked %d times for a range outside its pieces", got)
+	}
+	if ps, err := r.Providers(ctx, info.CID); err != nil || len(ps) != 0 {
+		t.Fatalf("providers %v (%v); want none (the holder has pieces only)", ps, err)
+	}
+	if holder.Banned(client.ID()) || client.Banned(holder.ID()) {
+		t.Fatal("a ban between honest peers")
+	}
+}
+
+// countPartial counts the look-ups of downloads in progress.
+type countPartial struct {
+	PartialSource
+	Source
+	n *atomic.Int64
+}
+
+func (c *countPartial) PartialVerified(id cas.CID) (int64, []uint64, bool) {
+	c.n.Add(1)
+	return c.PartialSource.PartialVerified(id)
 }

@@ -1,3 +1,5 @@
+//go:build !js
+
 package swarm
 
 import (
@@ -92,10 +94,24 @@ type Replicator struct {
 	mu     sync.Mutex
 	own    map[cas.Digest]ReplicaTarget // pinned here with replicas
 	status map[cas.Digest]*ReplicaStatus
+	// fetching: the shards being fetched (at most maxReplicaFetches);
+	// fetched: how many a target got (at most maxTargets targets).
+	fetching map[cas.Digest]bool
+	fetched  map[cas.Digest]int64
+	wg       sync.WaitGroup // the fetches
+	// live: which replicators answered in this pass (alive).
+	live map[peer.ID]bool
 }
+
+// maxReplicaFetches bounds the shards a replicator fetches at once. The
+// fetches run beside the passes, which go on counting copies.
+const maxReplicaFetches = 2
 
 // maxTargets bounds the targets a Replicator keeps (its own and others').
 const maxTargets = 1024
+
+// countParallel bounds the shards whose live copies are counted at once.
+const countParallel = 8
 
 // maxReplicaProviders bounds the live providers counted per shard.
 const maxReplicaProviders = 64
@@ -111,7 +127,8 @@ func NewReplicator(cfg ReplicatorConfig) (*Replicator, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Replicator{cfg: cfg, own: map[cas.Digest]ReplicaTarget{}, status: map[cas.Digest]*ReplicaStatus{}}, nil
+	return &Replicator{cfg: cfg, own: map[cas.Digest]ReplicaTarget{}, status: map[cas.Digest]*ReplicaStatus{},
+		fetching: map[cas.Digest]bool{}, fetched: map[cas.Digest]int64{}}, nil
 }
 
 // Pin asks for replicas live copies of every shard of c (a collection, or
@@ -159,11 +176,13 @@ func (r *Replicator) Status() []ReplicaStatus {
 // they fetch too.
 const warmUp = 3
 
-// Run makes a pass every Every until ctx ends.
+// Run makes a pass every Every until ctx ends, and returns once the
+// fetches it started have ended.
 func (r *Replicator) Run(ctx context.Context) {
 	r.mu.Lock()
 	r.started = time.Now()
 	r.mu.Unlock()
+	defer r.wg.Wait()
 	t := time.NewTicker(r.cfg.Every)
 	defer t.Stop()
 	for {
@@ -207,6 +226,9 @@ func (r *Replicator) targets() (own, all []ReplicaTarget, replicators []peer.ID)
 // pass publishes this peer's targets and, for each target, counts the
 // live copies of its shards and fetches those it is chosen for.
 func (r *Replicator) pass(ctx context.Context) {
+	r.mu.Lock()
+	r.live = nil // asked again each pass
+	r.mu.Unlock()
 	own, all, reps := r.targets()
 	if err := r.cfg.Overlay.PublishReplication(ctx, own, r.cfg.Replicate); err != nil && ctx.Err() == nil {
 		r.cfg.Logger.Debug("swarm: replication: publish", "err", err)
@@ -225,7 +247,6 @@ func (r *Replicator) keep(ctx context.Context, t ReplicaTarget, replicators []pe
 	shards, err := r.shards(ctx, t.CID)
 	// The status of the last complete pass stays until this one is done.
 	st := ReplicaStatus{CID: t.CID.String(), Replicas: t.Replicas, Min: -1}
-	var fetched int64
 	defer func() {
 		r.mu.Lock()
 		defer r.mu.Unlock()
@@ -234,12 +255,11 @@ func (r *Replicator) keep(ctx context.Context, t ReplicaTarget, replicators []pe
 			return
 		}
 		if old != nil {
-			st.Fetched = old.Fetched
 			if st.Min < 0 {
 				st.Min, st.Shards = old.Min, old.Shards // this pass counted nothing
 			}
 		}
-		st.Fetched += fetched
+		st.Fetched = r.fetched[t.CID.Digest()]
 		st.Checked = time.Now()
 		r.status[t.CID.Digest()] = &st
 	}()
@@ -248,14 +268,29 @@ func (r *Replicator) keep(ctx context.Context, t ReplicaTarget, replicators []pe
 		return
 	}
 	self := r.cfg.Node.ID()
+	// The shards' copies are counted at once (a ping to a dead holder
+	// waits for its timeout: one after the other, a pass over a 1 GiB
+	// collection's sixteen shards would take minutes), at most
+	// countParallel at a time.
+	live := make([][]peer.ID, len(shards))
+	sem := make(chan struct{}, countParallel)
+	var wg sync.WaitGroup
+	for i, sh := range shards {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			// One more than asked: this peer may be among them.
+			live[i], _ = r.cfg.Overlay.LiveProviders(ctx, sh.CID, min(t.Replicas+1, maxReplicaProviders))
+		}()
+	}
+	wg.Wait()
+	if ctx.Err() != nil {
+		return
+	}
 	minCopies := -1
-	for _, sh := range shards {
-		// One more than asked: this peer may be among them.
-		holders, err := r.cfg.Overlay.LiveProviders(ctx, sh.CID, min(t.Replicas+1, maxReplicaProviders))
-		if err != nil && ctx.Err() != nil {
-			return
-		}
-		holders = slices.DeleteFunc(holders, func(p peer.ID) bool { return p == self })
+	for i, sh := range shards {
+		holders := slices.DeleteFunc(live[i], func(p peer.ID) bool { return p == self })
 		have := r.stored(sh.CID)
 		if have {
 			holders = append(holders, self)
@@ -269,38 +304,66 @@ func (r *Replicator) keep(ctx context.Context, t ReplicaTarget, replicators []pe
 		if !r.cfg.Replicate || !warm || have || len(holders) >= t.Replicas {
 			continue // enough, or not ours to fix (yet)
 		}
+		if _, _, busy := r.cfg.Store.PartialVerified(sh.CID); busy {
+			continue // a fetch of this node is getting it: a copy is coming
+		}
 		if !r.chosen(ctx, sh.CID, t.Replicas-len(holders), replicators, holders) {
 			continue
 		}
-		r.cfg.Logger.Info("replicating", "cid", sh.CID, "of", t.CID, "live", len(holders), "want", t.Replicas)
-		began := time.Now()
-		// From the live holders just counted: a lookup now would find the
-		// dead ones again and wait for them. If they fail, the next pass
-		// counts again.
-		_, err = r.cfg.Node.Fetch(ctx, r.cfg.Store, sh.CID, FetchOptions{
-			Peers:       slices.DeleteFunc(slices.Clone(holders), func(p peer.ID) bool { return p == self }),
-			Priority:    PriorityBackground,
-			FindTimeout: r.cfg.Every,
-		})
-		if err != nil {
-			r.cfg.Logger.Warn("swarm: replication: fetch", "cid", sh.CID, "err", err)
-			continue
-		}
-		if err := r.cfg.Store.Pin(sh.CID, PinReplica); err != nil {
-			r.cfg.Logger.Warn("swarm: replication: pin", "cid", sh.CID, "err", err)
-		}
-		if r.cfg.Stored != nil {
-			r.cfg.Stored(sh.CID)
-		}
-		r.cfg.Logger.Info("replicated", "cid", sh.CID, "in", time.Since(began).Round(time.Millisecond))
-		if minCopies == len(holders) {
-			minCopies++
-		}
-		fetched++
+		// From the live holders just counted: a lookup now would find
+		// the dead ones again and wait for them. If they fail, a later
+		// pass counts again.
+		r.startFetch(ctx, t, sh.CID, len(holders), slices.DeleteFunc(slices.Clone(holders), func(p peer.ID) bool { return p == self }))
 	}
 	if ctx.Err() == nil {
 		st.Min, st.Shards = minCopies, len(shards)
 	}
+}
+
+// startFetch fetches shard c of target t from the peers from, in the
+// background, unless it is being fetched already or maxReplicaFetches
+// are: the passes go on counting copies meanwhile (a fetch at background
+// priority waits while this node fetches what someone waits for).
+func (r *Replicator) startFetch(ctx context.Context, t ReplicaTarget, c cas.CID, live int, from []peer.ID) {
+	r.mu.Lock()
+	if r.fetching[c.Digest()] || len(r.fetching) >= maxReplicaFetches {
+		r.mu.Unlock()
+		return
+	}
+	r.fetching[c.Digest()] = true
+	r.mu.Unlock()
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		defer func() {
+			r.mu.Lock()
+			delete(r.fetching, c.Digest())
+			r.mu.Unlock()
+		}()
+		r.cfg.Logger.Info("replicating", "cid", c, "of", t.CID, "live", live, "want", t.Replicas)
+		began := time.Now()
+		_, err := r.cfg.Node.Fetch(ctx, r.cfg.Store, c, FetchOptions{
+			Peers:       from,
+			Priority:    PriorityBackground,
+			FindTimeout: r.cfg.Every,
+		})
+		if err != nil {
+			r.cfg.Logger.Warn("swarm: replication: fetch", "cid", c, "err", err)
+			return
+		}
+		if err := r.cfg.Store.Pin(c, PinReplica); err != nil {
+			r.cfg.Logger.Warn("swarm: replication: pin", "cid", c, "err", err)
+		}
+		if r.cfg.Stored != nil {
+			r.cfg.Stored(c)
+		}
+		r.cfg.Logger.Info("replicated", "cid", c, "in", time.Since(began).Round(time.Millisecond))
+		r.mu.Lock()
+		if _, ok := r.fetched[t.CID.Digest()]; ok || len(r.fetched) < maxTargets {
+			r.fetched[t.CID.Digest()]++
+		}
+		r.mu.Unlock()
+	}()
 }
 
 // stored reports whether c is in the store, whole and sound.
@@ -362,7 +425,39 @@ func (r *Replicator) chosen(ctx context.Context, c cas.CID, need int, replicator
 	}
 	// A replicator that died is still listed (its connection, its last
 	// message) for a while: only live ones count.
-	return len(r.cfg.Overlay.Alive(ctx, ahead)) < need
+	return len(r.alive(ctx, ahead)) < need
+}
+
+// alive returns those of ps that answer, asking the overlay only about
+// peers not asked yet in this pass: a dead replicator is waited for once
+// a pass, not once per shard.
+func (r *Replicator) alive(ctx context.Context, ps []peer.ID) []peer.ID {
+	r.mu.Lock()
+	if r.live == nil {
+		r.live = map[peer.ID]bool{}
+	}
+	var ask []peer.ID
+	for _, p := range ps {
+		if _, ok := r.live[p]; !ok {
+			ask = append(ask, p)
+		}
+	}
+	r.mu.Unlock()
+	answered := r.cfg.Overlay.Alive(ctx, ask)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if ctx.Err() == nil {
+		for _, p := range ask {
+			r.live[p] = slices.Contains(answered, p)
+		}
+	}
+	var out []peer.ID
+	for _, p := range ps {
+		if r.live[p] || slices.Contains(answered, p) {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // rankAhead ranks self and the replicators that do not hold c by SHA-256

@@ -50,7 +50,7 @@ const endgameAfter = 300 * time.Millisecond
 // the job becomes open.
 type blobJob struct {
 	w        *want
-	part     *cas.Partial
+	part     Partial
 	todo     []*piece // missing pieces not handed out yet, in blob order
 	flying   map[*piece]struct{}
 	retry    []*piece // pieces handed back (at most the pieces in flight)
@@ -236,6 +236,19 @@ func (s *scheduler) peerHas(p peer.ID, entries []wire.HaveEntry) {
 		// (A blob already done takes it harmlessly: no worker takes
 		// pieces of a blob that is not open. b.part is not read here: its
 		// opener sets it without s.mu.)
+		if e.Bitmap != nil && countUnits(e.Bitmap) == 0 {
+			// A retraction: p closed its download of b.
+			if b.has[p] {
+				delete(b.has, p)
+				delete(b.bits, p)
+				if b.pending {
+					s.waiting[p]--
+				}
+				s.orphaned(b)
+				changed = true
+			}
+			continue
+		}
 		if e.Bitmap == nil {
 			delete(b.bits, p)
 		} else {
@@ -320,8 +333,10 @@ func (s *scheduler) run(ctx context.Context) (bool, error) {
 	wg.Wait()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	// The downloads still open stay open for the next round (the fetcher
+	// closes them when it ends): what they announced is still served.
 	for _, b := range s.open {
-		s.closeBlob(b)
+		b.w.part, b.part = b.part, nil
 	}
 	s.open = nil
 	return s.wrote, s.err
@@ -389,32 +404,69 @@ func (s *scheduler) next(ctx context.Context, l *link, maxReq int64) *piece {
 }
 
 // endgame returns a copy of a piece in flight with another peer for p to
-// ask too, or how long until one may be asked. s.mu must be held.
+// ask too, or how long until one may be asked. A piece gets a first copy
+// once it has been in flight for endgameAfter, and another (up to
+// maxRunners in all) while every request for it has been in flight for
+// endgameAgain: a peer that died or stalls with a piece, and the peer its
+// copy went to as well, do not hold the tail for a request timeout. s.mu
+// must be held.
 func (s *scheduler) endgame(p peer.ID, maxReq int64) (*piece, time.Duration) {
 	now := time.Now()
 	var after time.Duration
+	wait := func(age, need time.Duration) bool {
+		if age >= need {
+			return false
+		}
+		if w := need - age; after == 0 || w < after {
+			after = w
+		}
+		return true
+	}
 	for _, b := range s.open {
 		if b.remaining() || !b.has[p] {
 			continue
 		}
 		for pc := range b.flying {
-			if pc.peer == p || pc.dup || pc.wrote || pc.n > maxReq || !b.holds(p, pc) || pc.race != nil {
+			if pc.peer == p || pc.dup || pc.wrote || pc.n > maxReq || !b.holds(p, pc) {
 				continue
 			}
-			if age := now.Sub(pc.sent); age < endgameAfter {
-				if w := endgameAfter - age; after == 0 || w < after {
-					after = w
+			r := pc.race
+			if r == nil {
+				if wait(now.Sub(pc.sent), endgameAfter) {
+					continue
 				}
+				d := &piece{b: b, off: pc.off, n: pc.n, dup: true}
+				pc.race = &race{runners: []*piece{pc, d}}
+				d.race = pc.race
+				return d, 0
+			}
+			if r.claimed != nil || len(r.runners) >= maxRunners {
 				continue
 			}
-			d := &piece{b: b, off: pc.off, n: pc.n, dup: true}
-			pc.race = &race{runners: []*piece{pc, d}}
-			d.race = pc.race
+			newest, mine := time.Time{}, false
+			for _, o := range r.runners {
+				if _, ok := b.flying[o]; ok && o.sent.After(newest) {
+					newest = o.sent
+				}
+				mine = mine || o.peer == p
+			}
+			if mine || newest.IsZero() || wait(now.Sub(newest), endgameAgain) {
+				continue
+			}
+			d := &piece{b: b, off: pc.off, n: pc.n, dup: true, race: r}
+			r.runners = append(r.runners, d)
 			return d, 0
 		}
 	}
 	return nil, after
 }
+
+// Endgame copies beyond the first: after endgameAgain with no answer from
+// any runner, up to maxRunners requests for one piece.
+const (
+	endgameAgain = 10 * endgameAfter
+	maxRunners   = 3
+)
 
 // claim decides an endgame race for pc, whose answer verified: it reports
 // whether pc may be written (it is first), and cancels the other runner's
@@ -424,6 +476,10 @@ func (s *scheduler) claim(pc *piece) bool {
 	defer s.mu.Unlock()
 	r := pc.race
 	if r == nil {
+		// Claimed alone: endgame must not start a copy of it now, in the
+		// window before its bytes are written (the copy would claim it
+		// too, and the piece be written twice).
+		pc.race = &race{claimed: pc, runners: []*piece{pc}}
 		return true
 	}
 	if r.claimed != nil {
@@ -523,6 +579,9 @@ func (s *scheduler) openNext(ctx context.Context) {
 	}
 	if len(b.has) == 0 {
 		s.total -= b.w.size
+		if b.w.part != nil {
+			s.f.closePart(b.w) // nobody has it: a later round opens it again
+		}
 		return
 	}
 	s.busy++
@@ -557,12 +616,16 @@ func (s *scheduler) openNext(ctx context.Context) {
 // proved its size, and lists what is missing. Called without s.mu.
 func (s *scheduler) openBlob(b *blobJob) error {
 	w := b.w
-	part, err := s.f.st.OpenPartial(w.cid, w.size)
-	if err != nil {
-		return fmt.Errorf("swarm: fetch %s: %w", w.cid, err)
-	}
-	if h := s.f.opt.hooks; h != nil && h.opened != nil {
-		h.opened(w.cid, w.size)
+	part := w.part // kept open from an earlier round
+	w.part = nil
+	if part == nil {
+		var err error
+		if part, err = s.f.st.OpenPartial(w.cid, w.size); err != nil {
+			return fmt.Errorf("swarm: fetch %s: %w", w.cid, err)
+		}
+		if h := s.f.opt.hooks; h != nil && h.opened != nil {
+			h.opened(w.cid, w.size)
+		}
 	}
 	b.part = part
 	switch {
@@ -573,8 +636,10 @@ func (s *scheduler) openBlob(b *blobJob) error {
 	case w.proof != nil:
 		// Verified already; a failure here only means it is fetched again.
 		off := (w.size - 1) / cas.GroupSize * cas.GroupSize
-		if part.WriteSlice(off, w.size-off, w.proof) == nil {
+		missing := slices.ContainsFunc(part.Missing(), func(r cas.Range) bool { return r.Off <= off && off < r.Off+r.Len })
+		if part.WriteSlice(off, w.size-off, w.proof) == nil && missing {
 			s.f.touch()
+			s.f.n.stats.fetchedBytes.Add(w.size - off) // a group fetched (to prove the size)
 		}
 		w.proof = nil
 	}
@@ -629,11 +694,8 @@ func (s *scheduler) closeBlob(b *blobJob) {
 	if b.part == nil {
 		return
 	}
-	b.part.Close()
-	b.part = nil
-	if h := s.f.opt.hooks; h != nil && h.closed != nil {
-		h.closed(b.w.cid)
-	}
+	b.w.part, b.part = b.part, nil
+	s.f.closePart(b.w)
 }
 
 // orphaned closes b and drops it from the round if nobody left has it and
@@ -855,6 +917,9 @@ func (s *scheduler) get(ctx context.Context, l *link, pc *piece, maxReq int64, b
 			return handedBack
 		}
 		*buf = slice
+		if h := s.f.opt.hooks; h != nil && h.verified != nil {
+			h.verified(l.remote, b.w.cid, pc.off, n)
+		}
 		if err := b.part.WriteSlice(pc.off, n, slice); err != nil {
 			var re *cas.RangeError
 			if errors.As(err, &re) {

@@ -251,10 +251,18 @@ func (l *link) serveRequest(f *wire.Frame) error {
 	case err != nil:
 		// Perhaps a download in progress has the range verified.
 		size, ok := l.n.servablePartial(f.CID, f.Off, uint64(f.Len))
-		if !ok {
+		if ok {
+			inf, partial = cas.Info{Size: size}, true
+			break
+		}
+		// Or it finished since Stat: a refusal of what was announced
+		// counts against us (fetch.go, broke).
+		if inf, err = src.Stat(f.CID); err != nil {
 			return l.reject(f.Req, wire.CodeNotFound, "blob "+f.CID.String()+" (that range) not stored here")
 		}
-		inf, partial = cas.Info{Size: size}, true
+		if inf.Corrupt {
+			return l.reject(f.Req, wire.CodeCorrupt, "our copy of "+f.CID.String()+" is corrupt")
+		}
 	case inf.Corrupt:
 		return l.reject(f.Req, wire.CodeCorrupt, "our copy of "+f.CID.String()+" is corrupt")
 	}

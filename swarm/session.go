@@ -88,6 +88,9 @@ func (s *setup) onCandidate(c *webrtc.ICECandidate) {
 		return // gathering complete
 	}
 	init := c.ToJSON()
+	if keep := s.n.tr.keep; keep != nil && !keep(init.Candidate) {
+		return
+	}
 	s.mu.Lock()
 	if !s.sent {
 		s.pending = append(s.pending, init)
@@ -243,7 +246,7 @@ func (s *setup) negotiate(ctx context.Context, l *link, offerer bool) error {
 				early = nil
 			case signaling.TypeCandidate:
 				var c webrtc.ICECandidateInit
-				if json.Unmarshal(m.Data, &c) != nil {
+				if json.Unmarshal(m.Data, &c) != nil || s.n.tr.keep != nil && !s.n.tr.keep(c.Candidate) {
 					continue
 				}
 				if !remoteSet {

@@ -74,6 +74,11 @@ type Member struct {
 	fixed     *Node
 	announced map[cas.Digest]bool // provided on the overlay
 	kick      chan struct{}       // AnnounceSoon's signal to the announce loop
+	// gossiped: announced on gossip (AnnounceHave) while not yet
+	// provided; providing: a round of provides runs (in the background:
+	// what is stored meanwhile is gossiped at once, not after it).
+	gossiped  map[cas.Digest]bool
+	providing bool
 }
 
 // Start signs a node in to the swarm and keeps it there. It returns once
@@ -97,7 +102,7 @@ func Start(ctx context.Context, opt StartOptions) (*Member, error) {
 		opt.Logger = slog.New(slog.DiscardHandler)
 	}
 	runCtx, cancel := context.WithCancel(context.Background())
-	m := &Member{opt: opt, cancel: cancel, done: make(chan struct{}), ready: make(chan struct{}), announced: make(map[cas.Digest]bool), kick: make(chan struct{}, 1)}
+	m := &Member{opt: opt, cancel: cancel, done: make(chan struct{}), ready: make(chan struct{}), announced: make(map[cas.Digest]bool), gossiped: make(map[cas.Digest]bool), kick: make(chan struct{}, 1)}
 	if ov := opt.Overlay; ov != nil {
 		cfg := opt.Config
 		if cfg.AnnounceAddrs == nil {
@@ -414,12 +419,16 @@ func (m *Member) announce(ctx context.Context) {
 		return
 	}
 	listed := make(map[cas.Digest]bool, len(cids))
-	var todo []cas.CID
+	var todo, fresh []cas.CID
 	m.mu.Lock()
 	for _, c := range cids {
 		listed[c.Digest()] = true
 		if !m.announced[c.Digest()] {
 			todo = append(todo, c)
+			if !m.gossiped[c.Digest()] {
+				m.gossiped[c.Digest()] = true
+				fresh = append(fresh, c)
+			}
 		}
 	}
 	for d := range m.announced { // gone from the store: forget them
@@ -427,30 +436,57 @@ func (m *Member) announce(ctx context.Context) {
 			delete(m.announced, d)
 		}
 	}
-	m.mu.Unlock()
-	sem := make(chan struct{}, announceConcurrency)
-	var wg sync.WaitGroup
-	for _, c := range todo {
-		select {
-		case sem <- struct{}{}:
-		case <-ctx.Done():
-			wg.Wait()
-			return
+	for d := range m.gossiped {
+		if !listed[d] || m.announced[d] {
+			delete(m.gossiped, d)
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			if err := ov.Provide(ctx, c); err != nil {
-				m.opt.Logger.Debug("swarm: provide", "cid", c, "err", err)
-				return
-			}
+	}
+	busy := m.providing
+	if !busy && len(todo) > 0 {
+		m.providing = true
+	}
+	m.mu.Unlock()
+	// Say it on gossip at once; the DHT records take longer (a walk of
+	// the DHT, and its timeouts when peers died).
+	if ha, ok := ov.(haveAnnouncer); ok {
+		for _, c := range fresh {
+			ha.AnnounceHave(c)
+		}
+	}
+	if busy || len(todo) == 0 {
+		return // the round of provides running goes on; the next takes the rest
+	}
+	m.wg.Add(1) // the announce loop holds one: Close waits for both
+	go func() {
+		defer m.wg.Done()
+		defer func() {
 			m.mu.Lock()
-			m.announced[c.Digest()] = true
+			m.providing = false
 			m.mu.Unlock()
 		}()
-	}
-	wg.Wait()
+		sem := make(chan struct{}, announceConcurrency)
+		var wg sync.WaitGroup
+		defer wg.Wait()
+		for _, c := range todo {
+			select {
+			case sem <- struct{}{}:
+			case <-ctx.Done():
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer func() { <-sem }()
+				if err := ov.Provide(ctx, c); err != nil {
+					m.opt.Logger.Debug("swarm: provide", "cid", c, "err", err)
+					return
+				}
+				m.mu.Lock()
+				m.announced[c.Digest()] = true
+				m.mu.Unlock()
+			}()
+		}
+	}()
 }
 
 // Announced returns how many blobs the member has provided on the overlay.

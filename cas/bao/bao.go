@@ -6,8 +6,10 @@
 // (16 chunks of 1 KiB per group), and the root is the plain BLAKE3-256 hash
 // of the data; that package is the reference this one is tested against.
 // This one exists for speed: it hashes each group with one 16-way SIMD call
-// straight from the caller's buffer, verifies into caller-owned memory and
-// allocates nothing per call, where the reference allocates per slice.
+// straight from the caller's buffer (on amd64; elsewhere, WebAssembly among
+// them, with a scalar BLAKE3 that reads the group in place), verifies into
+// caller-owned memory and allocates nothing per call, where the reference
+// allocates per slice.
 // BenchmarkEncoder and BenchmarkDecodeSlice measure both in the same run
 // (x-of-lukechampine): on the 2-core dev VM, medians of 5 runs, encoding
 // 64 MiB is 1.15x the reference's speed, decoding a 1 MiB slice 1.09x and
@@ -112,14 +114,14 @@ func putCV(b []byte, cv *[8]uint32) {
 }
 
 // groupNode returns the BLAKE3 node of one group's data (at most
-// GroupSize bytes) at group index g. The data is first copied into scratch:
-// the 16-way SIMD compression reads 16 chunks 1 KiB apart, which the
+// GroupSize bytes) at group index g (compressGroup). On amd64 the data is
+// first copied into scratch: the 16-way SIMD compression reads 16 chunks
+// 1 KiB apart, which the
 // hardware prefetcher serves badly from memory, and a sequential copy into
 // a cache-hot buffer makes the whole step ~20% faster (measured on the
 // 2-core AMD EPYC dev machine, 64 MiB input: 2.04 -> 2.50 GB/s).
 func groupNode(data []byte, g int64, scratch *[GroupSize]byte) guts.Node {
-	copy(scratch[:], data)
-	return guts.CompressBuffer(scratch, len(data), &guts.IV, uint64(g)<<GroupLog, 0)
+	return compressGroup(data, uint64(g)<<GroupLog, scratch)
 }
 
 func parentCV(l, r [8]uint32, flags uint32) [8]uint32 {

@@ -108,6 +108,11 @@ func (a *app) startAPI(listen string, hooks *serveHooks) (stop func(), err error
 				RoutingTable: ov.DHT.RoutingTableSize(), Provided: m.Announced()}
 		},
 		Registry: hooks.reg,
+		App: func() *api.AppConfig {
+			hooks.mu.Lock()
+			defer hooks.mu.Unlock()
+			return hooks.app
+		},
 		Replicas: func(c cas.CID, r int) error {
 			hooks.mu.Lock()
 			repl := hooks.repl

@@ -21,11 +21,13 @@ import (
 	manet "github.com/multiformats/go-multiaddr/net"
 	"github.com/pion/webrtc/v4"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/rdrr/peer/cas"
 	"github.com/rdrr/peer/internal/atomicfile"
 	"github.com/rdrr/peer/signaling"
 	"github.com/rdrr/peer/swarm"
+	"github.com/rdrr/peer/swarm/api"
 	"github.com/rdrr/peer/swarm/p2p"
 	"github.com/spf13/cobra"
 )
@@ -322,6 +324,9 @@ func daemonCmd(a *app) *cobra.Command {
 				return errors.New("daemon: give --signal URL, or --signal-listen to embed a signaling server, or --bootstrap")
 			}
 			hooks := serveHooks{reg: prometheus.NewRegistry()}
+			// The process's own health next to the swarm's: goroutines,
+			// heap, resident memory (what a churn test watches for leaks).
+			hooks.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 			nf.registerer = hooks.reg
 			if apiListen != "" {
 				stop, err := a.startAPI(apiListen, &hooks)
@@ -356,6 +361,7 @@ type serveHooks struct {
 	reg    *prometheus.Registry // the overlay's metrics, served on /metrics
 	repl   *swarm.Replicator    // nil: no overlay
 	kern   *kernelDaemon        // nil: no kernel gossip
+	app    *api.AppConfig       // what the browser peer at /app/ starts with
 }
 
 // node returns the node of the moment and the membership (nil, nil before
@@ -439,6 +445,11 @@ func (a *app) serveWith(cmd *cobra.Command, nf *netFlags, hooks *serveHooks) err
 		cfg, sigURL, err := a.nodeConfig(cmd, nf, id, src)
 		if err != nil {
 			return err
+		}
+		if hooks != nil {
+			hooks.mu.Lock()
+			hooks.app = &api.AppConfig{Signal: sigURL, Topics: nf.topics, Loopback: cfg.Loopback}
+			hooks.mu.Unlock()
 		}
 		ban := new(banned)
 		ov, err := a.startOverlay(ctx, nf, id, cfg.Loopback, ban)

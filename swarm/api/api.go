@@ -53,6 +53,8 @@ type Server struct {
 	// active variants, endorsements received by gossip, pulls) for
 	// GET /api/v1/kernels; nil, or a nil result: not found.
 	Kernels func() any
+	// App, if set, is what the browser peer served at /app/ starts with.
+	App func() *AppConfig
 	// Token authorizes state changes. Required.
 	Token string
 	// Registry, if not nil, has more collectors for /metrics.
@@ -99,6 +101,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /api/v1/status", s.status)
 	mux.HandleFunc("GET /api/v1/peers", s.peers)
 	mux.HandleFunc("GET /api/v1/blobs", s.blobs)
+	mux.HandleFunc("GET /api/v1/partials", s.partials)
 	mux.HandleFunc("GET /api/v1/fetch", s.listJobs)
 	mux.HandleFunc("GET /api/v1/providers", s.providers)
 	mux.HandleFunc("GET /api/v1/kernels", s.kernels)
@@ -106,6 +109,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("POST /api/v1/pin", s.authorized(s.pin))
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /{$}", s.page)
+	mux.Handle("GET /app/", s.app())
 	return mux
 }
 
@@ -257,6 +261,52 @@ func (s *Server) blobs(w http.ResponseWriter, r *http.Request) {
 	})
 	writeJSON(w, out)
 }
+
+// PartialInfo is one entry of /api/v1/partials: a download in progress.
+type PartialInfo struct {
+	CID  string `json:"cid"` // raw
+	Size int64  `json:"size"`
+	// Open: a fetch has it open now, and the daemon serves and announces
+	// its verified pieces; Verified and Pieces are known only then.
+	Open     bool  `json:"open"`
+	Verified int64 `json:"verified"` // bytes in verified 16 KiB groups
+	// Pieces is the HAVE bitmap of its 1 MiB pieces held (bit i, LSB
+	// first: bytes [i MiB, (i+1) MiB); swarm/PROTOCOL.md, HAVE).
+	Pieces []byte `json:"pieces,omitempty"`
+}
+
+// partials lists the downloads in progress, at most maxPartials.
+func (s *Server) partials(w http.ResponseWriter, _ *http.Request) {
+	sizes, err := s.Store.Partials()
+	if err != nil {
+		writeErr(w, http.StatusInternalServerError, err.Error())
+		return
+	}
+	out := []PartialInfo{}
+	for c, size := range sizes {
+		if len(out) >= maxPartials {
+			break
+		}
+		pi := PartialInfo{CID: c.String(), Size: size}
+		if sz, groups, ok := s.Store.PartialVerified(c); ok && sz == size {
+			pi.Open, pi.Pieces = true, swarm.PieceBitmap(size, groups)
+			for g, w := range groups {
+				for b := 0; b < 64; b++ {
+					if w&(1<<b) != 0 {
+						off := int64(g*64+b) * cas.GroupSize
+						pi.Verified += min(cas.GroupSize, size-off)
+					}
+				}
+			}
+		}
+		out = append(out, pi)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].CID < out[j].CID })
+	writeJSON(w, out)
+}
+
+// maxPartials bounds the downloads /api/v1/partials lists.
+const maxPartials = 4096
 
 type cidRequest struct {
 	CID    string `json:"cid"`
@@ -413,6 +463,7 @@ var pageTmpl = template.Must(template.New("page").Funcs(template.FuncMap{
 <style>body{font:14px system-ui,sans-serif;margin:2em}table{border-collapse:collapse}td,th{padding:2px 10px;text-align:left;border-bottom:1px solid #ddd}code{font-size:12px}</style>
 </head><body>
 <h1>rdrr peer</h1>
+<p><a href="/app/">browser peer</a> · <a href="/metrics">metrics</a></p>
 <p>peer <code>{{.Status.Peer}}</code> · {{if .Status.Online}}online{{else}}offline (reconnecting){{end}} · up {{printf "%.0f" .Status.UptimeSeconds}} s</p>
 <p>{{.Status.Blobs}} blobs, {{mb .Status.StoreBytes}} stored, {{.Status.Pinned}} pinned{{range .Status.Replicas}} · {{.CID}}: {{.Min}} of {{.Replicas}} live copies{{end}} · served {{mb .Status.Swarm.ServedBytes}}, fetched {{mb .Status.Swarm.FetchedBytes}} · {{.Status.Swarm.BadSlices}} bad slices, {{.Status.Swarm.Bans}} bans</p>
 <h2>Peers ({{len .Peers}})</h2>

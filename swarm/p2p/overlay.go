@@ -7,6 +7,7 @@ import (
 	manet "github.com/multiformats/go-multiaddr/net"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -356,14 +357,31 @@ func (o *Overlay) Peers() []peer.ID {
 // on the DHT's timer) and a have-announcement on gossip.
 func (o *Overlay) Provide(ctx context.Context, c cas.CID) error {
 	o.mu.Lock()
-	if len(o.queue) < maxHaveQueue {
-		o.queue = append(o.queue, c)
-	}
+	o.queueHaveLocked(c)
 	if _, ok := o.provided[c.Digest()]; ok || len(o.provided) < maxHaveDigests {
 		o.provided[c.Digest()] = c
 	}
 	o.mu.Unlock()
 	return o.DHT.Provide(ctx, c)
+}
+
+// AnnounceHave queues c for the next have-announcement on gossip (within
+// a second) without waiting for Provide's DHT records, which take a walk
+// of the DHT (and its timeouts, when peers died): a peer that completed a
+// blob is counted as a copy at once.
+func (o *Overlay) AnnounceHave(c cas.CID) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.queueHaveLocked(c)
+}
+
+// queueHaveLocked queues c for gossip unless it is queued. o.mu must be
+// held.
+func (o *Overlay) queueHaveLocked(c cas.CID) {
+	if len(o.queue) >= maxHaveQueue || slices.ContainsFunc(o.queue, func(q cas.CID) bool { return q.Digest() == c.Digest() }) {
+		return
+	}
+	o.queue = append(o.queue, c)
 }
 
 // Providers implements swarm.Overlay: peers that announced c on gossip,

@@ -1,0 +1,104 @@
+//go:build !js
+
+package swarm
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"fmt"
+	"net"
+
+	"github.com/pion/ice/v4"
+	piontransport "github.com/pion/transport/v4"
+	"github.com/pion/transport/v4/stdnet"
+	"github.com/pion/webrtc/v4"
+)
+
+func newTransport(cfg Config) (*transport, error) {
+	bigMTU := cfg.BigMTU
+	switch {
+	case bigMTU < 0 || !bigMTUSupported():
+		bigMTU = 0
+	case bigMTU == 0 && cfg.Loopback:
+		bigMTU = loopbackBigMTU
+	}
+	if bigMTU > 0 && (bigMTU <= defaultSCTPMTU || bigMTU > 8192) {
+		return nil, fmt.Errorf("swarm: BigMTU %d: want %d..8192", bigMTU, defaultSCTPMTU+1)
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	cert, err := webrtc.GenerateCertificate(key)
+	if err != nil {
+		return nil, fmt.Errorf("swarm: dtls certificate: %w", err)
+	}
+	t := &transport{
+		conf: webrtc.Configuration{
+			ICEServers:   cfg.ICEServers,
+			Certificates: []webrtc.Certificate{*cert},
+		},
+	}
+	base := func() (webrtc.SettingEngine, error) {
+		var se webrtc.SettingEngine
+		se.DetachDataChannels()
+		se.SetSCTPMaxMessageSize(maxMessage)
+		se.SetSCTPMaxReceiveBufferSize(sctpRecvBuffer)
+		n, err := stdnet.NewNet()
+		if err != nil {
+			return se, err
+		}
+		se.SetNet(bufferedNet{Net: n, size: cfg.SocketBuffer})
+		if cfg.Loopback {
+			se.SetIncludeLoopbackCandidate(true)
+			se.SetIPFilter(func(ip net.IP) bool { return ip.IsLoopback() })
+			se.SetRemoteIPFilter(func(ip net.IP) bool { return ip.IsLoopback() })
+			se.SetNetworkTypes([]webrtc.NetworkType{webrtc.NetworkTypeUDP4})
+			se.SetICEMulticastDNSMode(ice.MulticastDNSModeDisabled)
+		}
+		if bigMTU > 0 {
+			se.SetReceiveMTU(bigRecvMTU)
+		}
+		if m := cfg.testHooks.receiveMTU; m > 0 {
+			se.SetReceiveMTU(m) // a peer that announces more than it reads
+		}
+		se.DisableCertificateFingerprintVerification(cfg.testHooks.noPionFingerprintCheck)
+		return se, nil
+	}
+	se, err := base()
+	if err != nil {
+		return nil, err
+	}
+	t.small = webrtc.NewAPI(webrtc.WithSettingEngine(se))
+	if bigMTU > 0 {
+		se, err := base()
+		if err != nil {
+			return nil, err
+		}
+		any(&se).(mtuSetter).SetSCTPMTU(uint32(bigMTU))
+		t.big = webrtc.NewAPI(webrtc.WithSettingEngine(se))
+		t.bigMTU = bigMTU
+		t.recvMTU = bigRecvMTU
+	}
+	return t, nil
+}
+
+// bufferedNet asks for big UDP socket buffers: at 100 MB/s a default
+// 208 KiB receive buffer overflows between two reads, and every drop costs
+// an SCTP retransmission and a halved congestion window.
+type bufferedNet struct {
+	*stdnet.Net
+	size int
+}
+
+func (n bufferedNet) ListenUDP(network string, laddr *net.UDPAddr) (piontransport.UDPConn, error) {
+	c, err := n.Net.ListenUDP(network, laddr)
+	if err != nil {
+		return nil, err
+	}
+	// Best effort: the kernel clamps to its maximum; failure is not fatal.
+	_ = c.SetReadBuffer(n.size)
+	_ = c.SetWriteBuffer(n.size)
+	return c, nil
+}
