@@ -16,22 +16,30 @@ import (
 // steps, with a VRAM arena that holds a quarter of the experts (so
 // experts are paged in and evicted), and greedy tokens are identical.
 func TestGPUModelMatchesReference(t *testing.T) {
+	// -short (make test's run under the race detector) keeps one paged
+	// and one resident case: the concurrency is the same in all of them.
+	long := func(t *testing.T) {
+		if testing.Short() {
+			t.Skip("short: one paged and one resident case run")
+		}
+	}
 	t.Run("fused forms", func(t *testing.T) {
+		long(t)
 		// The o product adding into the residual and the down products
 		// reading SwiGLU themselves (off by default; see noFuse).
 		t.Setenv("RDRR_GPU_FUSE", "1")
 		testGPUModelMatches(t, "tiny-moe", 0, true)
 	})
-	t.Run("one arena buffer", func(t *testing.T) { testGPUModelMatches(t, "tiny-moe", 0, false) })
+	t.Run("one arena buffer", func(t *testing.T) { long(t); testGPUModelMatches(t, "tiny-moe", 0, false) })
 	// 256 KiB buffers: 3 expert matrices per arena buffer, so a layer's
 	// experts are spread over buffers and run one by one.
 	t.Run("arena over several buffers", func(t *testing.T) { testGPUModelMatches(t, "tiny-moe", 256<<10, false) })
 	// A dense first layer, a shared expert, sigmoid group-limited top-4.
-	t.Run("deepseek-style", func(t *testing.T) { testGPUModelMatches(t, "tiny-deepseek", 0, false) })
+	t.Run("deepseek-style", func(t *testing.T) { long(t); testGPUModelMatches(t, "tiny-deepseek", 0, false) })
 	// Every expert resident (warmed into VRAM first): every MoE layer runs
 	// masked, the router's choice staying on the GPU, one read-back a step.
-	t.Run("resident", func(t *testing.T) { testGPUModelMatches(t, "tiny-moe", 0, true) })
-	t.Run("resident, arena over several buffers", func(t *testing.T) { testGPUModelMatches(t, "tiny-moe", 256<<10, true) })
+	t.Run("resident", func(t *testing.T) { long(t); testGPUModelMatches(t, "tiny-moe", 0, true) })
+	t.Run("resident, arena over several buffers", func(t *testing.T) { long(t); testGPUModelMatches(t, "tiny-moe", 256<<10, true) })
 	t.Run("resident deepseek-style", func(t *testing.T) { testGPUModelMatches(t, "tiny-deepseek", 0, true) })
 }
 
