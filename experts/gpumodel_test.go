@@ -44,40 +44,14 @@ func TestGPUModelMatchesReference(t *testing.T) {
 }
 
 func testGPUModelMatches(t *testing.T, preset string, maxBuf uint64, resident bool) {
-	if os.Getenv("XDG_RUNTIME_DIR") == "" {
-		t.Setenv("XDG_RUNTIME_DIR", t.TempDir())
-	}
-	var o gpu.Options
-	if s := os.Getenv("RDRR_GPU_BACKEND"); s != "" {
-		o.Backend, _ = gpu.ParseBackend(s)
-	}
-	o.MaxBufferSize, o.MaxStorageBinding = maxBuf, maxBuf
-	d, err := gpu.Open(context.Background(), o)
-	if err != nil {
-		t.Fatalf("no GPU adapter (make deps installs lavapipe): %v", err)
-	}
-	defer d.Close()
+	d := openTestDevice(t, maxBuf)
 	m, src := presetInStore(t, preset, 1)
 	ctx := context.Background()
 	slots := 3 * len(m.Experts) / 4
 	if resident {
 		slots = 3 * len(m.Experts)
 	}
-	arena, err := tiers.NewGPUArena(d, ExpertMatrixBytes(m), slots, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer arena.Release()
-	gcache, err := tiers.New(tiers.Config{RAM: m.TotalSize, Arena: arena, Disk: src})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer gcache.Close()
-	g, err := NewGPUModel(ctx, m, d, gcache, arena, 64)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer g.Close()
+	g, gcache := testGPUModel(t, d, m, src, slots)
 	for l, w := range g.qkv {
 		if w == nil {
 			t.Fatalf("layer %d: q, k and v not stacked into one product", l)
@@ -159,36 +133,11 @@ func testGPUModelMatches(t *testing.T, preset string, maxBuf uint64, resident bo
 // Next-layer prefetch changes no token, and its guesses are right more
 // often than chance (top-2 of 8: 25%).
 func TestGPUModelPrefetch(t *testing.T) {
-	if os.Getenv("XDG_RUNTIME_DIR") == "" {
-		t.Setenv("XDG_RUNTIME_DIR", t.TempDir())
-	}
-	var o gpu.Options
-	if s := os.Getenv("RDRR_GPU_BACKEND"); s != "" {
-		o.Backend, _ = gpu.ParseBackend(s)
-	}
-	d, err := gpu.Open(context.Background(), o)
-	if err != nil {
-		t.Fatalf("no GPU adapter: %v", err)
-	}
-	defer d.Close()
+	d := openTestDevice(t, 0)
 	m, src := tinyInStore(t, 1)
 	ctx := context.Background()
 	run := func(prefetch bool) ([]int, *GPUModel) {
-		arena, err := tiers.NewGPUArena(d, ExpertMatrixBytes(m), 3*len(m.Experts)/4, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(arena.Release)
-		cache, err := tiers.New(tiers.Config{RAM: m.TotalSize, Arena: arena, Disk: src})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { cache.Close() })
-		g, err := NewGPUModel(ctx, m, d, cache, arena, 64)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(g.Close)
+		g, _ := testGPUModel(t, d, m, src, 3*len(m.Experts)/4)
 		g.Prefetch = prefetch
 		toks, err := g.Generate(ctx, ByteTokens("The swarm is"), 16, Sampling{}, nil)
 		if err != nil {
@@ -226,18 +175,7 @@ func argmax32(x []float32) int {
 // within 1e-5 of a boundary (f32 against float64): the comparison stops
 // there, and at least half the tokens must have been compared.
 func TestGPUModelSamples(t *testing.T) {
-	if os.Getenv("XDG_RUNTIME_DIR") == "" {
-		t.Setenv("XDG_RUNTIME_DIR", t.TempDir())
-	}
-	var o gpu.Options
-	if s := os.Getenv("RDRR_GPU_BACKEND"); s != "" {
-		o.Backend, _ = gpu.ParseBackend(s)
-	}
-	d, err := gpu.Open(context.Background(), o)
-	if err != nil {
-		t.Fatalf("no GPU adapter: %v", err)
-	}
-	defer d.Close()
+	d := openTestDevice(t, 0)
 	m, src := tinyInStore(t, 1)
 	ctx := context.Background()
 	prompt := ByteTokens("The swarm is")
@@ -291,21 +229,7 @@ func TestGPUModelSamples(t *testing.T) {
 			if c.resident {
 				slots = 3 * len(m.Experts)
 			}
-			arena, err := tiers.NewGPUArena(d, ExpertMatrixBytes(m), slots, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer arena.Release()
-			cache, err := tiers.New(tiers.Config{RAM: m.TotalSize, Arena: arena, Disk: src})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer cache.Close()
-			g, err := NewGPUModel(ctx, m, d, cache, arena, 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer g.Close()
+			g, cache := testGPUModel(t, d, m, src, slots)
 			if c.resident {
 				if err := cache.Warm(ctx, g.ExpertKeys(), tiers.VRAM, 2, nil); err != nil {
 					t.Fatal(err)
@@ -342,4 +266,47 @@ func TestGPUModelSamples(t *testing.T) {
 			}
 		})
 	}
+}
+
+// openTestDevice opens the GPU the tests run on (RDRR_GPU_BACKEND, else
+// the default; lavapipe here), its buffers at most maxBuf bytes (0: the
+// device's limit); it closes with the test.
+func openTestDevice(t *testing.T, maxBuf uint64) *gpu.Device {
+	t.Helper()
+	if os.Getenv("XDG_RUNTIME_DIR") == "" {
+		t.Setenv("XDG_RUNTIME_DIR", t.TempDir())
+	}
+	var o gpu.Options
+	if s := os.Getenv("RDRR_GPU_BACKEND"); s != "" {
+		o.Backend, _ = gpu.ParseBackend(s)
+	}
+	o.MaxBufferSize, o.MaxStorageBinding = maxBuf, maxBuf
+	d, err := gpu.Open(context.Background(), o)
+	if err != nil {
+		t.Fatalf("no GPU adapter (make deps installs lavapipe): %v", err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return d
+}
+
+// testGPUModel makes m's GPU engine over an arena of slots expert
+// matrices and a cache that holds all of m in RAM; both end with the test.
+func testGPUModel(t *testing.T, d *gpu.Device, m *Manifest, src tiers.Source, slots int) (*GPUModel, *tiers.Cache) {
+	t.Helper()
+	arena, err := tiers.NewGPUArena(d, ExpertMatrixBytes(m), slots, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(arena.Release)
+	cache, err := tiers.New(tiers.Config{RAM: m.TotalSize, Arena: arena, Disk: src})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cache.Close() })
+	g, err := NewGPUModel(context.Background(), m, d, cache, arena, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(g.Close)
+	return g, cache
 }
