@@ -242,6 +242,10 @@ func TestSwarmSurvivesKills(t *testing.T) {
 	// that the others hold every piece between them (else the data
 	// would be gone), a holder of replicas among them if there is such a
 	// pair: the first found, moved to ds[1] and ds[2].
+	peerIDs := map[string]string{} // by name (ds is reordered below)
+	for i, d := range ds {
+		peerIDs[names[i]] = d.status(t).Peer
+	}
 	waitFor(t, "leechers half done, and two that can be killed", 5*time.Minute, func() bool {
 		hs := holdings(ds)
 		var running []int
@@ -292,29 +296,38 @@ func TestSwarmSurvivesKills(t *testing.T) {
 		return true
 	})
 	dead, alive := ds[:victims], ds[victims:]
-	var progress []string
-	running := 0
-	for i, h := range holdings(ds[1:]) {
-		have, all := covered([]holding{h}, shards, shardSizes)
-		j := ds[1+i].job(t, jobs[1+i])
-		progress = append(progress, fmt.Sprintf("%s %s %d%%", names[1+i], j.State, 100*have/all))
-		switch {
-		case j.State == "running" && 1+i >= victims:
-			running++
-		case j.State != "running" && 1+i < victims:
-			t.Errorf("victim %s is not mid-transfer: %+v", names[1+i], j)
-		}
-	}
+	// The victims' states, then the kills at once: a victim that was
+	// still fetching can finish in the time the other API calls take (a
+	// fresh-clone make test saw one do so).
 	seedServed := dead[0].status(t).Swarm.ServedBytes
-	ids := make([]string, n)
-	for i, d := range ds {
-		ids[i] = d.status(t).Peer
+	var victimJobs []fetchJob
+	for i := 1; i < victims; i++ {
+		victimJobs = append(victimJobs, ds[i].job(t, jobs[i]))
 	}
 	for _, d := range dead {
 		d.cmd.Process.Kill()
 	}
 	for _, d := range dead {
 		d.cmd.Wait()
+	}
+	for i, j := range victimJobs {
+		if j.State != "running" {
+			t.Errorf("victim %s is not mid-transfer: %+v", names[1+i], j)
+		}
+	}
+	var progress []string
+	running := 0
+	for i, h := range holdings(alive) {
+		have, all := covered([]holding{h}, shards, shardSizes)
+		j := alive[i].job(t, jobs[victims+i])
+		progress = append(progress, fmt.Sprintf("%s %s %d%%", names[victims+i], j.State, 100*have/all))
+		if j.State == "running" {
+			running++
+		}
+	}
+	ids := make([]string, n)
+	for i, name := range names {
+		ids[i] = peerIDs[name]
 	}
 	killed := time.Now()
 	t.Logf("killed %s after %v (the seeder had served %.2f copies), %d survivors still fetching; pieces held: %s", strings.Join(names[:victims], ", "), killed.Sub(start).Round(time.Millisecond), float64(seedServed)/float64(size), running, strings.Join(progress, ", "))
