@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/rdrr/peer/gpu"
+	"github.com/rdrr/peer/gpu/abi"
+	"github.com/rdrr/peer/gpu/ops"
 	"github.com/rdrr/peer/tiers"
 )
 
@@ -23,7 +25,7 @@ import (
 type GPUModel struct {
 	m     *Manifest
 	d     *gpu.Device
-	k     *gpu.Kernels
+	k     *ops.Kernels
 	cache *tiers.Cache
 	arena *tiers.GPUArena
 	dense map[string]*gpu.Buffer
@@ -102,7 +104,7 @@ func NewGPUModel(ctx context.Context, m *Manifest, d *gpu.Device, cache *tiers.C
 			}
 		}
 	}
-	g := &GPUModel{m: m, d: d, k: gpu.NewKernels(d), cache: cache, arena: arena, dense: map[string]*gpu.Buffer{}, buf: map[string]*gpu.Buffer{}, MaxPos: maxPos,
+	g := &GPUModel{m: m, d: d, k: ops.NewKernels(d), cache: cache, arena: arena, dense: map[string]*gpu.Buffer{}, buf: map[string]*gpu.Buffer{}, MaxPos: maxPos,
 		noFuse: os.Getenv("RDRR_GPU_FUSE") != "1"}
 	rm := &RefModel{m: m, cache: cache}
 	inExpert := map[string]bool{}
@@ -198,7 +200,7 @@ func NewGPUModel(ctx context.Context, m *Manifest, d *gpu.Device, cache *tiers.C
 		g.Close()
 		return nil, err
 	}
-	if err := d.Write(g.buf["freqs"], gpu.Bytes(gpu.RopeFreqs(c.RopeTheta, hd))); err != nil {
+	if err := d.Write(g.buf["freqs"], gpu.Bytes(ops.RopeFreqs(c.RopeTheta, hd))); err != nil {
 		g.Close()
 		return nil, err
 	}
@@ -216,11 +218,11 @@ const idsPredOff = 256
 
 // route is the router's shape: Mixtral softmax over the top-k, or
 // DeepSeek-V3 sigmoid with group-limited selection.
-func (g *GPUModel) route() gpu.RouteShape {
+func (g *GPUModel) route() ops.RouteShape {
 	c := &g.m.Config
-	r := gpu.RouteShape{Tokens: 1, Experts: c.Experts(), K: c.NumExpertsPerTok, Mode: gpu.RouteSoftmaxTopK}
+	r := ops.RouteShape{Tokens: 1, Experts: c.Experts(), K: c.NumExpertsPerTok, Mode: abi.RouteSoftmaxTopK}
 	if c.ScoringFunc == "sigmoid" {
-		r.Mode, r.Groups, r.TopKGroup = gpu.RouteSigmoidTopK, c.NGroup, c.TopKGroup
+		r.Mode, r.Groups, r.TopKGroup = abi.RouteSigmoidTopK, c.NGroup, c.TopKGroup
 	}
 	return r
 }
@@ -234,7 +236,7 @@ func (g *GPUModel) ffn(ctx context.Context, b *gpu.Batch, prefix string, n int) 
 	g.k.Q4KMatVec(ctx, b, g.dense[prefix+"up_proj.weight"], B["xn"], up, n, h)
 	g.k.SwiGLU(ctx, b, gate, up, act, n)
 	g.k.Q4KMatVec(ctx, b, g.dense[prefix+"down_proj.weight"], act, B["dy"], h, n)
-	g.k.Accumulate(ctx, b, B["dy"], B["ones"], B["x"], 1, h, 0)
+	g.k.Accumulate(ctx, b, B["dy"], B["ones"], B["x"], ops.AccumShape{Experts: 1, Dim: h})
 }
 
 // group records y = the products of the matrices in arena slots with x
@@ -251,7 +253,7 @@ func (g *GPUModel) group(ctx context.Context, b *gpu.Batch, slots []int, x gpu.R
 		same = same && buf == buf0
 	}
 	if same {
-		g.k.Q4KMatVecGroup(ctx, b, buf0, idx, x, shared, y.Sub(yOff, uint64(len(slots)*rows*4)), rows, cols)
+		g.k.Q4KMatVecGroup(ctx, b, ops.Group{Arena: buf0, Slots: idx, X: x, SharedX: shared, Y: y.Sub(yOff, uint64(len(slots)*rows*4)), Rows: rows, Cols: cols})
 		return
 	}
 	xb := x.(*gpu.Buffer)
@@ -261,7 +263,7 @@ func (g *GPUModel) group(ctx context.Context, b *gpu.Batch, slots []int, x gpu.R
 		if !shared {
 			xi = xb.Sub(uint64(i*cols*4), uint64(cols*4))
 		}
-		g.k.Q4KMatVecGroup(ctx, b, buf, []int{j}, xi, true, y.Sub(yOff+uint64(i*rows*4), uint64(rows*4)), rows, cols)
+		g.k.Q4KMatVecGroup(ctx, b, ops.Group{Arena: buf, Slots: []int{j}, X: xi, SharedX: true, Y: y.Sub(yOff+uint64(i*rows*4), uint64(rows*4)), Rows: rows, Cols: cols})
 	}
 }
 
@@ -451,7 +453,7 @@ func (g *GPUModel) step(ctx context.Context, token int, hd head) ([]float32, int
 		b = g.d.Batch()
 		return nil
 	}
-	g.k.Embed(ctx, b, gpu.Q4K, g.dense["model.embed_tokens.weight"], B["tok"], B["x"], 1, c.HiddenSize, c.VocabSize)
+	g.k.Embed(ctx, b, g.dense["model.embed_tokens.weight"], B["tok"], B["x"], ops.EmbedShape{Type: abi.Q4K, Tokens: 1, Dim: c.HiddenSize, Vocab: c.VocabSize})
 	if err := section("embed"); err != nil {
 		return nil, 0, err
 	}
@@ -466,7 +468,7 @@ func (g *GPUModel) step(ctx context.Context, token int, hd head) ([]float32, int
 			g.ffn(ctx, b, p+"mlp.", c.IntermediateSize)
 			continue
 		}
-		g.k.MatVec(ctx, b, gpu.F32, g.dense[p+"mlp.gate.weight"], B["xn"], B["rlogits"], c.Experts(), c.HiddenSize)
+		g.k.MatVec(ctx, b, abi.F32, g.dense[p+"mlp.gate.weight"], B["xn"], B["rlogits"], c.Experts(), c.HiddenSize)
 		if layer := g.holdLayer(l); layer != nil {
 			// The choice goes straight into the out buffer, read back
 			// with the logits.
@@ -499,8 +501,8 @@ func (g *GPUModel) step(ctx context.Context, token int, hd head) ([]float32, int
 			// Layer l+1's router on this hidden state, normalized as l+1
 			// will normalize its own: the guess of its experts.
 			q := fmt.Sprintf("model.layers.%d.", l+1)
-			g.k.RMSNorm(ctx, b, B["x"], g.dense[q+"post_attention_layernorm.weight"], B["pxn"], 1, c.HiddenSize, float32(c.RMSNormEps))
-			g.k.MatVec(ctx, b, gpu.F32, g.dense[q+"mlp.gate.weight"], B["pxn"], B["plogits"], c.Experts(), c.HiddenSize)
+			g.k.RMSNorm(ctx, b, B["x"], g.dense[q+"post_attention_layernorm.weight"], B["pxn"], ops.NormShape{Rows: 1, Dim: c.HiddenSize, Eps: float32(c.RMSNormEps)})
+			g.k.MatVec(ctx, b, abi.F32, g.dense[q+"mlp.gate.weight"], B["pxn"], B["plogits"], c.Experts(), c.HiddenSize)
 			g.k.Route(ctx, b, B["plogits"], nil, B["ids"].Sub(idsPredOff, uint64(k*4)), B["pw"], g.route())
 		}
 		if err := b.Submit(ctx); err != nil {
@@ -590,7 +592,7 @@ func (g *GPUModel) step(ctx context.Context, token int, hd head) ([]float32, int
 	}
 	logitsAt := B["out"].Sub(0, uint64(c.VocabSize*4))
 	if hd.logits || hd.sample {
-		g.k.RMSNorm(ctx, b, B["x"], g.dense["model.norm.weight"], B["xn"], 1, c.HiddenSize, float32(c.RMSNormEps))
+		g.k.RMSNorm(ctx, b, B["x"], g.dense["model.norm.weight"], B["xn"], ops.NormShape{Rows: 1, Dim: c.HiddenSize, Eps: float32(c.RMSNormEps)})
 		g.k.Q4KMatVec(ctx, b, g.dense["lm_head.weight"], B["xn"], logitsAt, c.VocabSize, c.HiddenSize)
 	}
 	if hd.sample {
@@ -600,7 +602,7 @@ func (g *GPUModel) step(ctx context.Context, token int, hd head) ([]float32, int
 		if hd.temperature <= 0 {
 			g.k.Argmax(ctx, b, logitsAt, tok, c.VocabSize)
 		} else {
-			g.k.TopP(ctx, b, logitsAt, tok, c.VocabSize, float32(hd.temperature), float32(hd.topP), float32(hd.u))
+			g.k.TopP(ctx, b, logitsAt, tok, ops.TopPShape{N: c.VocabSize, Temperature: float32(hd.temperature), TopP: float32(hd.topP), U: float32(hd.u)})
 		}
 		if err := b.Copy(B["out"].Sub(g.tokAt(), 4), tok); err != nil {
 			return nil, 0, err
@@ -678,7 +680,7 @@ func (g *GPUModel) compile(ctx context.Context) error {
 	B := g.buf
 	h, ffn, k := c.HiddenSize, c.ExpertFFN(), c.NumExpertsPerTok
 	b := g.d.Batch()
-	g.k.Embed(ctx, b, gpu.Q4K, g.dense["model.embed_tokens.weight"], B["tok"], B["x"], 1, h, c.VocabSize)
+	g.k.Embed(ctx, b, g.dense["model.embed_tokens.weight"], B["tok"], B["x"], ops.EmbedShape{Type: abi.Q4K, Tokens: 1, Dim: h, Vocab: c.VocabSize})
 	g.recordAttention(ctx, b, 0)
 	for l := 0; l < c.NumHiddenLayers; l++ {
 		if !c.IsMoE(l) {
@@ -691,7 +693,7 @@ func (g *GPUModel) compile(ctx context.Context) error {
 			continue
 		}
 		p := fmt.Sprintf("model.layers.%d.", l)
-		g.k.MatVec(ctx, b, gpu.F32, g.dense[p+"mlp.gate.weight"], B["xn"], B["rlogits"], c.Experts(), h)
+		g.k.MatVec(ctx, b, abi.F32, g.dense[p+"mlp.gate.weight"], B["xn"], B["rlogits"], c.Experts(), h)
 		g.k.Route(ctx, b, B["rlogits"], nil, B["ids"], B["w"], g.route())
 		var slots [3][]int
 		for j := range slots {
@@ -699,23 +701,27 @@ func (g *GPUModel) compile(ctx context.Context) error {
 		}
 		g.recordPaged(ctx, b, slots)
 		buf, _ := g.arena.Locate(0)
-		n := min(c.Experts(), gpu.MaxGroup)
+		n := min(c.Experts(), ops.MaxGroup)
 		zeros, ids := make([]int, n), make([]int, n)
 		for i := range ids {
 			ids[i] = i
 		}
-		g.k.Q4KMatVecMasked(ctx, b, gpu.Masked{Arena: buf, Slots: zeros, Experts: ids, Sel: B["ids"], K: k,
+		g.k.Q4KMatVecMasked(ctx, b, ops.Masked{Arena: buf, Slots: zeros, Experts: ids, Sel: B["ids"], K: k,
 			X: B["xn"], SharedX: true, Y: B["gu"], YUpper: g.upOff(), Rows: ffn, Cols: h})
-		g.k.Q4KMatVecMasked(ctx, b, gpu.Masked{Arena: buf, Slots: zeros, Experts: ids, Sel: B["ids"], K: k,
+		g.k.Q4KMatVecMasked(ctx, b, ops.Masked{Arena: buf, Slots: zeros, Experts: ids, Sel: B["ids"], K: k,
 			X: B["act"], Y: B["y"], Rows: h, Cols: ffn})
-		g.k.Q4KMatVecMaskedSwiGLU(ctx, b, gpu.Masked{Arena: buf, Slots: zeros, Experts: ids, Sel: B["ids"], K: k,
+		g.k.Q4KMatVecMaskedSwiGLU(ctx, b, ops.Masked{Arena: buf, Slots: zeros, Experts: ids, Sel: B["ids"], K: k,
 			X: B["gu"], Y: B["y"], Rows: h, Cols: ffn}, g.upOff())
 		if c.NumSharedExperts > 0 {
 			g.ffn(ctx, b, p+"mlp.shared_experts.", ffn*c.NumSharedExperts)
 		}
 		break
 	}
-	g.k.Q4KMatVec(ctx, b, g.dense["lm_head.weight"], B["xn"], B["out"].Sub(0, uint64(c.VocabSize*4)), c.VocabSize, h)
+	logitsAt := B["out"].Sub(0, uint64(c.VocabSize*4))
+	g.k.Q4KMatVec(ctx, b, g.dense["lm_head.weight"], B["xn"], logitsAt, c.VocabSize, h)
+	// Both samplers, so that no generated token compiles one.
+	g.k.Argmax(ctx, b, logitsAt, B["sampled"].Sub(0, 4), c.VocabSize)
+	g.k.TopP(ctx, b, logitsAt, B["sampled"].Sub(0, 4), ops.TopPShape{N: c.VocabSize, Temperature: 1, TopP: 0.9, U: 0.5})
 	err := b.Err()
 	b.Drop()
 	return err
@@ -755,15 +761,15 @@ func (g *GPUModel) recordAttention(ctx context.Context, b *gpu.Batch, l int) {
 	h, hd := c.HiddenSize, c.HeadDimension()
 	nq, nkv := c.NumAttentionHeads, c.NumKeyValueHeads
 	p := fmt.Sprintf("model.layers.%d.", l)
-	g.k.RMSNorm(ctx, b, B["x"], g.dense[p+"input_layernorm.weight"], B["xn"], 1, h, float32(c.RMSNormEps))
+	g.k.RMSNorm(ctx, b, B["x"], g.dense[p+"input_layernorm.weight"], B["xn"], ops.NormShape{Rows: 1, Dim: h, Eps: float32(c.RMSNormEps)})
 	q := gpu.Region(B["q"])
 	if w := g.qkv[l]; w != nil {
 		// q, k and v in one product, RoPE on q and k at once, then k and
 		// v into the cache at this position.
 		qkv := B["qkv"]
 		g.k.Q4KMatVec(ctx, b, w, B["xn"], qkv, (nq+2*nkv)*hd, h)
-		g.k.Rope(ctx, b, qkv.Sub(0, uint64((nq+nkv)*hd*4)), B["freqs"], gpu.RopeShape{Tokens: 1, Heads: nq + nkv, HeadDim: hd, RotDim: hd, Pos0: g.pos, Style: gpu.RopeNeoX})
-		g.k.KVStore(ctx, b, qkv, g.kc[l], g.vc[l], nq*hd, (nq+nkv)*hd, nkv*hd, g.pos)
+		g.k.Rope(ctx, b, qkv.Sub(0, uint64((nq+nkv)*hd*4)), B["freqs"], ops.RopeShape{Tokens: 1, Heads: nq + nkv, HeadDim: hd, RotDim: hd, Pos0: g.pos, Style: abi.RopeNeoX})
+		g.k.KVStore(ctx, b, qkv, g.kc[l], g.vc[l], ops.KVShape{Dim: nkv * hd, KOff: nq * hd, VOff: (nq + nkv) * hd, Pos: g.pos})
 		q = qkv.Sub(0, uint64(nq*hd*4))
 	} else {
 		kvRow := uint64(nkv * hd * 4)
@@ -772,17 +778,17 @@ func (g *GPUModel) recordAttention(ctx context.Context, b *gpu.Batch, l int) {
 		g.k.Q4KMatVec(ctx, b, g.dense[p+"self_attn.q_proj.weight"], B["xn"], B["q"], nq*hd, h)
 		g.k.Q4KMatVec(ctx, b, g.dense[p+"self_attn.k_proj.weight"], B["xn"], ks, nkv*hd, h)
 		g.k.Q4KMatVec(ctx, b, g.dense[p+"self_attn.v_proj.weight"], B["xn"], vs, nkv*hd, h)
-		g.k.Rope(ctx, b, B["q"], B["freqs"], gpu.RopeShape{Tokens: 1, Heads: nq, HeadDim: hd, RotDim: hd, Pos0: g.pos, Style: gpu.RopeNeoX})
-		g.k.Rope(ctx, b, ks, B["freqs"], gpu.RopeShape{Tokens: 1, Heads: nkv, HeadDim: hd, RotDim: hd, Pos0: g.pos, Style: gpu.RopeNeoX})
+		g.k.Rope(ctx, b, B["q"], B["freqs"], ops.RopeShape{Tokens: 1, Heads: nq, HeadDim: hd, RotDim: hd, Pos0: g.pos, Style: abi.RopeNeoX})
+		g.k.Rope(ctx, b, ks, B["freqs"], ops.RopeShape{Tokens: 1, Heads: nkv, HeadDim: hd, RotDim: hd, Pos0: g.pos, Style: abi.RopeNeoX})
 	}
-	g.k.Attention(ctx, b, q, g.kc[l], g.vc[l], B["att"], gpu.AttnShape{Heads: nq, KVHeads: nkv, HeadDim: hd, KVLen: g.pos + 1, Scale: float32(1 / math.Sqrt(float64(hd)))})
+	g.k.Attention(ctx, b, q, g.kc[l], g.vc[l], B["att"], ops.AttnShape{Heads: nq, KVHeads: nkv, HeadDim: hd, KVLen: g.pos + 1, Scale: float32(1 / math.Sqrt(float64(hd)))})
 	if g.noFuse {
 		g.k.Q4KMatVec(ctx, b, g.dense[p+"self_attn.o_proj.weight"], B["att"], B["o"], h, nq*hd)
-		g.k.Accumulate(ctx, b, B["o"], B["ones"], B["x"], 1, h, 0)
+		g.k.Accumulate(ctx, b, B["o"], B["ones"], B["x"], ops.AccumShape{Experts: 1, Dim: h})
 	} else {
 		g.k.Q4KMatVecAdd(ctx, b, g.dense[p+"self_attn.o_proj.weight"], B["att"], B["x"], h, nq*hd) // x += Wo att
 	}
-	g.k.RMSNorm(ctx, b, B["x"], g.dense[p+"post_attention_layernorm.weight"], B["xn"], 1, h, float32(c.RMSNormEps))
+	g.k.RMSNorm(ctx, b, B["x"], g.dense[p+"post_attention_layernorm.weight"], B["xn"], ops.NormShape{Rows: 1, Dim: h, Eps: float32(c.RMSNormEps)})
 }
 
 // recordPaged records a MoE layer's experts from the arena slots of the
@@ -796,7 +802,7 @@ func (g *GPUModel) recordPaged(ctx context.Context, b *gpu.Batch, slots [3][]int
 	g.group(ctx, b, slots[1], B["xn"], true, B["gu"], up, ffn, h)
 	g.k.SwiGLU(ctx, b, B["gu"].Sub(0, uint64(k*ffn*4)), B["gu"].Sub(up, uint64(k*ffn*4)), B["act"], k*ffn)
 	g.group(ctx, b, slots[2], B["act"], false, B["y"], 0, h, ffn)
-	g.k.Accumulate(ctx, b, B["y"], B["w"], B["x"], k, h, 0)
+	g.k.Accumulate(ctx, b, B["y"], B["w"], B["x"], ops.AccumShape{Experts: k, Dim: h})
 }
 
 // holdLayer holds every matrix of every expert of MoE layer l in VRAM and
@@ -875,20 +881,20 @@ func (g *GPUModel) recordMasked(ctx context.Context, b *gpu.Batch, l int, layer 
 				}
 				id := e
 				if j == 1 {
-					id |= gpu.MaskedUpper
+					id |= ops.MaskedUpper
 				}
 				r.slots, r.experts = append(r.slots, idx), append(r.experts, id)
 			}
 		}
 		for _, buf := range order {
 			r := runs[buf]
-			for i := 0; i < len(r.slots); i += gpu.MaxGroup {
-				end := min(i+gpu.MaxGroup, len(r.slots))
+			for i := 0; i < len(r.slots); i += ops.MaxGroup {
+				end := min(i+ops.MaxGroup, len(r.slots))
 				if swiglu {
-					g.k.Q4KMatVecMaskedSwiGLU(ctx, b, gpu.Masked{Arena: buf, Slots: r.slots[i:end], Experts: r.experts[i:end], Sel: sel, K: k,
+					g.k.Q4KMatVecMaskedSwiGLU(ctx, b, ops.Masked{Arena: buf, Slots: r.slots[i:end], Experts: r.experts[i:end], Sel: sel, K: k,
 						X: x, Y: y, Rows: rows, Cols: cols}, g.upOff())
 				} else {
-					g.k.Q4KMatVecMasked(ctx, b, gpu.Masked{Arena: buf, Slots: r.slots[i:end], Experts: r.experts[i:end], Sel: sel, K: k,
+					g.k.Q4KMatVecMasked(ctx, b, ops.Masked{Arena: buf, Slots: r.slots[i:end], Experts: r.experts[i:end], Sel: sel, K: k,
 						X: x, SharedX: shared, Y: y, YUpper: upper, Rows: rows, Cols: cols})
 				}
 			}
@@ -903,7 +909,7 @@ func (g *GPUModel) recordMasked(ctx context.Context, b *gpu.Batch, l int, layer 
 		// The down products read silu(gate) * up straight from gu.
 		products([]int{2}, B["gu"], false, B["y"], 0, h, ffn, true)
 	}
-	g.k.Accumulate(ctx, b, B["y"], B["w"], B["x"], k, h, 0)
+	g.k.Accumulate(ctx, b, B["y"], B["w"], B["x"], ops.AccumShape{Experts: k, Dim: h})
 	if c.NumSharedExperts > 0 {
 		g.ffn(ctx, b, fmt.Sprintf("model.layers.%d.mlp.shared_experts.", l), ffn*c.NumSharedExperts)
 	}

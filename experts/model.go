@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/rdrr/peer/gpu/abi"
 	"github.com/rdrr/peer/gpu/ref"
 	"github.com/rdrr/peer/tiers"
 	"github.com/x448/float16"
@@ -164,8 +165,8 @@ func (rm *RefModel) Step(ctx context.Context, token int) ([]float64, error) {
 		q := matvec(rm.w(p+"self_attn.q_proj.weight"), xn, nq*hd, h)
 		k := matvec(rm.w(p+"self_attn.k_proj.weight"), xn, nkv*hd, h)
 		v := matvec(rm.w(p+"self_attn.v_proj.weight"), xn, nkv*hd, h)
-		q = ref.Rope(q, 1, nq, hd, hd, rm.pos, rm.freqs, ref.RopeNeoX)
-		k = ref.Rope(k, 1, nkv, hd, hd, rm.pos, rm.freqs, ref.RopeNeoX)
+		q = ref.Rope(q, 1, nq, hd, hd, rm.pos, rm.freqs, abi.RopeNeoX)
+		k = ref.Rope(k, 1, nkv, hd, hd, rm.pos, rm.freqs, abi.RopeNeoX)
 		rm.k[l] = append(rm.k[l], k...)
 		rm.v[l] = append(rm.v[l], v...)
 		att := ref.Attention(q, rm.k[l], rm.v[l], nq, nkv, hd, rm.pos+1, 1/math.Sqrt(float64(hd)))
@@ -208,9 +209,9 @@ func (rm *RefModel) moe(ctx context.Context, l int, x []float64) ([]float64, err
 	h, ne := c.HiddenSize, c.Experts()
 	p := fmt.Sprintf("model.layers.%d.mlp.", l)
 	logits := matvec(rm.w(p+"gate.weight"), x, ne, h)
-	route := ref.Route{Mode: ref.RouteSoftmaxTopK, K: c.NumExpertsPerTok}
+	route := ref.Route{Mode: abi.RouteSoftmaxTopK, K: c.NumExpertsPerTok}
 	if c.ScoringFunc == "sigmoid" {
-		route = ref.Route{Mode: ref.RouteSigmoidTopK, K: c.NumExpertsPerTok, Groups: c.NGroup, TopKGroup: c.TopKGroup}
+		route = ref.Route{Mode: abi.RouteSigmoidTopK, K: c.NumExpertsPerTok, Groups: c.NGroup, TopKGroup: c.TopKGroup}
 	}
 	ids, ws := ref.TopK(logits, 1, ne, route)
 	out := make([]float64, h)

@@ -38,25 +38,29 @@ type command struct {
 // Batch starts an empty batch.
 func (d *Device) Batch() *Batch { return &Batch{d: d} }
 
-// note records err as the batch's first error (Submit returns it) and
-// returns it.
-func (b *Batch) note(err error) error {
+// Fail records err as the batch's first error (Submit returns it) and
+// returns it: an op library calls it for what it finds wrong before it
+// dispatches (a shape, a binding too small), so that a batch recorded
+// without checking each call still fails as a whole. A nil err is
+// ignored.
+func (b *Batch) Fail(err error) error {
 	if err != nil && b.err == nil {
 		b.err = err
 	}
 	return err
 }
 
-// temp returns a storage buffer of at least n bytes that the batch's
-// kernels can use as scratch between their dispatches, until the batch is
-// submitted or dropped.
-func (b *Batch) temp(n uint64) (*Buffer, error) {
+// Scratch returns a storage buffer of at least n bytes that the batch's
+// kernels can use between their dispatches (an op's partial results),
+// until the batch is submitted or dropped; then it is pooled again. The
+// caller must not release it.
+func (b *Batch) Scratch(n uint64) (*Buffer, error) {
 	if b.done {
 		return nil, fmt.Errorf("%w: batch already submitted", ErrClosed)
 	}
 	t, err := b.d.Alloc(n)
 	if err != nil {
-		return nil, b.note(err)
+		return nil, b.Fail(err)
 	}
 	b.temps = append(b.temps, t)
 	return t, nil

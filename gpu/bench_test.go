@@ -8,7 +8,6 @@ import (
 	"os"
 	"runtime"
 	"sort"
-	"strings"
 	"testing"
 	"time"
 
@@ -16,38 +15,24 @@ import (
 	"github.com/rdrr/peer/gpu/q4k"
 )
 
-// BenchmarkGPU measures, in one run: the GPU's copy bandwidth first (the
-// larger of the copy engine and a vec4 shader copy, counting bytes read
-// plus bytes written), then every kernel's effective bandwidth (the least
-// bytes it must read and write, over its time) as a ratio of that copy
-// bandwidth (x-of-copy), then host-to-GPU upload bandwidth for 64 MiB
-// uploads through the staging ring and through queue.WriteBuffer (as
+// BenchmarkGPU measures the runtime, in one run: the GPU's copy bandwidth
+// first (the larger of the copy engine and a vec4 shader copy, counting
+// bytes read plus bytes written), then host-to-GPU upload bandwidth for 64
+// MiB uploads through the staging ring and through queue.WriteBuffer (as
 // ratios of PCIe 5 x16, of the copy bandwidth and of the GPU copy from
 // host memory alone, with where one upload's time goes), and uploads
-// overlapping Q4_K kernels (transfer_bench_test.go).
+// overlapping Q4_K kernels (transfer_bench_test.go). The kernels' own
+// benchmark is gpu/ops's BenchmarkGPU. The shader copy and the Q4_K
+// kernels come from the op library (link_test.go).
 //
-// Kernels are timed back to back in batches, with weights rotated over
-// buffers larger than the GPU's L2 so that repeats read memory, not cache.
-// "x-of-copy" runs independent dispatches (distinct outputs: the GPU may
-// overlap one dispatch's tail with the next one's start, as independent
-// expert products in a decode step do); "x-of-copy-serial" makes each
-// dispatch wait for the previous one (same output buffer: wgpu puts a
-// barrier between them).
-//
-// RDRR_BENCH_SWEEP=1 also times Q4_K configurations (the sweep that chose
-// DefaultQ4KConfig); RDRR_BENCH_PROBES=1 adds the memory-only probes of
-// testdata/q4k_probe.wgsl; RDRR_BENCH_UPLOAD_SWEEP=1 the upload chunk
-// schedules and staging ring shapes.
+// RDRR_BENCH_UPLOAD_SWEEP=1 adds the upload chunk schedules and staging
+// ring shapes.
 //
 // BENCHMARKS.md reports medians over repeated runs:
 //
 //	go test -run '^$' -bench . -benchtime 1x -count 5 ./gpu/ | sh gpu/bench-median.sh
 func BenchmarkGPU(b *testing.B) {
-	ctx := context.Background()
 	d, k := shared.d, shared.k
-	if err := k.Prepare(ctx); err != nil {
-		b.Fatal(err)
-	}
 	m := &meter{d: d, k: k, cpu: d.Info().Type == "cpu"}
 	// GPUs idle at a low clock and take a while under load to raise it:
 	// run copies for a while before measuring anything.
@@ -70,88 +55,6 @@ func BenchmarkGPU(b *testing.B) {
 		}
 		return median(copies)
 	}
-	report := func(b *testing.B, r result) {
-		b.ReportMetric(r.bw/1e9, "GB/s")
-		b.ReportMetric(r.bw/ref(b), "x-of-copy")
-		if r.serial > 0 {
-			b.ReportMetric(r.serial/ref(b), "x-of-copy-serial")
-		}
-		b.ReportMetric(float64(r.per.Nanoseconds())/1e3, "us/dispatch")
-	}
-
-	sweep := os.Getenv("RDRR_BENCH_SWEEP") == "1"
-	for _, s := range [][2]int{{4096, 14336}, {14336, 4096}, {7168, 2048}, {2048, 7168}} {
-		rows, cols := s[0], s[1]
-		b.Run(fmt.Sprintf("q4k_matvec/%dx%d", rows, cols), func(b *testing.B) {
-			report(b, m.q4kMatVec(b, rows, cols, 1, DefaultQ4KConfig(rows, cols, 1)))
-		})
-		// The same products as an MoE layer runs them: 8 experts' products
-		// in one dispatch (down projections read each expert's own x;
-		// gate and up share the layer's x).
-		b.Run(fmt.Sprintf("q4k_matvec_group8/%dx%d", rows, cols), func(b *testing.B) {
-			report(b, m.q4kGroup(b, rows, cols, 8, rows < cols, DefaultQ4KConfig(8*rows, cols, 1)))
-		})
-		// The throughput-tuned alternative (see DefaultQ4KConfig).
-		alt := Q4KConfig{WG: 64, SPR: 2, Rows: 8, Pipeline: true}
-		b.Run(fmt.Sprintf("q4k_matvec_spr2/%dx%d", rows, cols), func(b *testing.B) {
-			report(b, m.q4kMatVec(b, rows, cols, 1, alt))
-		})
-		if sweep {
-			if os.Getenv("RDRR_BENCH_PROBES") == "1" {
-				for _, cfg := range []Q4KConfig{{SPR: 16, Rows: 4}, {SPR: 32, Rows: 4}} {
-					for _, mode := range []int{0, 1, 4} {
-						b.Run(fmt.Sprintf("q4k_probe%d/%dx%d/spr%d-rows%d", mode, rows, cols, cfg.SPR, cfg.Rows), func(b *testing.B) {
-							report(b, m.q4kProbe(b, rows, cols, mode, cfg))
-						})
-					}
-					b.Run(fmt.Sprintf("q4k_mathonly/%dx%d/spr%d-rows%d", rows, cols, cfg.SPR, cfg.Rows), func(b *testing.B) {
-						report(b, m.q4kMathOnly(b, rows, cols, cfg))
-					})
-				}
-			}
-			for _, wg := range []int{64, 128, 256} {
-				for _, spr := range []int{1, 2, 4, 8} {
-					for _, rw := range []int{2, 4, 8} {
-						cfg := Q4KConfig{SPR: spr, Rows: rw, WG: wg, Pipeline: true}
-						b.Run(fmt.Sprintf("q4k_group8_sweep/%dx%d/wg%d-spr%d-rows%d", rows, cols, wg, spr, rw), func(b *testing.B) {
-							report(b, m.q4kGroup(b, rows, cols, 8, rows < cols, cfg))
-						})
-					}
-				}
-			}
-			for _, wg := range []int{64, 128, 256} {
-				for _, spr := range []int{1, 2, 4, 8} {
-					for _, rw := range []int{1, 2, 4, 8} {
-						for _, pipe := range []bool{false, true} {
-							cfg := Q4KConfig{SPR: spr, Rows: rw, WG: wg, Pipeline: pipe}
-							b.Run(fmt.Sprintf("q4k_sweep/%dx%d/wg%d-spr%d-rows%d-pipe%v", rows, cols, wg, spr, rw, pipe), func(b *testing.B) {
-								report(b, m.q4kMatVec(b, rows, cols, 1, cfg))
-							})
-						}
-					}
-				}
-			}
-		}
-	}
-	b.Run("q4k_matmul/4096x4096/n8", func(b *testing.B) {
-		report(b, m.q4kMatVec(b, 4096, 4096, 8, DefaultQ4KConfig(4096, 4096, 8)))
-	})
-	b.Run("q4k_dequant_f32/4096x4096", func(b *testing.B) { report(b, m.dequant(b, 4096*4096, F32)) })
-	b.Run("q4k_dequant_f16/4096x4096", func(b *testing.B) { report(b, m.dequant(b, 4096*4096, F16)) })
-	b.Run("f16_matvec/4096x14336", func(b *testing.B) { report(b, m.dense(b, F16, 4096, 14336, 1)) })
-	b.Run("f32_matvec/4096x4096", func(b *testing.B) { report(b, m.dense(b, F32, 4096, 4096, 1)) })
-	b.Run("f16_matmul/4096x4096/n8", func(b *testing.B) { report(b, m.dense(b, F16, 4096, 4096, 8)) })
-	b.Run("rmsnorm/4096x4096", func(b *testing.B) { report(b, m.rows(b, "rmsnorm", 4096, 4096)) })
-	b.Run("softmax/4096x4096", func(b *testing.B) { report(b, m.rows(b, "softmax", 4096, 4096)) })
-	b.Run("swiglu/16M", func(b *testing.B) { report(b, m.rows(b, "swiglu", 1, 16<<20)) })
-	b.Run("accumulate/k8x1M", func(b *testing.B) { report(b, m.rows(b, "accumulate", 8, 1<<20)) })
-	b.Run("rope/512x32x128", func(b *testing.B) { report(b, m.rows(b, "rope", 512, 32*128)) })
-	b.Run("embed_f16/4096x4096", func(b *testing.B) { report(b, m.rows(b, "embed", 4096, 4096)) })
-	b.Run("attention/32h8kv128d/4096", func(b *testing.B) { report(b, m.attention(b, 32, 8, 128, 4096)) })
-	b.Run("route_deepseek/1024x256", func(b *testing.B) { report(b, m.rows(b, "route", 1024, 256)) })
-	b.Run("argmax/152064", func(b *testing.B) { report(b, m.rows(b, "argmax", 1, 152064)) })
-	b.Run("topp/152064", func(b *testing.B) { report(b, m.rows(b, "topp", 1, 152064)) })
-
 	// Uploads: one 64 MiB upload, 16 back to back, queue.WriteBuffer, and
 	// where a single upload's time goes (see uploadResult); uploads while
 	// Q4_K kernels run. RDRR_BENCH_UPLOAD_SWEEP=1 adds the memcpy into mapped
@@ -203,19 +106,13 @@ const maxReps = 256
 
 type meter struct {
 	d   *Device
-	k   *Kernels
+	k   OpKernels
 	cpu bool // a CPU adapter (lavapipe): fewer repeats, smaller rotation
 }
 
 type copyResult struct{ engine, shader float64 }
 
 func (c copyResult) best() float64 { return max(c.engine, c.shader) }
-
-type result struct {
-	bw     float64 // bytes per second, independent dispatches
-	serial float64 // bytes per second, dependent dispatches (0 = not measured)
-	per    time.Duration
-}
 
 func (m *meter) alloc(b *testing.B, n uint64) *Buffer {
 	buf, err := m.d.Alloc(n)
@@ -336,166 +233,6 @@ func (m *meter) copyBandwidth(b *testing.B) copyResult {
 	return copyResult{engine: bytes / eng.Seconds(), shader: bytes / sh.Seconds()}
 }
 
-// rotation returns how many copies of a size-byte operand to rotate over so
-// that they overflow the L2 (256 MiB in all; 4 on a CPU adapter).
-func (m *meter) rotation(size uint64) int {
-	if m.cpu {
-		return 2
-	}
-	return int(min(max(ceilDiv(256<<20, size), 2), 64))
-}
-
-func (m *meter) q4kMatVec(b *testing.B, rows, cols, n int, cfg Q4KConfig) result {
-	ctx := context.Background()
-	wBytes := Q4K.Bytes(rows * cols)
-	nw := m.rotation(wBytes)
-	ws := make([]*Buffer, nw)
-	blocks := benchQ4K(rows * cols / 256)
-	for i := range ws {
-		ws[i] = m.alloc(b, wBytes)
-		if err := m.d.Upload(ctx, ws[i], blocks); err != nil {
-			b.Fatal(err)
-		}
-	}
-	x := m.alloc(b, uint64(n*cols*4))
-	m.fill(b, x, uint64(n*cols*4))
-	bytes := float64(wBytes) + float64(n*cols*4) + float64(n*rows*4)
-	return m.independentAndSerial(b, bytes, uint64(n*rows*4), func(bt *Batch, i int, y *Buffer) error {
-		return m.k.Q4KMatMulWith(ctx, bt, cfg, ws[i%nw], x, y, rows, cols, n)
-	})
-}
-
-// independentAndSerial times record twice: with a distinct output buffer
-// (of ySize bytes) per call, so that calls may overlap, and with one shared
-// output, so that each waits for the previous one. bytes is what one call
-// must move.
-func (m *meter) independentAndSerial(b *testing.B, bytes float64, ySize uint64, record func(bt *Batch, i int, y *Buffer) error) result {
-	ys := m.outputs(b, ySize)
-	per := m.timeDispatches(b, func(bt *Batch, i int) error { return record(bt, i, ys[i%len(ys)]) })
-	serial := m.timeDispatches(b, func(bt *Batch, i int) error { return record(bt, i, ys[0]) })
-	return result{bw: bytes / per.Seconds(), serial: bytes / serial.Seconds(), per: per}
-}
-
-// q4kGroup times Q4KMatVecGroup: e products of rows x cols in one dispatch,
-// weights from two arenas of 15 slots (< 128 MiB each, the smallest storage
-// binding limit we run on) used alternately, so that a dispatch never
-// reads slots the previous one left in the L2.
-func (m *meter) q4kGroup(b *testing.B, rows, cols, e int, sharedX bool, cfg Q4KConfig) result {
-	ctx := context.Background()
-	wBytes := Q4K.Bytes(rows * cols)
-	nslots := min(15, int((128<<20)/wBytes))
-	if nslots < e {
-		b.Skipf("%d products of %d bytes do not fit a 128 MiB arena", e, wBytes)
-	}
-	blocks := benchQ4K(rows * cols / 256)
-	var arenas [2]*Buffer
-	for i := range arenas {
-		arenas[i] = m.alloc(b, uint64(nslots)*wBytes)
-		for s := range nslots {
-			if err := m.d.Upload(ctx, arenas[i].Sub(uint64(s)*wBytes, wBytes), blocks); err != nil {
-				b.Fatal(err)
-			}
-		}
-	}
-	nx := e
-	if sharedX {
-		nx = 1
-	}
-	x := m.alloc(b, uint64(nx*cols*4))
-	m.fill(b, x, uint64(nx*cols*4))
-	slots := func(i int) []int {
-		out := make([]int, e)
-		for j := range out {
-			out[j] = (i*e + j) % nslots
-		}
-		return out
-	}
-	bytes := float64(e) * (float64(wBytes) + float64(rows*4))
-	bytes += float64(nx * cols * 4)
-	return m.independentAndSerial(b, bytes, uint64(e*rows*4), func(bt *Batch, i int, y *Buffer) error {
-		return m.k.Q4KMatVecGroupWith(ctx, bt, cfg, arenas[i%2], slots(i), x, sharedX, y, rows, cols)
-	})
-}
-
-// q4kProbe times testdata/q4k_probe.wgsl in one MODE: the Q4_K kernels'
-// memory accesses without their arithmetic, the ceiling an access pattern
-// allows.
-func (m *meter) q4kProbe(b *testing.B, rows, cols, mode int, cfg Q4KConfig) result {
-	ctx := context.Background()
-	src, err := os.ReadFile("testdata/q4k_probe.wgsl")
-	if err != nil {
-		b.Skip(err)
-	}
-	p, err := m.d.Compile(ctx, Kernel{Name: "q4k_probe", Source: string(src),
-		Constants: map[string]float64{"ROWS": float64(cfg.Rows), "MODE": float64(mode)},
-		Bindings:  []Access{ReadOnly, ReadOnly, ReadOnly, ReadWrite}, Params: 20})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer p.Release()
-	wBytes := Q4K.Bytes(rows * cols)
-	nw := m.rotation(wBytes)
-	ws := make([]*Buffer, nw)
-	blocks := benchQ4K(rows * cols / 256)
-	for i := range ws {
-		ws[i] = m.alloc(b, wBytes)
-		if err := m.d.Upload(ctx, ws[i], blocks); err != nil {
-			b.Fatal(err)
-		}
-	}
-	x := m.alloc(b, uint64(cols*4))
-	m.fill(b, x, uint64(cols*4))
-	ys := m.outputs(b, uint64(rows*4))
-	rowsPerWG := uint64(cfg.Rows * 32 / cfg.SPR)
-	gx, gy := grid(ceilDiv(uint64(rows), rowsPerWG))
-	params := Params{}.U32(uint32(rows)).U32(uint32(cols / 256)).U32(uint32(cfg.SPR)).U32(1).U32(gx)
-	per := m.timeDispatches(b, func(bt *Batch, i int) error {
-		return bt.Dispatch(p, [3]uint32{gx, gy, 1}, params, ws[i%nw], ws[i%nw], x, ys[i%len(ys)])
-	})
-	bytes := float64(wBytes) + float64(cols*4) + float64(rows*4)
-	return result{bw: bytes / per.Seconds(), per: per}
-}
-
-// q4kMathOnly times q4k_matmul with its weight and x indices folded onto a
-// few blocks (always cached): the arithmetic without the memory traffic.
-func (m *meter) q4kMathOnly(b *testing.B, rows, cols int, cfg Q4KConfig) result {
-	ctx := context.Background()
-	spec, _ := Builtin("q4k_matmul", map[string]float64{"ROWS": float64(cfg.Rows), "TOK": 1, "CONV": 1, "PIPE": 0})
-	src := spec.Source
-	for _, r := range [][2]string{
-		{"let blk = wbase + (min(row0 + r, p.rows - 1u) * p.nb + b) * 9u;", "let blk = ((row0 + r) & 3u) * 9u;"},
-		{"xs = load_x(xb);", "xs = load_x(xb & 63u);"},
-	} {
-		if !strings.Contains(src, r[0]) {
-			b.Fatalf("math-only probe: kernel source no longer has %q; update the replacements", r[0])
-		}
-		src = strings.ReplaceAll(src, r[0], r[1])
-	}
-	spec.Name, spec.Source = "q4k_mathonly", src
-	p, err := m.d.Compile(ctx, spec)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer p.Release()
-	wBytes := Q4K.Bytes(rows * cols)
-	w := m.alloc(b, wBytes)
-	if err := m.d.Upload(ctx, w, benchQ4K(rows*cols/256)); err != nil {
-		b.Fatal(err)
-	}
-	x := m.alloc(b, uint64(cols*4))
-	m.fill(b, x, uint64(cols*4))
-	ys := m.outputs(b, uint64(rows*4))
-	rowsPerWG := uint64(cfg.Rows * 32 / cfg.SPR)
-	gx, gy := grid(ceilDiv(uint64(rows), rowsPerWG))
-	params := Params{}.U32(uint32(rows)).U32(uint32(cols / 256)).U32(uint32(cfg.SPR)).U32(1).U32(gx)
-	per := m.timeDispatches(b, func(bt *Batch, i int) error {
-		return bt.Dispatch(p, [3]uint32{gx, gy, 1}, params, w, x, ys[i%len(ys)])
-	})
-	// Bytes the real kernel would move, for comparison.
-	bytes := float64(wBytes) + float64(cols*4) + float64(rows*4)
-	return result{bw: bytes / per.Seconds(), per: per}
-}
-
 // outputs returns maxReps output buffers: every dispatch of a batch writes
 // its own, since wgpu puts a pipeline barrier (which drains the GPU) before
 // a dispatch that writes a buffer an earlier dispatch of the batch wrote.
@@ -520,126 +257,6 @@ func benchQ4K(nblocks int) []byte {
 		binary.LittleEndian.PutUint16(out[b*q4k.BlockBytes+2:], dm)
 	}
 	return out
-}
-
-func (m *meter) dequant(b *testing.B, n int, out DType) result {
-	ctx := context.Background()
-	wBytes := Q4K.Bytes(n)
-	w := m.alloc(b, wBytes)
-	if err := m.d.Upload(ctx, w, benchQ4K(n/256)); err != nil {
-		b.Fatal(err)
-	}
-	ys := []*Buffer{m.alloc(b, out.Bytes(n)), m.alloc(b, out.Bytes(n))}
-	per := m.timeDispatches(b, func(bt *Batch, i int) error {
-		return m.k.Q4KDequant(ctx, bt, out, w, ys[i%2], n)
-	})
-	return result{bw: float64(wBytes+out.Bytes(n)) / per.Seconds(), per: per}
-}
-
-func (m *meter) dense(b *testing.B, dt DType, rows, cols, n int) result {
-	ctx := context.Background()
-	wBytes := dt.Bytes(rows * cols)
-	nw := m.rotation(wBytes)
-	ws := make([]*Buffer, nw)
-	for i := range ws {
-		ws[i] = m.alloc(b, wBytes)
-		m.fill(b, ws[i], wBytes)
-	}
-	x := m.alloc(b, uint64(n*cols*4))
-	m.fill(b, x, uint64(n*cols*4))
-	ys := make([]*Buffer, 16)
-	for i := range ys {
-		ys[i] = m.alloc(b, uint64(n*rows*4))
-	}
-	per := m.timeDispatches(b, func(bt *Batch, i int) error {
-		return m.k.MatMul(ctx, bt, dt, ws[i%nw], x, ys[i%len(ys)], rows, cols, n)
-	})
-	bytes := float64(wBytes) + float64(n*cols*4+n*rows*4)
-	return result{bw: bytes / per.Seconds(), per: per}
-}
-
-// rows benchmarks the elementwise and per-row kernels over n x dim inputs.
-func (m *meter) rows(b *testing.B, kernel string, n, dim int) result {
-	ctx := context.Background()
-	f32 := uint64(n * dim * 4)
-	in := [2]*Buffer{m.alloc(b, f32), m.alloc(b, f32)}
-	out := [2]*Buffer{m.alloc(b, f32), m.alloc(b, f32)}
-	for _, x := range append(in[:], out[:]...) {
-		m.fill(b, x, f32)
-	}
-	small := m.alloc(b, uint64(max(dim, n*8)*4))
-	m.fill(b, small, uint64(max(dim, n*8)*4))
-	var bytes float64
-	var rec func(bt *Batch, i int) error
-	switch kernel {
-	case "rmsnorm":
-		bytes = float64(2*f32) + float64(dim*4)
-		rec = func(bt *Batch, i int) error { return m.k.RMSNorm(ctx, bt, in[i%2], small, out[i%2], n, dim, 1e-5) }
-	case "softmax":
-		bytes = float64(2 * f32)
-		rec = func(bt *Batch, i int) error { return m.k.Softmax(ctx, bt, in[i%2], out[i%2], n, dim) }
-	case "swiglu":
-		bytes = float64(3 * f32)
-		rec = func(bt *Batch, i int) error { return m.k.SwiGLU(ctx, bt, in[0], in[1], out[i%2], n*dim) }
-	case "accumulate":
-		// n experts of dim: read n*dim + dim, write dim.
-		bytes = float64(f32) + float64(2*dim*4)
-		rec = func(bt *Batch, i int) error { return m.k.Accumulate(ctx, bt, in[i%2], small, out[i%2], n, dim, 0) }
-	case "rope":
-		bytes = float64(2 * f32)
-		rec = func(bt *Batch, i int) error {
-			return m.k.Rope(ctx, bt, out[i%2], small, RopeShape{Tokens: n, Heads: dim / 128, HeadDim: 128, RotDim: 128, Pos0: 100})
-		}
-	case "embed":
-		// f16 table of n rows; dim-wide outputs for n tokens.
-		ids := make([]uint32, n)
-		for i := range ids {
-			ids[i] = uint32((i * 7919) % n)
-		}
-		idb := m.alloc(b, uint64(n*4))
-		if err := m.d.Upload(ctx, idb, Bytes(ids)); err != nil {
-			b.Fatal(err)
-		}
-		bytes = float64(f32/2) + float64(f32) + float64(n*4)
-		rec = func(bt *Batch, i int) error { return m.k.Embed(ctx, bt, F16, in[i%2], idb, out[i%2], n, dim, n) }
-	case "route":
-		// n tokens of dim experts, DeepSeek-V3 style.
-		bytes = float64(f32) + float64(n*8*8)
-		rec = func(bt *Batch, i int) error {
-			return m.k.Route(ctx, bt, in[i%2], small, out[0], out[1], RouteShape{Tokens: n, Experts: dim, K: 8,
-				Mode: RouteSigmoidTopK, Groups: 8, TopKGroup: 4, Scale: 2.5})
-		}
-	case "argmax":
-		bytes = float64(f32)
-		rec = func(bt *Batch, i int) error { return m.k.Argmax(ctx, bt, in[i%2], out[i%2], dim) }
-	case "topp":
-		bytes = float64(f32)
-		rec = func(bt *Batch, i int) error { return m.k.TopP(ctx, bt, in[i%2], out[i%2], dim, 0.8, 0.9, 0.37) }
-	default:
-		b.Fatalf("no benchmark for %s", kernel)
-	}
-	per := m.timeDispatches(b, rec)
-	return result{bw: bytes / per.Seconds(), per: per}
-}
-
-func (m *meter) attention(b *testing.B, heads, kvHeads, hd, kvLen int) result {
-	ctx := context.Background()
-	kv := uint64(kvLen * kvHeads * hd * 4)
-	q := m.alloc(b, uint64(heads*hd*4))
-	m.fill(b, q, uint64(heads*hd*4))
-	nr := m.rotation(2 * kv)
-	ks, vs := make([]*Buffer, nr), make([]*Buffer, nr)
-	for i := range ks {
-		ks[i], vs[i] = m.alloc(b, kv), m.alloc(b, kv)
-		m.fill(b, ks[i], kv)
-		m.fill(b, vs[i], kv)
-	}
-	outs := [2]*Buffer{m.alloc(b, uint64(heads*hd*4)), m.alloc(b, uint64(heads*hd*4))}
-	s := AttnShape{Heads: heads, KVHeads: kvHeads, HeadDim: hd, KVLen: kvLen, Scale: 0.088}
-	per := m.timeDispatches(b, func(bt *Batch, i int) error {
-		return m.k.Attention(ctx, bt, q, ks[i%nr], vs[i%nr], outs[i%2], s)
-	})
-	return result{bw: float64(2*kv+uint64(2*heads*hd*4)) / per.Seconds(), per: per}
 }
 
 // memcpyMapped times the CPU side of the staging path alone: copying n

@@ -62,6 +62,15 @@ type Span struct {
 func (b *Buffer) span() Span { return Span{b, 0, b.size} }
 func (s Span) span() Span    { return s }
 
+// SpanOf returns the byte range r stands for (the zero Span for nil): what
+// an op library checks a binding's size against.
+func SpanOf(r Region) Span {
+	if r == nil {
+		return Span{}
+	}
+	return r.span()
+}
+
 // Sub returns the range [off, off+size) of b. Ranges outside b are
 // reported when used.
 func (b *Buffer) Sub(off, size uint64) Span { return Span{b, off, size} }

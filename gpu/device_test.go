@@ -308,7 +308,12 @@ func TestBatchValidation(t *testing.T) {
 	if err := b.Submit(ctxT(t)); !errors.Is(err, ErrShape) {
 		t.Fatalf("Submit after a recording error: err = %v; want the recording error", err)
 	}
-	p, _ := shared.k.pipeline(ctxT(t), "swiglu", nil)
+	spec, _ := Builtin("swiglu", nil)
+	p, err := d.Compile(ctxT(t), spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Release()
 	b = d.Batch()
 	if err := b.Dispatch(p, [3]uint32{70000, 1, 1}, nil, x, x, y); !errors.Is(err, ErrLimit) {
 		t.Fatalf("too many workgroups: err = %v; want ErrLimit", err)

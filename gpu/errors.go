@@ -19,7 +19,7 @@ var (
 	// ErrDeviceLost: the device was lost (driver reset, destroyed). The
 	// Device is unusable; Close it and Open a new one.
 	ErrDeviceLost = errors.New("gpu: device lost")
-	// ErrClosed: the Device (or the Kernels, Batch, Buffer) was closed or released.
+	// ErrClosed: the Device (or a Batch, a Buffer, gpu/ops.Kernels) was closed or released.
 	ErrClosed = errors.New("gpu: closed")
 	// ErrCompile: a kernel's WGSL failed to compile or to build a pipeline.
 	ErrCompile = errors.New("gpu: kernel compile failed")

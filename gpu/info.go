@@ -48,6 +48,10 @@ type Limits struct {
 	MinStorageBufferOffsetAlignment   uint32 `json:"minStorageBufferOffsetAlignment"`
 }
 
+// Limits returns the limits the device was granted (see Open): what an
+// op library or a benchmark sizes its bindings by.
+func (d *Device) Limits() Limits { return d.limits }
+
 func limitsOf(l wgpu.Limits) Limits {
 	return Limits{
 		MaxBufferSize:                     l.MaxBufferSize,

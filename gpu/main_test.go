@@ -12,11 +12,11 @@ import (
 	"time"
 )
 
-// The kernel tests share one device and one Kernels (compiling every
-// variant once); runtime tests that count resources open their own.
+// The tests share one device and one op library (link_test.go); tests
+// that count resources open their own.
 type fixture struct {
 	d *Device
-	k *Kernels
+	k OpKernels
 }
 
 var shared fixture // set by TestMain, read-only afterwards

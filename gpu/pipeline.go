@@ -134,7 +134,7 @@ func (d *Device) Compile(ctx context.Context, k Kernel) (*Pipeline, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	k = d.withVariant(k) // a variant that stands in for a built-in (variant.go)
+	k = d.withVariant(k) // a variant that stands in for this kernel (variant.go)
 	kerr := func(err error) error { return &KernelError{Kernel: k.Name, Op: "compile", Err: err} }
 	if k.Name == "" {
 		return nil, kerr(fmt.Errorf("%w: kernel has no name", ErrCompile))

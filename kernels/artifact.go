@@ -8,6 +8,7 @@ import (
 
 	"github.com/rdrr/peer/cas"
 	"github.com/rdrr/peer/gpu"
+	gpuops "github.com/rdrr/peer/gpu/ops"
 )
 
 // An Artifact is a kernel variant: its descriptor and its WGSL, checked
@@ -149,7 +150,7 @@ func (a *Artifact) Kernel() (gpu.Kernel, error) {
 	if d.ABI != spec.abi {
 		return gpu.Kernel{}, fmt.Errorf("%w: variant %s has %s ABI %d; this build runs %d", ErrDescriptor, a.CID, d.Op, d.ABI, spec.abi)
 	}
-	base, err := gpu.Builtin(spec.builtin, nil)
+	base, err := gpuops.Builtin(spec.builtin, nil)
 	if err != nil {
 		return gpu.Kernel{}, err
 	}
@@ -167,7 +168,7 @@ func (a *Artifact) Kernel() (gpu.Kernel, error) {
 func Builtins() (map[string]*Artifact, error) {
 	out := make(map[string]*Artifact, len(ops))
 	for op, spec := range ops {
-		k, err := gpu.Builtin(spec.builtin, nil)
+		k, err := gpuops.Builtin(spec.builtin, nil)
 		if err != nil {
 			return nil, err
 		}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/rdrr/peer/cas"
 	"github.com/rdrr/peer/gpu"
+	gpuops "github.com/rdrr/peer/gpu/ops"
 )
 
 const abiFile = "testdata/abi.json"
@@ -46,7 +47,7 @@ func TestBuiltins(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		base, _ := gpu.Builtin(ops[op].builtin, nil)
+		base, _ := gpuops.Builtin(ops[op].builtin, nil)
 		if k.Source != base.Source || k.Params != base.Params || len(k.Bindings) != len(base.Bindings) || k.Entry != "main" {
 			t.Fatalf("%s: kernel %+v is not the built-in %s", op, k, ops[op].builtin)
 		}
@@ -72,7 +73,7 @@ func TestABITable(t *testing.T) {
 	}
 	got := map[string]abi{}
 	for op, spec := range ops {
-		k, err := gpu.Builtin(spec.builtin, nil)
+		k, err := gpuops.Builtin(spec.builtin, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

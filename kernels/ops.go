@@ -10,11 +10,11 @@ import (
 
 // An opSpec is what every variant of an op shares: the ABI (bindings,
 // uniform layout and dispatch rule, numbered; the bindings and the
-// uniform size come from the op's built-in kernel in gpu/), the built-in
+// uniform size come from the op's built-in kernel in gpu/ops), the built-in
 // kernel that is the baseline, the constants the op needs that kernel to
 // have, and the dimensions of its shape buckets.
 type opSpec struct {
-	builtin string             // gpu.Builtin name
+	builtin string             // gpu/ops.Builtin name
 	abi     int                // bump when bindings, uniform layout or dispatch rule change
 	fixed   map[string]float64 // constants the op sets on the built-in kernel
 	dims    []string           // shape bucket dimensions, in order
@@ -50,7 +50,7 @@ func Ops() []string {
 	return names
 }
 
-// BuiltinOf returns the name of op's built-in kernel in gpu (gpu.Builtin),
+// BuiltinOf returns the name of op's built-in kernel (gpu/ops.Builtin),
 // "" for an unknown op.
 func BuiltinOf(op string) string { return ops[op].builtin }
 

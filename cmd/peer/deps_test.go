@@ -46,6 +46,10 @@ func TestDependencyArrows(t *testing.T) {
 			}
 		}
 	}
+	// The GPU's references, codec and shared enumerations are pure Go too
+	// (the model generator and the kernel lab's gate use them without a
+	// device).
+	pure = append(pure, "../../gpu/abi", "../../gpu/ref", "../../gpu/q4k")
 	// Without cgo, and for the other systems the GPU targets (Metal,
 	// DX12) imply: Linux-only calls stay behind build tags.
 	for _, target := range []struct{ goos, goarch string }{

@@ -10,6 +10,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/rdrr/peer/gpu"
+	"github.com/rdrr/peer/gpu/ops"
 	"github.com/spf13/cobra"
 )
 
@@ -91,7 +92,7 @@ func gpuSelfTestCmd(a *app) *cobra.Command {
 			return err
 		}
 		defer d.Close()
-		rep, err := gpu.SelfTest(cmd.Context(), d)
+		rep, err := ops.SelfTest(cmd.Context(), d)
 		if perr := a.print(rep, func(w io.Writer) {
 			fmt.Fprintf(w, "device:        %v\n", rep.Device)
 			fmt.Fprintf(w, "known blocks:  %v\n", ok(rep.KnownBlocks))

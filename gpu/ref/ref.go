@@ -4,7 +4,8 @@
 //
 // Every function takes its inputs as float64 (use F32, F16 and Q4K to widen
 // exactly what was uploaded) and computes in float64. Layouts match the
-// kernels: row-major, tokens outermost.
+// kernels: row-major, tokens outermost. The enumerations they share with
+// the kernels (RoPE styles, routing modes) are gpu/abi's.
 package ref
 
 import (
@@ -13,6 +14,7 @@ import (
 	"math"
 	"sort"
 
+	"github.com/rdrr/peer/gpu/abi"
 	"github.com/rdrr/peer/gpu/q4k"
 	"github.com/x448/float16"
 )
@@ -137,17 +139,6 @@ func Softmax(x []float64, n, d int) []float64 {
 	return y
 }
 
-// RopeStyle says which elements rotate together.
-type RopeStyle int
-
-const (
-	// RopeNeoX rotates element i with i+rot/2 (GPT-NeoX, Llama in HF layout,
-	// Mixtral, DeepSeek).
-	RopeNeoX RopeStyle = iota
-	// RopeGPTJ rotates element 2i with 2i+1 (GPT-J, Llama in GGUF layout).
-	RopeGPTJ
-)
-
 // RopeFreqs returns the rot/2 inverse frequencies theta^(-2i/rot).
 func RopeFreqs(theta float64, rot int) []float64 {
 	f := make([]float64, rot/2)
@@ -159,7 +150,7 @@ func RopeFreqs(theta float64, rot int) []float64 {
 
 // Rope rotates the first rot elements of every head of x
 // ([nTok][nHeads][headDim]) by angle (pos0+t)*freqs[i].
-func Rope(x []float64, nTok, nHeads, headDim, rot, pos0 int, freqs []float64, style RopeStyle) []float64 {
+func Rope(x []float64, nTok, nHeads, headDim, rot, pos0 int, freqs []float64, style abi.RopeStyle) []float64 {
 	y := append([]float64(nil), x...)
 	half := rot / 2
 	for t := 0; t < nTok; t++ {
@@ -168,7 +159,7 @@ func Rope(x []float64, nTok, nHeads, headDim, rot, pos0 int, freqs []float64, st
 			base := (t*nHeads + h) * headDim
 			for i := 0; i < half; i++ {
 				ia, ib := base+i, base+i+half
-				if style == RopeGPTJ {
+				if style == abi.RopeGPTJ {
 					ia, ib = base+2*i, base+2*i+1
 				}
 				s, c := math.Sincos(pos * freqs[i])
@@ -217,23 +208,9 @@ func Attention(q, k, v []float64, nHeads, nKV, hd, kvLen int, scale float64) []f
 	return out
 }
 
-// RouteMode selects how router logits become expert weights.
-type RouteMode int
-
-const (
-	// RouteSoftmaxTopK (Mixtral): top-k of the logits, weights = softmax
-	// over the selected logits.
-	RouteSoftmaxTopK RouteMode = iota
-	// RouteSigmoidTopK (DeepSeek-V3): s = sigmoid(logit); selection by
-	// s + bias, optionally limited to the TopKGroup groups with the largest
-	// sum of their two best selection scores; weights = s / sum(s selected)
-	// * Scale.
-	RouteSigmoidTopK
-)
-
 // Route configures top-k routing.
 type Route struct {
-	Mode      RouteMode
+	Mode      abi.RouteMode
 	K         int
 	Bias      []float64 // selection bias per expert (sigmoid mode); nil = 0
 	Groups    int       // expert groups (sigmoid mode); <= 1 = no grouping
@@ -249,7 +226,7 @@ func TopK(logits []float64, nTok, nExp int, r Route) (ids []int, w []float64) {
 		sel := make([]float64, nExp)
 		base := make([]float64, nExp)
 		for e, v := range l {
-			if r.Mode == RouteSigmoidTopK {
+			if r.Mode == abi.RouteSigmoidTopK {
 				base[e] = 1 / (1 + math.Exp(-v))
 				sel[e] = base[e]
 				if r.Bias != nil {
@@ -259,7 +236,7 @@ func TopK(logits []float64, nTok, nExp int, r Route) (ids []int, w []float64) {
 				base[e], sel[e] = v, v
 			}
 		}
-		if r.Mode == RouteSigmoidTopK && r.Groups > 1 {
+		if r.Mode == abi.RouteSigmoidTopK && r.Groups > 1 {
 			gs := nExp / r.Groups
 			gscore := make([]float64, r.Groups)
 			for g := range gscore {
@@ -280,7 +257,7 @@ func TopK(logits []float64, nTok, nExp int, r Route) (ids []int, w []float64) {
 		}
 		top := topIdx(sel, r.K)
 		ws := make([]float64, len(top))
-		if r.Mode == RouteSigmoidTopK {
+		if r.Mode == abi.RouteSigmoidTopK {
 			var sum float64
 			for _, e := range top {
 				sum += base[e]

@@ -5,6 +5,7 @@ import (
 	"math"
 	"testing"
 
+	"github.com/rdrr/peer/gpu/abi"
 	"github.com/rdrr/peer/gpu/q4k"
 )
 
@@ -74,14 +75,14 @@ func TestSoftmax(t *testing.T) {
 func TestRope(t *testing.T) {
 	// rot 2, freq 1: element pair turns by pos radians.
 	x := []float64{1, 2, 7}
-	near(t, "pos0", Rope(x, 1, 1, 3, 2, 0, []float64{1}, RopeNeoX), x)
-	got := Rope(x, 1, 1, 3, 2, 0, []float64{math.Pi / 2}, RopeGPTJ)
-	got = Rope(got, 1, 1, 3, 2, 1, []float64{math.Pi / 2}, RopeGPTJ) // pos 1: +90 degrees
+	near(t, "pos0", Rope(x, 1, 1, 3, 2, 0, []float64{1}, abi.RopeNeoX), x)
+	got := Rope(x, 1, 1, 3, 2, 0, []float64{math.Pi / 2}, abi.RopeGPTJ)
+	got = Rope(got, 1, 1, 3, 2, 1, []float64{math.Pi / 2}, abi.RopeGPTJ) // pos 1: +90 degrees
 	near(t, "quarter turn", got, []float64{-2, 1, 7})
 	// NeoX pairs i with i+rot/2; GPT-J pairs 2i with 2i+1.
 	x4 := []float64{1, 2, 3, 4}
 	f := []float64{math.Pi, math.Pi} // half turns negate both pairs
-	near(t, "neox", Rope(x4, 1, 1, 4, 4, 1, f, RopeNeoX), []float64{-1, -2, -3, -4})
+	near(t, "neox", Rope(x4, 1, 1, 4, 4, 1, f, abi.RopeNeoX), []float64{-1, -2, -3, -4})
 	if fr := RopeFreqs(10000, 4); math.Abs(fr[1]-0.01) > 1e-15 {
 		t.Fatalf("RopeFreqs(10000, 4) = %v; want [1 0.01]", fr)
 	}
@@ -100,7 +101,7 @@ func TestAttention(t *testing.T) {
 }
 
 func TestTopK(t *testing.T) {
-	ids, w := TopK([]float64{1, 3, 2, 3}, 1, 4, Route{Mode: RouteSoftmaxTopK, K: 2})
+	ids, w := TopK([]float64{1, 3, 2, 3}, 1, 4, Route{Mode: abi.RouteSoftmaxTopK, K: 2})
 	// The tie at 3 goes to the lower index; weights softmax over (3, 3).
 	if ids[0] != 1 || ids[1] != 3 {
 		t.Fatalf("ids = %v; want [1 3]", ids)
@@ -111,13 +112,13 @@ func TestTopK(t *testing.T) {
 	// s = 0.5; group scores are sums of the two selection scores
 	// (s + bias): group 0 = 0.5+0.5, group 1 = (0.5+1) + (0.5-1) = 1.0: tie,
 	// lower group wins. Selected: experts 0 and 1, weights 0.5/1 * 2 = 1.
-	ids, w = TopK([]float64{0, 0, 0, 0}, 1, 4, Route{Mode: RouteSigmoidTopK, K: 2, Bias: []float64{0, 0, 1, -1}, Groups: 2, TopKGroup: 1, Scale: 2})
+	ids, w = TopK([]float64{0, 0, 0, 0}, 1, 4, Route{Mode: abi.RouteSigmoidTopK, K: 2, Bias: []float64{0, 0, 1, -1}, Groups: 2, TopKGroup: 1, Scale: 2})
 	if ids[0] != 0 || ids[1] != 1 {
 		t.Fatalf("grouped ids = %v; want [0 1]", ids)
 	}
 	near(t, "grouped w", w, []float64{1, 1})
 	// Without groups the bias decides: expert 2 (1.5), then 0 (0.5).
-	ids, w = TopK([]float64{0, 0, 0, 0}, 1, 4, Route{Mode: RouteSigmoidTopK, K: 2, Bias: []float64{0, 0, 1, -1}})
+	ids, w = TopK([]float64{0, 0, 0, 0}, 1, 4, Route{Mode: abi.RouteSigmoidTopK, K: 2, Bias: []float64{0, 0, 1, -1}})
 	if ids[0] != 2 || ids[1] != 0 {
 		t.Fatalf("biased ids = %v; want [2 0]", ids)
 	}

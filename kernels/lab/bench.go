@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/rdrr/peer/gpu"
+	"github.com/rdrr/peer/gpu/ops"
 	"github.com/rdrr/peer/kernels"
 )
 
@@ -238,7 +239,11 @@ func (l *Lab) floor(ctx context.Context, bytes int64) (int64, error) {
 		return 0, err
 	}
 	defer dst.Release()
-	k, err := gpu.Builtin("copy", nil)
+	cl, err := ops.CopyLaunch(int(n))
+	if err != nil {
+		return 0, err
+	}
+	k, err := ops.Builtin(cl.Kernel, cl.Constants)
 	if err != nil {
 		return 0, err
 	}
@@ -248,9 +253,6 @@ func (l *Lab) floor(ctx context.Context, bytes int64) (int64, error) {
 		return 0, err
 	}
 	defer pipe.Release()
-	const unroll = 4
-	gx, gy := grid((uint64(n/16) + 256*unroll - 1) / (256 * unroll))
-	params := u32s(uint32(n/16), gx)
 	best := time.Duration(1 << 62)
 	reps := 1
 	for try := range 6 {
@@ -260,7 +262,7 @@ func (l *Lab) floor(ctx context.Context, bytes int64) (int64, error) {
 				if engine {
 					err = b.Copy(dst, src)
 				} else {
-					err = b.Dispatch(pipe, [3]uint32{gx, gy, 1}, params, src, dst)
+					err = b.Dispatch(pipe, cl.Groups, cl.Params, src, dst)
 				}
 				if err != nil {
 					b.Drop()

@@ -5,7 +5,8 @@
 // hangs or loses the device cannot take the caller with it; and Activate,
 // which makes a device run the registry's active variants.
 //
-// It owns each op's test harness (inputs, dispatch rule, reference check)
-// for the ops it has wired (Ops). It does not decide what to trust or
-// activate: kernels (the Puller, the endorsing rule) does.
+// It owns each op's test harness (inputs and reference check; the
+// dispatch rule is the op library's, gpu/ops) for the ops it has wired
+// (Ops). It does not decide what to trust or activate: kernels (the
+// Puller, the endorsing rule) does.
 package lab

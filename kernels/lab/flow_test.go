@@ -11,6 +11,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/rdrr/peer/cas"
 	"github.com/rdrr/peer/gpu"
+	"github.com/rdrr/peer/gpu/ops"
 	"github.com/rdrr/peer/gpu/ref"
 	"github.com/rdrr/peer/kernels"
 )
@@ -132,7 +133,7 @@ func TestEndorsePullByGossip(t *testing.T) {
 }
 
 // Activate makes the device's Kernels run the registry's active variant;
-// UseBuiltin puts the built-in back.
+// UseOriginal puts the built-in back.
 func TestActivate(t *testing.T) {
 	ctx := ctxT(t, time.Minute)
 	d, err := gpu.Open(ctx, gpu.Options{Backend: testBackend()})
@@ -162,7 +163,7 @@ func TestActivate(t *testing.T) {
 	x := normal(seeded(1, "softmax", "activate"), 3*100, 2)
 	want := ref.Softmax(ref.F32(x), 3, 100)
 	run := func() []float32 {
-		k := gpu.NewKernels(d)
+		k := ops.NewKernels(d)
 		defer k.Close()
 		xb, _ := d.Alloc(uint64(len(x) * 4))
 		yb, _ := d.Alloc(uint64(len(x) * 4))
@@ -172,7 +173,7 @@ func TestActivate(t *testing.T) {
 			t.Fatal(err)
 		}
 		batch := d.Batch()
-		if err := k.Softmax(ctx, batch, xb, yb, 3, 100); err != nil {
+		if err := k.Softmax(ctx, batch, xb, yb, ops.RowsShape{Rows: 3, Dim: 100}); err != nil {
 			t.Fatal(err)
 		}
 		if err := batch.Submit(ctx); err != nil {
@@ -190,7 +191,7 @@ func TestActivate(t *testing.T) {
 			t.Fatalf("with the variant: y[%d] = %v; want %v (twice the softmax)", i, got[i], 2*want[i])
 		}
 	}
-	d.UseBuiltin("softmax")
+	d.UseOriginal("softmax")
 	got = run()
 	if _, err := worst(got, want, ref.Tolerance(ref.OpSoftmax)); err != nil {
 		t.Fatalf("built-in again: %v", err)

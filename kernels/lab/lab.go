@@ -121,10 +121,10 @@ func harnessOf(op string) (harness, error) {
 	return h, nil
 }
 
-// compile builds v's pipeline with the call site's constants (a problem's
-// consts), which win over the variant's own as they do in gpu (the
-// dispatch rule, such as the tile sizes the grid was computed with, is
-// the call site's); a failure is the variant's.
+// compile builds v's pipeline with the dispatch rule's constants (a
+// problem's consts), which win over the variant's own as they do in gpu
+// (the tile sizes the grid was computed with are the rule's, gpu/ops);
+// a failure is the variant's.
 func (l *Lab) compile(ctx context.Context, v *kernels.Artifact, consts map[string]float64) (*gpu.Pipeline, error) {
 	k, err := v.Kernel()
 	if err != nil {

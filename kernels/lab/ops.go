@@ -9,16 +9,16 @@ import (
 	"slices"
 
 	"github.com/rdrr/peer/gpu"
+	"github.com/rdrr/peer/gpu/ops"
 	"github.com/rdrr/peer/gpu/ref"
+	"github.com/rdrr/peer/kernels"
 )
 
 // An op's harness is what the lab knows of its ABI: how to make a problem
-// of a shape (inputs from a seeded stream, the uniform block and the grid
-// that the op's call site in gpu/kernels.go computes), the shapes the gate
-// runs, and how to check an output against the float64 reference.
-//
-// The dispatch rules here repeat gpu's call sites: that is the op
-// library the gpu/ split will own, and then both will read one definition.
+// of a shape (inputs from a seeded stream; the uniform block, the grid and
+// the constants from the op's dispatch rule in gpu/ops, the one the
+// runtime records), the shapes the gate runs, and how to check an output
+// against the float64 reference.
 type harness struct {
 	// gateShapes are the fixed shapes the gate runs: awkward ones (not
 	// multiples of the workgroup, smaller than one workgroup, one row) and
@@ -38,8 +38,8 @@ type problem struct {
 	binds  []binding
 	params []byte
 	groups [3]uint32
-	// consts are the override constants the call site sets (tile sizes
-	// the grid depends on): they win over the variant's, as in gpu.
+	// consts are the override constants the dispatch rule sets (tile
+	// sizes the grid depends on): they win over the variant's, as in gpu.
 	consts map[string]float64
 	bytes  int64 // bytes the op must read and write at least (the roofline)
 	// check compares the outputs (by binding index) with the reference and
@@ -122,22 +122,28 @@ func elems(dims []int) (int, error) {
 	return n, nil
 }
 
-// grid spreads n workgroups over x and y as gpu does.
-func grid(n uint64) (gx, gy uint32) {
-	if n <= 65535 {
-		return uint32(max(n, 1)), 1
+// dispatched returns p with the dispatch of the op's rule l (from gpu/ops,
+// err its error): the uniform block, the grid and the constants. It fails
+// if the rule runs another kernel than the op's built-in (the one a
+// variant replaces) or asks more of a binding than p holds, so a harness
+// cannot drift from the rule.
+func dispatched(op string, p *problem, l ops.Launch, err error) (*problem, error) {
+	if err != nil {
+		return nil, fmt.Errorf("lab: %s: %w", op, err)
 	}
-	gy = uint32((n + 65534) / 65535)
-	gx = uint32((n + uint64(gy) - 1) / uint64(gy))
-	return gx, gy
-}
-
-func u32s(vs ...uint32) []byte {
-	b := make([]byte, 0, 4*len(vs))
-	for _, v := range vs {
-		b = binary.LittleEndian.AppendUint32(b, v)
+	if want := kernels.BuiltinOf(op); l.Kernel != want {
+		return nil, fmt.Errorf("lab: %s: the dispatch rule runs %s, not the op's built-in %s, which the lab does not harness", op, l.Kernel, want)
 	}
-	return b
+	if len(p.binds) != len(l.Bindings) {
+		return nil, fmt.Errorf("lab: %s: %d bindings; the rule has %d", op, len(p.binds), len(l.Bindings))
+	}
+	for i, b := range l.Bindings {
+		if uint64(p.binds[i].size) < b.Bytes {
+			return nil, fmt.Errorf("lab: %s: binding %d (%s) holds %d bytes; the rule needs %d", op, i, b.Name, p.binds[i].size, b.Bytes)
+		}
+	}
+	p.params, p.groups, p.consts = l.Params, l.Groups, l.Constants
+	return p, nil
 }
 
 func normal(r *rand.Rand, n int, scale float64) []float32 {
@@ -200,17 +206,15 @@ func makeRMSNorm(r *rand.Rand, dims []int) (*problem, error) {
 	x := normal(r, n*d, 1+3*r.Float64())
 	w := normal(r, d, 1)
 	const eps = 1e-5
-	gx, gy := grid(uint64(n))
 	want := ref.RMSNorm(ref.F32(x), ref.F32(w), n, d, eps)
-	return &problem{
-		binds:  []binding{{data: gpu.Bytes(x), size: n * d * 4}, {data: gpu.Bytes(w), size: d * 4}, {size: n * d * 4}},
-		params: append(u32s(uint32(n), uint32(d), math.Float32bits(eps)), u32s(gx)...),
-		groups: [3]uint32{gx, gy, 1},
-		bytes:  int64(2*n*d+d) * 4,
+	l, err := ops.RMSNormLaunch(ops.NormShape{Rows: n, Dim: d, Eps: eps})
+	return dispatched("rmsnorm", &problem{
+		binds: []binding{{data: gpu.Bytes(x), size: n * d * 4}, {data: gpu.Bytes(w), size: d * 4}, {size: n * d * 4}},
+		bytes: int64(2*n*d+d) * 4,
 		check: func(out map[int][]byte) (float64, error) {
 			return worst(f32s(out[2]), want, ref.Tolerance(ref.OpRMSNorm))
 		},
-	}, nil
+	}, l, err)
 }
 
 func makeSoftmax(r *rand.Rand, dims []int) (*problem, error) {
@@ -222,17 +226,15 @@ func makeSoftmax(r *rand.Rand, dims []int) (*problem, error) {
 		return nil, err
 	}
 	x := normal(r, n*d, 1+4*r.Float64())
-	gx, gy := grid(uint64(n))
 	want := ref.Softmax(ref.F32(x), n, d)
-	return &problem{
-		binds:  []binding{{data: gpu.Bytes(x), size: n * d * 4}, {size: n * d * 4}},
-		params: u32s(uint32(n), uint32(d), gx),
-		groups: [3]uint32{gx, gy, 1},
-		bytes:  int64(2*n*d) * 4,
+	l, err := ops.SoftmaxLaunch(ops.RowsShape{Rows: n, Dim: d})
+	return dispatched("softmax", &problem{
+		binds: []binding{{data: gpu.Bytes(x), size: n * d * 4}, {size: n * d * 4}},
+		bytes: int64(2*n*d) * 4,
 		check: func(out map[int][]byte) (float64, error) {
 			return worst(f32s(out[1]), want, ref.SoftmaxTol(d))
 		},
-	}, nil
+	}, l, err)
 }
 
 func makeSwiGLU(r *rand.Rand, dims []int) (*problem, error) {
@@ -244,22 +246,21 @@ func makeSwiGLU(r *rand.Rand, dims []int) (*problem, error) {
 		return nil, err
 	}
 	g, u := normal(r, n, 2), normal(r, n, 1)
-	gx, gy := grid((uint64(n) + 255) / 256)
 	want := ref.SwiGLU(ref.F32(g), ref.F32(u))
-	return &problem{
-		binds:  []binding{{data: gpu.Bytes(g), size: n * 4}, {data: gpu.Bytes(u), size: n * 4}, {size: n * 4}},
-		params: u32s(uint32(n), gx),
-		groups: [3]uint32{gx, gy, 1},
-		bytes:  int64(3*n) * 4,
+	l, err := ops.SwiGLULaunch(n)
+	return dispatched("swiglu", &problem{
+		binds: []binding{{data: gpu.Bytes(g), size: n * 4}, {data: gpu.Bytes(u), size: n * 4}, {size: n * 4}},
+		bytes: int64(3*n) * 4,
 		check: func(out map[int][]byte) (float64, error) {
 			return worst(f32s(out[2]), want, ref.Tolerance(ref.OpSwiGLU))
 		},
-	}, nil
+	}, l, err)
 }
 
-// makeArgmax: the op's built-in artifact is argmax.wgsl (gpu's "argmax":
-// one workgroup over all n values, one dispatch), the lab's baseline; the
-// runtime's Argmax runs argmax_blocks twice (blocks of 4096 values, then
+// makeArgmax: the op's built-in artifact is argmax.wgsl (gpu/ops's
+// "argmax": one workgroup over all n values, one dispatch, the rule
+// ops.ArgmaxLaunch), the lab's baseline; the runtime's Argmax runs
+// argmax_blocks twice (blocks of 4096 values, then
 // their winners), which a variant of this op does not replace and the lab
 // does not time.
 func makeArgmax(r *rand.Rand, dims []int) (*problem, error) {
@@ -282,11 +283,10 @@ func makeArgmax(r *rand.Rand, dims []int) (*problem, error) {
 		}
 	}
 	want := ref.Argmax(ref.F32(x))
-	return &problem{
-		binds:  []binding{{data: gpu.Bytes(x), size: n * 4}, {size: 4}},
-		params: u32s(uint32(n)),
-		groups: [3]uint32{1, 1, 1},
-		bytes:  int64(n)*4 + 4,
+	l, err := ops.ArgmaxLaunch(n)
+	return dispatched("argmax", &problem{
+		binds: []binding{{data: gpu.Bytes(x), size: n * 4}, {size: 4}},
+		bytes: int64(n)*4 + 4,
 		check: func(out map[int][]byte) (float64, error) {
 			got := binary.LittleEndian.Uint32(out[1])
 			if int64(got) != int64(want) {
@@ -294,5 +294,5 @@ func makeArgmax(r *rand.Rand, dims []int) (*problem, error) {
 			}
 			return 0, nil
 		},
-	}, nil
+	}, l, err)
 }

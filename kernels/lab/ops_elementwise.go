@@ -7,12 +7,15 @@ import (
 	"math/rand/v2"
 
 	"github.com/rdrr/peer/gpu"
+	"github.com/rdrr/peer/gpu/abi"
+	"github.com/rdrr/peer/gpu/ops"
 	"github.com/rdrr/peer/gpu/q4k"
 	"github.com/rdrr/peer/gpu/ref"
 )
 
-// Harnesses of accumulate, embed and rope (gpu.Kernels.Accumulate, Embed,
-// Rope: one dispatch of their built-in each).
+// Harnesses of accumulate, embed and rope (gpu/ops.Kernels.Accumulate,
+// Embed, Rope: one dispatch of their built-in each, by the rules
+// ops.AccumulateLaunch, EmbedLaunch, RopeLaunch).
 
 func init() {
 	harnesses["accumulate"] = harness{
@@ -70,16 +73,14 @@ func makeAccumulate(r *rand.Rand, dims []int) (*problem, error) {
 		}
 	}
 	want := ref.Accumulate(ref.F32(dst), ref.F32(src), ref.F32(w[wOff:]), k, d)
-	gx, gy := grid((uint64(d) + 255) / 256)
-	return &problem{
-		binds:  []binding{{data: gpu.Bytes(src), size: k * d * 4}, {data: gpu.Bytes(w), size: (wOff + k) * 4}, {data: gpu.Bytes(dst), size: d * 4, inout: true}},
-		params: u32s(uint32(d), uint32(k), uint32(wOff), gx),
-		groups: [3]uint32{gx, gy, 1},
-		bytes:  int64(k*d+2*d+k) * 4,
+	l, err := ops.AccumulateLaunch(ops.AccumShape{Experts: k, Dim: d, WeightOff: wOff})
+	return dispatched("accumulate", &problem{
+		binds: []binding{{data: gpu.Bytes(src), size: k * d * 4}, {data: gpu.Bytes(w), size: (wOff + k) * 4}, {data: gpu.Bytes(dst), size: d * 4, inout: true}},
+		bytes: int64(k*d+2*d+k) * 4,
 		check: func(out map[int][]byte) (float64, error) {
 			return worstScaled(f32s(out[2]), want, mag, ref.Tolerance(ref.OpAccum))
 		},
-	}, nil
+	}, l, err)
 }
 
 // embedVocab bounds the table of an embed problem (rows of the op's d):
@@ -96,17 +97,17 @@ func makeEmbed(r *rand.Rand, dims []int) (*problem, error) {
 		return nil, err
 	}
 	vocab := 1 + r.IntN(max(1, min(32000, embedTable/d)))
-	var dt gpu.DType
+	var dt abi.DType
 	var table []byte
 	var t64 []float64
 	tol := ref.Tolerance(ref.OpEmbed)
 	switch {
 	case d%256 == 0:
-		dt = gpu.Q4K
+		dt = abi.Q4K
 		table = q4kBlocks(r, vocab*d/256)
 		tol = ref.Tolerance(ref.OpDequant)
 	case d%2 == 1:
-		dt = gpu.F16
+		dt = abi.F16
 		hs := make([]uint16, vocab*d)
 		for i := range hs {
 			hs[i] = q4k.ToF16(float32(r.NormFloat64()))
@@ -131,7 +132,7 @@ func makeEmbed(r *rand.Rand, dims []int) (*problem, error) {
 		iids[i] = int(ids[i])
 	}
 	var want []float64
-	if dt == gpu.Q4K {
+	if dt == abi.Q4K {
 		// Rows are whole blocks: decode only the rows the ids read.
 		rb := d / 256 * 144
 		for _, id := range iids {
@@ -144,16 +145,14 @@ func makeEmbed(r *rand.Rand, dims []int) (*problem, error) {
 	} else {
 		want = ref.Embed(t64, iids, d)
 	}
-	gx, gy := grid((uint64(n)*uint64(d) + 255) / 256)
-	return &problem{
-		binds:  []binding{{data: table, size: len(table)}, {data: gpu.Bytes(ids), size: n * 4}, {size: n * d * 4}},
-		params: u32s(uint32(n), uint32(d), uint32(dt), gx),
-		groups: [3]uint32{gx, gy, 1},
-		bytes:  int64(n)*4 + int64(dt.Bytes(n*d)) + int64(n*d)*4,
+	l, err := ops.EmbedLaunch(ops.EmbedShape{Type: dt, Tokens: n, Dim: d, Vocab: vocab})
+	return dispatched("embed", &problem{
+		binds: []binding{{data: table, size: len(table)}, {data: gpu.Bytes(ids), size: n * 4}, {size: n * d * 4}},
+		bytes: int64(n)*4 + int64(dt.Bytes(n*d)) + int64(n*d)*4,
 		check: func(out map[int][]byte) (float64, error) {
 			return worst(f32s(out[2]), want, tol)
 		},
-	}, nil
+	}, l, err)
 }
 
 // makeRope: x ([tokens][heads][headDim]) rotated in place at positions
@@ -178,13 +177,13 @@ func makeRope(r *rand.Rand, dims []int) (*problem, error) {
 		rot = max(2, hd*3/4&^1)
 	}
 	pos0 := r.IntN(32768)
-	style := ref.RopeStyle(r.IntN(2))
+	style := abi.RopeStyle(r.IntN(2))
 	theta := 1e4
 	if r.IntN(2) == 0 {
 		theta = 1e6
 	}
 	x := normal(r, n, 1)
-	freqs := gpu.RopeFreqs(theta, rot)
+	freqs := ops.RopeFreqs(theta, rot)
 	want := ref.Rope(ref.F32(x), tok, heads, hd, rot, pos0, ref.F32(freqs), style)
 	// Error scale per element (as gpu's test): the magnitude of its pair,
 	// grown with the position (the f32 angle's rounding grows with it).
@@ -197,7 +196,7 @@ func makeRope(r *rand.Rand, dims []int) (*problem, error) {
 			base := (t*heads + h) * hd
 			for i := range half {
 				ia, ib := base+i, base+i+half
-				if style == ref.RopeGPTJ {
+				if style == abi.RopeGPTJ {
 					ia, ib = base+2*i, base+2*i+1
 				}
 				m := (math.Abs(float64(x[ia])) + math.Abs(float64(x[ib]))) * grow
@@ -205,16 +204,14 @@ func makeRope(r *rand.Rand, dims []int) (*problem, error) {
 			}
 		}
 	}
-	gx, gy := grid((uint64(tok*heads*half) + 255) / 256)
-	return &problem{
-		binds:  []binding{{data: gpu.Bytes(x), size: n * 4, inout: true}, {data: gpu.Bytes(freqs), size: half * 4}},
-		params: u32s(uint32(tok), uint32(heads), uint32(hd), uint32(rot), uint32(pos0), uint32(style), gx),
-		groups: [3]uint32{gx, gy, 1},
-		bytes:  int64(2*tok*heads*rot+half) * 4,
+	l, err := ops.RopeLaunch(ops.RopeShape{Tokens: tok, Heads: heads, HeadDim: hd, RotDim: rot, Pos0: pos0, Style: style})
+	return dispatched("rope", &problem{
+		binds: []binding{{data: gpu.Bytes(x), size: n * 4, inout: true}, {data: gpu.Bytes(freqs), size: half * 4}},
+		bytes: int64(2*tok*heads*rot+half) * 4,
 		check: func(out map[int][]byte) (float64, error) {
 			return worstScaled(f32s(out[0]), want, scales, tol)
 		},
-	}, nil
+	}, l, err)
 }
 
 // q4kBlocks returns n valid Q4_K blocks: the first few quantized from

@@ -5,6 +5,8 @@ import (
 	"math/rand/v2"
 
 	"github.com/rdrr/peer/gpu"
+	"github.com/rdrr/peer/gpu/abi"
+	"github.com/rdrr/peer/gpu/ops"
 	"github.com/rdrr/peer/gpu/ref"
 )
 
@@ -12,14 +14,15 @@ import (
 // ops of q4k_matmul.wgsl (q4k_matvec, q4k_matmul, q4k_matvec_group).
 //
 // The three Q4_K product ops share the built-in q4k_matmul (plain
-// flavor). Each dispatches it as its gpu call site does, with the
-// configuration gpu.DefaultQ4KConfig picks for the shape: grid, uniform
-// block and the override constants ROWS, TOK, CONV, PIPE, POS, WG (and
-// GROUPED) that the call site sets and that win over a variant's own, so a
-// variant must declare them and honour them. Not covered: the masked
-// flavor (q4k_matmul_masked, the MoE path with the router's choice on the
-// GPU, a built-in of its own), ACC (Q4KMatVecAdd) and the coalesced
-// q4k_matvec_co kernel, which DefaultQ4KConfig does not pick.
+// flavor). Each dispatches it by its rule in gpu/ops (ops.Q4KLaunch,
+// ops.GroupLaunch), with the configuration ops.DefaultQ4KConfig picks for
+// the shape: grid, uniform block and the override constants ROWS, TOK,
+// CONV, PIPE, POS, WG (and GROUPED) that the rule sets and that win over a
+// variant's own, so a variant must declare them and honour them. Not
+// covered: the masked flavor (q4k_matmul_masked, the MoE path with the
+// router's choice on the GPU, a built-in of its own), ACC (Q4KMatVecAdd)
+// and the coalesced q4k_matvec_co kernel, which DefaultQ4KConfig does not
+// pick.
 
 func init() {
 	harnesses["q4k_dequant"] = harness{
@@ -74,46 +77,6 @@ func checkQ4KShape(op string, rows, cols, n, products int) error {
 	return nil
 }
 
-func b2f(v bool) float64 {
-	if v {
-		return 1
-	}
-	return 0
-}
-
-// q4kConsts are the constants gpu's q4kConsts sets for cfg and tok
-// tokens per workgroup.
-func q4kConsts(cfg gpu.Q4KConfig, tok int) map[string]float64 {
-	wg := cfg.WG
-	if wg == 0 {
-		wg = 256
-	}
-	return map[string]float64{"ROWS": float64(cfg.Rows), "TOK": float64(tok), "CONV": b2f(!cfg.Convert),
-		"PIPE": b2f(cfg.Pipeline), "POS": b2f(!cfg.Shifts), "WG": float64(wg)}
-}
-
-// q4kRowsPerWG is the rows one workgroup of cfg takes.
-func q4kRowsPerWG(cfg gpu.Q4KConfig) uint64 {
-	wg := cfg.WG
-	if wg == 0 {
-		wg = 256
-	}
-	return uint64(cfg.Rows * wg / 8 / cfg.SPR)
-}
-
-// tokTile is gpu's tokens per workgroup of a product of n tokens.
-func tokTile(n int) int {
-	switch {
-	case n <= 1:
-		return 1
-	case n == 2:
-		return 2
-	case n <= 4:
-		return 4
-	}
-	return 8
-}
-
 func makeQ4KDequant(r *rand.Rand, dims []int) (*problem, error) {
 	if len(dims) != 1 {
 		return nil, fmt.Errorf("lab: q4k_dequant takes weights")
@@ -127,18 +90,15 @@ func makeQ4KDequant(r *rand.Rand, dims []int) (*problem, error) {
 	if err != nil {
 		return nil, err
 	}
-	gx, gy := grid((uint64(n/256)*8 + 255) / 256)
-	return &problem{
-		binds:  []binding{{data: blocks, size: len(blocks)}, {size: n * 4}},
-		params: u32s(uint32(n/256), gx),
-		groups: [3]uint32{gx, gy, 1},
-		// f32 output (the f16 output, OUT_F16 = 1, is not covered).
-		consts: map[string]float64{"OUT_F16": 0},
-		bytes:  int64(len(blocks)) + int64(n)*4,
+	// f32 output (the f16 output, OUT_F16 = 1, is not covered).
+	l, err := ops.Q4KDequantLaunch(abi.F32, n)
+	return dispatched("q4k_dequant", &problem{
+		binds: []binding{{data: blocks, size: len(blocks)}, {size: n * 4}},
+		bytes: int64(len(blocks)) + int64(n)*4,
 		check: func(out map[int][]byte) (float64, error) {
 			return worst(f32s(out[1]), want, ref.Tolerance(ref.OpDequant))
 		},
-	}, nil
+	}, l, err)
 }
 
 // makeDenseMatMul: y[t] = W x[t] with f32 weights (what the runtime runs:
@@ -157,27 +117,14 @@ func makeDenseMatMul(r *rand.Rand, dims []int) (*problem, error) {
 	w := normal(r, rows*cols, 0.5)
 	x := normal(r, n*cols, 1)
 	want, mag := ref.MatMul(ref.F32(w), ref.F32(x), rows, cols, n)
-	vec := uint32(0)
-	if cols%4 == 0 {
-		vec = 1
-	}
-	tok := tokTile(n)
-	const rowsPerWG = 2
-	gx, gy := grid((uint64(rows) + rowsPerWG - 1) / rowsPerWG)
-	gz := (n + tok - 1) / tok
-	if gz > 65535 {
-		return nil, fmt.Errorf("lab: dense_matmul of %d tokens", n)
-	}
-	return &problem{
-		binds:  []binding{{data: gpu.Bytes(w), size: rows * cols * 4}, {data: gpu.Bytes(x), size: n * cols * 4}, {size: n * rows * 4}},
-		params: u32s(uint32(rows), uint32(cols), uint32(n), gx, vec),
-		groups: [3]uint32{gx, gy, uint32(gz)},
-		consts: map[string]float64{"ROWS": rowsPerWG, "TOK": float64(tok), "W_F16": 0},
-		bytes:  int64(rows*cols+n*cols+n*rows) * 4,
+	l, err := ops.DenseLaunch(abi.F32, ops.MatShape{Rows: rows, Cols: cols, Tokens: n})
+	return dispatched("dense_matmul", &problem{
+		binds: []binding{{data: gpu.Bytes(w), size: rows * cols * 4}, {data: gpu.Bytes(x), size: n * cols * 4}, {size: n * rows * 4}},
+		bytes: int64(rows*cols+n*cols+n*rows) * 4,
 		check: func(out map[int][]byte) (float64, error) {
 			return worstScaled(f32s(out[2]), want, mag, ref.Tolerance(ref.OpMatMul))
 		},
-	}, nil
+	}, l, err)
 }
 
 func makeQ4KMatVec(r *rand.Rand, dims []int) (*problem, error) {
@@ -194,21 +141,16 @@ func makeQ4KMatMul(r *rand.Rand, dims []int) (*problem, error) {
 	return makeQ4KProduct(r, "q4k_matmul", dims[0], dims[1], dims[2])
 }
 
-// makeQ4KProduct: y[t] = W x[t] for n tokens, as gpu's Q4KMatMul
-// dispatches it.
+// makeQ4KProduct: y[t] = W x[t] for n tokens, as the runtime's
+// Q4KMatMul dispatches it.
 func makeQ4KProduct(r *rand.Rand, op string, rows, cols, n int) (*problem, error) {
 	if err := checkQ4KShape(op, rows, cols, n, 1); err != nil {
 		return nil, err
 	}
-	cfg := gpu.DefaultQ4KConfig(rows, cols, n)
-	if cfg.Coalesced {
-		return nil, fmt.Errorf("lab: %s %dx%d: the call site would run q4k_matvec_co, which the lab does not harness", op, rows, cols)
-	}
-	tok := tokTile(n)
-	gx, gy := grid((uint64(rows) + q4kRowsPerWG(cfg) - 1) / q4kRowsPerWG(cfg))
-	gz := (n + tok - 1) / tok
-	if gz > 65535 {
-		return nil, fmt.Errorf("lab: %s of %d tokens", op, n)
+	s := ops.MatShape{Rows: rows, Cols: cols, Tokens: n}
+	l, err := ops.Q4KLaunch(ops.DefaultQ4KConfig(rows, cols, n), s, false)
+	if err != nil {
+		return nil, fmt.Errorf("lab: %s: %w", op, err)
 	}
 	blocks := q4kBlocks(r, rows*cols/256)
 	x := normal(r, n*cols, 1)
@@ -216,20 +158,17 @@ func makeQ4KProduct(r *rand.Rand, op string, rows, cols, n int) (*problem, error
 	if err != nil {
 		return nil, err
 	}
-	return &problem{
-		binds:  []binding{{data: blocks, size: len(blocks)}, {data: gpu.Bytes(x), size: n * cols * 4}, {size: n * rows * 4}},
-		params: u32s(uint32(rows), uint32(cols/256), uint32(cfg.SPR), uint32(n), gx),
-		groups: [3]uint32{gx, gy, uint32(gz)},
-		consts: q4kConsts(cfg, tok),
-		bytes:  int64(len(blocks)) + int64(n*cols+n*rows)*4,
+	return dispatched(op, &problem{
+		binds: []binding{{data: blocks, size: len(blocks)}, {data: gpu.Bytes(x), size: n * cols * 4}, {size: n * rows * 4}},
+		bytes: int64(len(blocks)) + int64(n*cols+n*rows)*4,
 		check: func(out map[int][]byte) (float64, error) {
 			return worstScaled(f32s(out[2]), want, mag, ref.Tolerance(ref.OpMatMul))
 		},
-	}, nil
+	}, l, nil)
 }
 
 // makeQ4KGroup: products independent products y[e] = W[slots[e]] x[e] in
-// one dispatch, as gpu's Q4KMatVecGroup records them: the matrices in an
+// one dispatch, as the runtime's Q4KMatVecGroup records them: the matrices in an
 // arena of as many slots as products, in a random order (and, half the
 // time, one slot used twice), x per product or (half the time) one x
 // shared by all.
@@ -238,13 +177,12 @@ func makeQ4KGroup(r *rand.Rand, dims []int) (*problem, error) {
 		return nil, fmt.Errorf("lab: q4k_matvec_group takes products, rows, cols")
 	}
 	products, rows, cols := dims[0], dims[1], dims[2]
-	if products > gpu.MaxGroup {
-		return nil, fmt.Errorf("lab: q4k_matvec_group of %d products (at most %d)", products, gpu.MaxGroup)
+	if products > ops.MaxGroup {
+		return nil, fmt.Errorf("lab: q4k_matvec_group of %d products (at most %d)", products, ops.MaxGroup)
 	}
 	if err := checkQ4KShape("q4k_matvec_group", rows, cols, 1, products); err != nil {
 		return nil, err
 	}
-	cfg := gpu.DefaultQ4KConfig(rows*products, cols, 1)
 	slotBytes := rows * cols / 256 * 144
 	slots := r.Perm(products)
 	if products > 1 && r.IntN(2) == 0 {
@@ -272,29 +210,12 @@ func makeQ4KGroup(r *rand.Rand, dims []int) (*problem, error) {
 		want, mag = append(want, y...), append(mag, m...)
 		read[s] = true
 	}
-	gx, gy := grid((uint64(rows) + q4kRowsPerWG(cfg) - 1) / q4kRowsPerWG(cfg))
-	xstride := uint32(cols / 4)
-	if shared {
-		xstride = 0
-	}
-	params := u32s(uint32(rows), uint32(cols/256), uint32(cfg.SPR), 1, gx, uint32(slotBytes/16), xstride, 0)
-	for i := range gpu.MaxGroup {
-		s := 0
-		if i < products {
-			s = slots[i]
-		}
-		params = append(params, u32s(uint32(s))...)
-	}
-	consts := q4kConsts(cfg, 1)
-	consts["GROUPED"] = 1
-	return &problem{
-		binds:  []binding{{data: arena, size: len(arena)}, {data: gpu.Bytes(x), size: nx * cols * 4}, {size: products * rows * 4}},
-		params: params,
-		groups: [3]uint32{gx, gy, uint32(products)},
-		consts: consts,
-		bytes:  int64(len(read)*slotBytes) + int64(nx*cols+products*rows)*4,
+	l, err := ops.GroupLaunch(ops.DefaultQ4KConfig(rows*products, cols, 1), ops.Group{Slots: slots, SharedX: shared, Rows: rows, Cols: cols})
+	return dispatched("q4k_matvec_group", &problem{
+		binds: []binding{{data: arena, size: len(arena)}, {data: gpu.Bytes(x), size: nx * cols * 4}, {size: products * rows * 4}},
+		bytes: int64(len(read)*slotBytes) + int64(nx*cols+products*rows)*4,
 		check: func(out map[int][]byte) (float64, error) {
 			return worstScaled(f32s(out[2]), want, mag, ref.Tolerance(ref.OpMatMul))
 		},
-	}, nil
+	}, l, err)
 }

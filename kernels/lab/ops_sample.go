@@ -8,6 +8,8 @@ import (
 	"slices"
 
 	"github.com/rdrr/peer/gpu"
+	"github.com/rdrr/peer/gpu/abi"
+	"github.com/rdrr/peer/gpu/ops"
 	"github.com/rdrr/peer/gpu/ref"
 )
 
@@ -44,14 +46,14 @@ func init() {
 // with a selection bias, 8 groups of which the best 4 are kept, routed
 // scale 2.5) for more experts in 8 groups; sigmoid with a bias and no
 // groups otherwise.
-func routeConfig(experts, k int) (ref.Route, int) {
+func routeConfig(experts, k int) ref.Route {
 	switch {
 	case experts <= 64:
-		return ref.Route{Mode: ref.RouteSoftmaxTopK, K: k}, 1
+		return ref.Route{Mode: abi.RouteSoftmaxTopK, K: k}
 	case experts%8 == 0 && k <= 4*(experts/8):
-		return ref.Route{Mode: ref.RouteSigmoidTopK, K: k, Groups: 8, TopKGroup: 4, Scale: 2.5}, 8
+		return ref.Route{Mode: abi.RouteSigmoidTopK, K: k, Groups: 8, TopKGroup: 4, Scale: 2.5}
 	}
-	return ref.Route{Mode: ref.RouteSigmoidTopK, K: k, Scale: 1}, 1
+	return ref.Route{Mode: abi.RouteSigmoidTopK, K: k, Scale: 1}
 }
 
 // makeRoute: ids ([tokens][k] u32) and weights of the top-k experts per
@@ -59,7 +61,7 @@ func routeConfig(experts, k int) (ref.Route, int) {
 // too (in half of those above all others): an exact tie that the lower
 // index must win. A token whose choice changes when the logits (softmax)
 // or the biases (sigmoid) move by 1e-5 is drawn again. Without a bias the
-// bias binding holds NaNs (gpu binds another buffer there, unread).
+// bias binding holds NaNs (the runtime binds another buffer there, unread).
 //
 // Not covered: more than 65535 tokens (the grid's second dimension), which
 // takes lavapipe seconds a dispatch.
@@ -74,8 +76,8 @@ func makeRoute(r *rand.Rand, dims []int) (*problem, error) {
 	if _, err := elems([]int{tokens, experts}); err != nil {
 		return nil, err
 	}
-	rt, groups := routeConfig(experts, k)
-	sigmoid := rt.Mode == ref.RouteSigmoidTopK
+	rt := routeConfig(experts, k)
+	sigmoid := rt.Mode == abi.RouteSigmoidTopK
 	ti, tj := 0, 0
 	if experts > 1 {
 		ti = r.IntN(experts)
@@ -138,27 +140,16 @@ func makeRoute(r *rand.Rand, dims []int) (*problem, error) {
 		logits = append(logits, row...)
 	}
 	wantIDs, wantW := ref.TopK(ref.F32(logits), tokens, experts, rt)
-	hasBias := uint32(0)
-	if sigmoid {
-		hasBias = 1
-	}
-	scale := float32(1)
-	if rt.Scale != 0 {
-		scale = float32(rt.Scale)
-	}
-	topk := max(rt.TopKGroup, 1)
-	params := append(u32s(uint32(tokens), uint32(experts), uint32(k), uint32(rt.Mode), uint32(groups), uint32(topk)),
-		u32s(math.Float32bits(scale), hasBias)...)
 	biasBytes := int64(0)
 	if sigmoid {
 		biasBytes = int64(experts) * 4
 	}
-	return &problem{
+	l, err := ops.RouteLaunch(ops.RouteShape{Tokens: tokens, Experts: experts, K: k, Mode: rt.Mode,
+		Groups: rt.Groups, TopKGroup: rt.TopKGroup, Scale: float32(rt.Scale)}, sigmoid)
+	return dispatched("route_topk", &problem{
 		binds: []binding{{data: gpu.Bytes(logits), size: tokens * experts * 4}, {data: gpu.Bytes(bias), size: experts * 4},
 			{size: tokens * k * 4}, {size: tokens * k * 4}},
-		params: params,
-		groups: [3]uint32{uint32(min(tokens, 65535)), uint32((tokens + 65534) / 65535), 1},
-		bytes:  int64(tokens*experts)*4 + biasBytes + int64(2*tokens*k)*4,
+		bytes: int64(tokens*experts)*4 + biasBytes + int64(2*tokens*k)*4,
 		check: func(out map[int][]byte) (float64, error) {
 			for i, want := range wantIDs {
 				if got := binary.LittleEndian.Uint32(out[2][4*i:]); int64(got) != int64(want) {
@@ -167,12 +158,12 @@ func makeRoute(r *rand.Rand, dims []int) (*problem, error) {
 			}
 			return worst(f32s(out[3]), wantW, ref.Tolerance(ref.OpRoute))
 		},
-	}, nil
+	}, l, err)
 }
 
 // toppMargin is the least probability mass between a top-p decision
 // (the nucleus's edge, u's target) and its flipping that the gate asks of
-// its inputs (gpu's TestTopP asks the same): well above float32's error
+// its inputs (gpu/ops's TestTopP asks the same): well above float32's error
 // on sums of up to 2^18 probabilities.
 const toppMargin = 1e-4
 
@@ -191,7 +182,8 @@ func makeTopP(r *rand.Rand, dims []int) (*problem, error) {
 	if err != nil {
 		return nil, err
 	}
-	invT := float32(1 / []float64{0.6, 0.8, 1, 1.3}[r.IntN(4)])
+	temp := float32([]float64{0.6, 0.8, 1, 1.3}[r.IntN(4)])
+	invT := 1 / temp // what the dispatch rule puts in the uniform block
 	topP := float32([]float64{0.5, 0.8, 0.9, 0.95}[r.IntN(4)])
 	var x []float32
 	var u float32
@@ -230,16 +222,15 @@ func makeTopP(r *rand.Rand, dims []int) (*problem, error) {
 			}
 		}
 	}
-	return &problem{
-		binds:  []binding{{data: gpu.Bytes(x), size: n * 4}, {size: 4}},
-		params: u32s(uint32(n), math.Float32bits(invT), math.Float32bits(topP), math.Float32bits(u)),
-		groups: [3]uint32{1, 1, 1},
-		bytes:  int64(n)*4 + 4,
+	l, err := ops.TopPLaunch(ops.TopPShape{N: n, Temperature: temp, TopP: topP, U: u})
+	return dispatched("topp", &problem{
+		binds: []binding{{data: gpu.Bytes(x), size: n * 4}, {size: 4}},
+		bytes: int64(n)*4 + 4,
 		check: func(out map[int][]byte) (float64, error) {
 			if got := binary.LittleEndian.Uint32(out[1]); int64(got) != int64(want) {
 				return math.MaxFloat64, fmt.Errorf("%w: token %d; want %d", ref.ErrMismatch, got, want)
 			}
 			return 0, nil
 		},
-	}, nil
+	}, l, err)
 }

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rdrr/peer/gpu"
+	"github.com/rdrr/peer/gpu/ops"
 	"github.com/rdrr/peer/kernels"
 )
 
@@ -119,7 +119,7 @@ var q4kRewrite = []edit{
 // editVariant applies edits to op's built-in WGSL.
 func editVariant(t *testing.T, op string, edits []edit) *kernels.Artifact {
 	t.Helper()
-	k, err := gpu.Builtin(kernels.BuiltinOf(op), nil)
+	k, err := ops.Builtin(kernels.BuiltinOf(op), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package gpu
+package ops
 
 import (
 	"encoding/binary"
@@ -8,6 +8,8 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"github.com/rdrr/peer/gpu"
+	"github.com/rdrr/peer/gpu/abi"
 	"github.com/rdrr/peer/gpu/q4k"
 	"github.com/rdrr/peer/gpu/ref"
 )
@@ -39,7 +41,7 @@ func TestQ4KKnownBlocksGPU(t *testing.T) {
 	n := len(want)
 	w := upload(t, d, blocks)
 	y := poisoned(t, d, n*4)
-	run(t, d, func(b *Batch) error { return k.Q4KDequant(ctxT(t), b, F32, w, y, n) })
+	run(t, d, func(b *gpu.Batch) error { return k.Q4KDequant(ctxT(t), b, abi.F32, w, y, n) })
 	got := readF32(t, d, y, n)
 	for i := range want {
 		if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
@@ -52,7 +54,7 @@ func TestQ4KKnownBlocksGPU(t *testing.T) {
 	x[200] = 1
 	xb := uploadF32(t, d, x)
 	yb := poisoned(t, d, 4*4)
-	run(t, d, func(b *Batch) error { return k.Q4KMatVec(ctxT(t), b, w, xb, yb, 4, 256) })
+	run(t, d, func(b *gpu.Batch) error { return k.Q4KMatVec(ctxT(t), b, w, xb, yb, 4, 256) })
 	gy := readF32(t, d, yb, 4)
 	for r := 0; r < 4; r++ {
 		if gy[r] != want[r*256+200] {
@@ -75,17 +77,17 @@ func TestQ4KDequant(t *testing.T) {
 			w := upload(t, d, blocks)
 			y := poisoned(t, d, n*4)
 			yh := poisoned(t, d, n*2)
-			run(t, d, func(b *Batch) error {
-				if err := k.Q4KDequant(ctxT(t), b, F32, w, y, n); err != nil {
+			run(t, d, func(b *gpu.Batch) error {
+				if err := k.Q4KDequant(ctxT(t), b, abi.F32, w, y, n); err != nil {
 					return err
 				}
-				return k.Q4KDequant(ctxT(t), b, F16, w, yh, n)
+				return k.Q4KDequant(ctxT(t), b, abi.F16, w, yh, n)
 			})
 			if err := ref.Compare(readF32(t, d, y, n), want, nil, ref.Tolerance(ref.OpDequant)); err != nil {
 				t.Errorf("f32: %v", err)
 			}
 			hs := make([]uint16, n)
-			if err := d.Read(ctxT(t), yh, Bytes(hs)); err != nil {
+			if err := d.Read(ctxT(t), yh, gpu.Bytes(hs)); err != nil {
 				t.Fatal(err)
 			}
 			gh := make([]float32, n)
@@ -190,8 +192,8 @@ func TestQ4KMatVecGroup(t *testing.T) {
 					wb := upload(t, d, arena)
 					xb := uploadF32(t, d, x)
 					y := poisoned(t, d, len(c.slots)*c.rows*4)
-					run(t, d, func(b *Batch) error {
-						return k.Q4KMatVecGroupWith(ctxT(t), b, cfg, wb, c.slots, xb, sharedX, y, c.rows, c.cols)
+					run(t, d, func(b *gpu.Batch) error {
+						return k.Q4KMatVecGroupWith(ctxT(t), b, cfg, Group{Arena: wb, Slots: c.slots, X: xb, SharedX: sharedX, Y: y, Rows: c.rows, Cols: c.cols})
 					})
 					if err := ref.Compare(readF32(t, d, y, len(c.slots)*c.rows), want, mag, ref.Tolerance(ref.OpMatMul)); err != nil {
 						t.Fatal(err)
@@ -206,14 +208,14 @@ func TestQ4KMatVecGroup(t *testing.T) {
 	y := poisoned(t, d, 64)
 	for _, slots := range [][]int{{2}, {-1}, make([]int, MaxGroup+1)} {
 		b := d.Batch()
-		k.Q4KMatVecGroup(ctxT(t), b, wb, slots, xb, true, y, 1, 256)
-		if err := b.Submit(ctxT(t)); !errors.Is(err, ErrShape) {
-			t.Errorf("slots %v: %v; want ErrShape", slots, err)
+		k.Q4KMatVecGroup(ctxT(t), b, Group{Arena: wb, Slots: slots, X: xb, SharedX: true, Y: y, Rows: 1, Cols: 256})
+		if err := b.Submit(ctxT(t)); !errors.Is(err, gpu.ErrShape) {
+			t.Errorf("slots %v: %v; want gpu.ErrShape", slots, err)
 		}
 	}
 }
 
-func checkQ4K(t *testing.T, d *Device, k *Kernels, r *rand.Rand, rows, cols, n int, cfg Q4KConfig) {
+func checkQ4K(t *testing.T, d *gpu.Device, k *Kernels, r *rand.Rand, rows, cols, n int, cfg Q4KConfig) {
 	t.Helper()
 	blocks := randQ4K(r, rows*cols/256)
 	x := randF32(r, n*cols, 1)
@@ -225,7 +227,9 @@ func checkQ4K(t *testing.T, d *Device, k *Kernels, r *rand.Rand, rows, cols, n i
 	w := upload(t, d, blocks)
 	xb := uploadF32(t, d, x)
 	y := poisoned(t, d, n*rows*4)
-	run(t, d, func(b *Batch) error { return k.Q4KMatMulWith(ctxT(t), b, cfg, w, xb, y, rows, cols, n) })
+	run(t, d, func(b *gpu.Batch) error {
+		return k.Q4KMatMulWith(ctxT(t), b, cfg, w, xb, y, MatShape{Rows: rows, Cols: cols, Tokens: n})
+	})
 	if err := ref.Compare(readF32(t, d, y, n*rows), want, mag, ref.Tolerance(ref.OpMatMul)); err != nil {
 		t.Fatalf("%dx%d n=%d %+v: %v", rows, cols, n, cfg, err)
 	}
@@ -238,27 +242,29 @@ func TestDenseMatMul(t *testing.T) {
 		{1, 1, 1}, {3, 5, 1}, {2, 257, 1}, {7, 1000, 1}, {1, 4096, 1}, {33, 8, 1},
 		{5, 14336, 1}, {130, 64, 2}, {3, 7, 3}, {4, 96, 5}, {9, 1024, 8}, {2, 40, 9},
 	}
-	for _, dt := range []DType{F32, F16} {
+	for _, dt := range []abi.DType{abi.F32, abi.F16} {
 		for _, c := range cases {
 			t.Run(fmt.Sprintf("%v/%dx%d/n%d", dt, c.rows, c.cols, c.n), func(t *testing.T) {
 				x := randF32(r, c.n*c.cols, 1)
 				wf := randF32(r, c.rows*c.cols, 0.5)
 				var wbytes []byte
 				var w64 []float64
-				if dt == F16 {
+				if dt == abi.F16 {
 					hs := make([]uint16, len(wf))
 					for i, v := range wf {
 						hs[i] = q4k.ToF16(v)
 					}
-					wbytes, w64 = Bytes(hs), ref.F16(hs)
+					wbytes, w64 = gpu.Bytes(hs), ref.F16(hs)
 				} else {
-					wbytes, w64 = Bytes(wf), ref.F32(wf)
+					wbytes, w64 = gpu.Bytes(wf), ref.F32(wf)
 				}
 				want, mag := ref.MatMul(w64, ref.F32(x), c.rows, c.cols, c.n)
 				w := upload(t, d, wbytes)
 				xb := uploadF32(t, d, x)
 				y := poisoned(t, d, c.n*c.rows*4)
-				run(t, d, func(b *Batch) error { return k.MatMul(ctxT(t), b, dt, w, xb, y, c.rows, c.cols, c.n) })
+				run(t, d, func(b *gpu.Batch) error {
+					return k.MatMul(ctxT(t), b, dt, w, xb, y, MatShape{Rows: c.rows, Cols: c.cols, Tokens: c.n})
+				})
 				if err := ref.Compare(readF32(t, d, y, c.n*c.rows), want, mag, ref.Tolerance(ref.OpMatMul)); err != nil {
 					t.Fatal(err)
 				}
@@ -278,15 +284,17 @@ func TestRMSNorm(t *testing.T) {
 			want := ref.RMSNorm(ref.F32(x), ref.F32(w), c.n, c.dim, eps)
 			xb, wb := uploadF32(t, d, x), uploadF32(t, d, w)
 			y := poisoned(t, d, c.n*c.dim*4)
-			run(t, d, func(b *Batch) error { return k.RMSNorm(ctxT(t), b, xb, wb, y, c.n, c.dim, eps) })
+			run(t, d, func(b *gpu.Batch) error {
+				return k.RMSNorm(ctxT(t), b, xb, wb, y, NormShape{Rows: c.n, Dim: c.dim, Eps: eps})
+			})
 			if err := ref.Compare(readF32(t, d, y, c.n*c.dim), want, nil, ref.Tolerance(ref.OpRMSNorm)); err != nil {
 				t.Fatal(err)
 			}
 			// WebGPU forbids one buffer bound read-only and read-write in a
 			// dispatch: recording must say so instead of failing later.
-			err := k.RMSNorm(ctxT(t), d.Batch(), xb, wb, xb, c.n, c.dim, eps)
-			if !errors.Is(err, ErrShape) {
-				t.Fatalf("aliased x and y: err = %v; want ErrShape", err)
+			err := k.RMSNorm(ctxT(t), d.Batch(), xb, wb, xb, NormShape{Rows: c.n, Dim: c.dim, Eps: eps})
+			if !errors.Is(err, gpu.ErrShape) {
+				t.Fatalf("aliased x and y: err = %v; want gpu.ErrShape", err)
 			}
 		})
 	}
@@ -304,7 +312,7 @@ func TestSoftmax(t *testing.T) {
 			want := ref.Softmax(ref.F32(x), c.n, c.dim)
 			xb := uploadF32(t, d, x)
 			y := poisoned(t, d, c.n*c.dim*4)
-			run(t, d, func(b *Batch) error { return k.Softmax(ctxT(t), b, xb, y, c.n, c.dim) })
+			run(t, d, func(b *gpu.Batch) error { return k.Softmax(ctxT(t), b, xb, y, RowsShape{Rows: c.n, Dim: c.dim}) })
 			if err := ref.Compare(readF32(t, d, y, c.n*c.dim), want, nil, ref.Tolerance(ref.OpSoftmax)); err != nil {
 				t.Fatal(err)
 			}
@@ -325,7 +333,7 @@ func TestRope(t *testing.T) {
 		{RopeShape{Tokens: 1, Heads: 32, HeadDim: 128, RotDim: 128, Pos0: 4095}, 500000},
 		{RopeShape{Tokens: 9, Heads: 3, HeadDim: 10, RotDim: 6, Pos0: 100}, 10000},
 	} {
-		for _, style := range []RopeStyle{RopeNeoX, RopeGPTJ} {
+		for _, style := range []abi.RopeStyle{abi.RopeNeoX, abi.RopeGPTJ} {
 			s := c.s
 			s.Style = style
 			t.Run(fmt.Sprintf("%+v", s), func(t *testing.T) {
@@ -333,7 +341,7 @@ func TestRope(t *testing.T) {
 				x := randF32(r, n, 1)
 				freqs := RopeFreqs(c.theta, s.RotDim)
 				want := ref.Rope(ref.F32(x), s.Tokens, s.Heads, s.HeadDim, s.RotDim, s.Pos0,
-					ref.RopeFreqs(c.theta, s.RotDim), ref.RopeStyle(style))
+					ref.RopeFreqs(c.theta, s.RotDim), abi.RopeStyle(style))
 				// Error scale per element: the magnitude of its pair, grown
 				// with the position (the f32 angle's rounding grows with it).
 				scales := make([]float64, n)
@@ -345,7 +353,7 @@ func TestRope(t *testing.T) {
 						base := (tk*s.Heads + h) * s.HeadDim
 						for i := 0; i < half; i++ {
 							ia, ib := base+i, base+i+half
-							if style == RopeGPTJ {
+							if style == abi.RopeGPTJ {
 								ia, ib = base+2*i, base+2*i+1
 							}
 							m := (math.Abs(float64(x[ia])) + math.Abs(float64(x[ib]))) * grow
@@ -355,7 +363,7 @@ func TestRope(t *testing.T) {
 				}
 				xb := uploadF32(t, d, x)
 				fb := uploadF32(t, d, freqs)
-				run(t, d, func(b *Batch) error { return k.Rope(ctxT(t), b, xb, fb, s) })
+				run(t, d, func(b *gpu.Batch) error { return k.Rope(ctxT(t), b, xb, fb, s) })
 				if err := ref.Compare(readF32(t, d, xb, n), want, scales, tol); err != nil {
 					t.Fatal(err)
 				}
@@ -395,7 +403,7 @@ func TestAttention(t *testing.T) {
 			qb, kb, vb := uploadF32(t, d, q), uploadF32(t, d, kc), uploadF32(t, d, vc)
 			out := poisoned(t, d, s.Heads*s.HeadDim*4)
 			live := d.Stats().LiveBuffers
-			run(t, d, func(b *Batch) error { return k.Attention(ctxT(t), b, qb, kb, vb, out, s) })
+			run(t, d, func(b *gpu.Batch) error { return k.Attention(ctxT(t), b, qb, kb, vb, out, s) })
 			if n := d.Stats().LiveBuffers; n != live {
 				t.Fatalf("%d buffers live after the batch, %d before: its scratch was not handed back", n, live)
 			}
@@ -414,18 +422,18 @@ func TestRoute(t *testing.T) {
 		s    RouteShape
 		bias bool
 	}{
-		{"mixtral", RouteShape{Tokens: 3, Experts: 8, K: 2, Mode: RouteSoftmaxTopK}, false},
-		{"single", RouteShape{Tokens: 1, Experts: 1, K: 1, Mode: RouteSoftmaxTopK}, false},
-		{"wide", RouteShape{Tokens: 2, Experts: 1000, K: 5, Mode: RouteSoftmaxTopK}, false},
-		{"deepseek", RouteShape{Tokens: 4, Experts: 256, K: 8, Mode: RouteSigmoidTopK, Groups: 8, TopKGroup: 4, Scale: 2.5}, true},
-		{"sigmoid-nogroup", RouteShape{Tokens: 2, Experts: 64, K: 6, Mode: RouteSigmoidTopK}, false},
-		{"sigmoid-bias", RouteShape{Tokens: 5, Experts: 160, K: 6, Mode: RouteSigmoidTopK, Groups: 1}, true},
+		{"mixtral", RouteShape{Tokens: 3, Experts: 8, K: 2, Mode: abi.RouteSoftmaxTopK}, false},
+		{"single", RouteShape{Tokens: 1, Experts: 1, K: 1, Mode: abi.RouteSoftmaxTopK}, false},
+		{"wide", RouteShape{Tokens: 2, Experts: 1000, K: 5, Mode: abi.RouteSoftmaxTopK}, false},
+		{"deepseek", RouteShape{Tokens: 4, Experts: 256, K: 8, Mode: abi.RouteSigmoidTopK, Groups: 8, TopKGroup: 4, Scale: 2.5}, true},
+		{"sigmoid-nogroup", RouteShape{Tokens: 2, Experts: 64, K: 6, Mode: abi.RouteSigmoidTopK}, false},
+		{"sigmoid-bias", RouteShape{Tokens: 5, Experts: 160, K: 6, Mode: abi.RouteSigmoidTopK, Groups: 1}, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			s := c.s
 			logits := randF32(r, s.Tokens*s.Experts, 2)
 			var bias []float32
-			rr := ref.Route{Mode: ref.RouteMode(s.Mode), K: s.K, Groups: s.Groups, TopKGroup: s.TopKGroup, Scale: float64(s.Scale)}
+			rr := ref.Route{Mode: abi.RouteMode(s.Mode), K: s.K, Groups: s.Groups, TopKGroup: s.TopKGroup, Scale: float64(s.Scale)}
 			if c.bias {
 				bias = randF32(r, s.Experts, 0.1)
 				rr.Bias = ref.F32(bias)
@@ -435,13 +443,13 @@ func TestRoute(t *testing.T) {
 			// random normal logits make that vanishingly rare.
 			wantIDs, wantW := ref.TopK(ref.F32(logits), s.Tokens, s.Experts, rr)
 			lb := uploadF32(t, d, logits)
-			var bb Region
+			var bb gpu.Region
 			if c.bias {
 				bb = uploadF32(t, d, bias)
 			}
 			ids := poisoned(t, d, s.Tokens*s.K*4)
 			wts := poisoned(t, d, s.Tokens*s.K*4)
-			run(t, d, func(b *Batch) error { return k.Route(ctxT(t), b, lb, bb, ids, wts, s) })
+			run(t, d, func(b *gpu.Batch) error { return k.Route(ctxT(t), b, lb, bb, ids, wts, s) })
 			gotIDs := readU32(t, d, ids, s.Tokens*s.K)
 			for i := range wantIDs {
 				if int(gotIDs[i]) != wantIDs[i] {
@@ -464,7 +472,7 @@ func TestSwiGLU(t *testing.T) {
 			want := ref.SwiGLU(ref.F32(g), ref.F32(u))
 			gb, ub := uploadF32(t, d, g), uploadF32(t, d, u)
 			y := poisoned(t, d, n*4)
-			run(t, d, func(b *Batch) error { return k.SwiGLU(ctxT(t), b, gb, ub, y, n) })
+			run(t, d, func(b *gpu.Batch) error { return k.SwiGLU(ctxT(t), b, gb, ub, y, n) })
 			if err := ref.Compare(readF32(t, d, y, n), want, nil, ref.Tolerance(ref.OpSwiGLU)); err != nil {
 				t.Fatal(err)
 			}
@@ -489,7 +497,9 @@ func TestAccumulate(t *testing.T) {
 			}
 			want := ref.Accumulate(ref.F32(dst), ref.F32(src), ref.F32(w[c.off:]), c.k, c.dim)
 			sb, wb, db := uploadF32(t, d, src), uploadF32(t, d, w), uploadF32(t, d, dst)
-			run(t, d, func(b *Batch) error { return k.Accumulate(ctxT(t), b, sb, wb, db, c.k, c.dim, c.off) })
+			run(t, d, func(b *gpu.Batch) error {
+				return k.Accumulate(ctxT(t), b, sb, wb, db, AccumShape{Experts: c.k, Dim: c.dim, WeightOff: c.off})
+			})
 			if err := ref.Compare(readF32(t, d, db, c.dim), want, mag, ref.Tolerance(ref.OpAccum)); err != nil {
 				t.Fatal(err)
 			}
@@ -500,26 +510,26 @@ func TestAccumulate(t *testing.T) {
 func TestEmbed(t *testing.T) {
 	d, k := shared.d, shared.k
 	r := rng(t)
-	for _, dt := range []DType{F32, F16, Q4K} {
+	for _, dt := range []abi.DType{abi.F32, abi.F16, abi.Q4K} {
 		for _, c := range []struct{ vocab, dim, n int }{{1, 256, 1}, {37, 512, 3}, {1000, 768, 5}} {
 			dim := c.dim
-			if dt != Q4K {
+			if dt != abi.Q4K {
 				dim = c.dim - 1 // odd rows for f16
 			}
 			t.Run(fmt.Sprintf("%v/%dx%d/n%d", dt, c.vocab, dim, c.n), func(t *testing.T) {
 				var table []byte
 				var t64 []float64
 				switch dt {
-				case F32:
+				case abi.F32:
 					f := randF32(r, c.vocab*dim, 1)
-					table, t64 = Bytes(f), ref.F32(f)
-				case F16:
+					table, t64 = gpu.Bytes(f), ref.F32(f)
+				case abi.F16:
 					hs := make([]uint16, c.vocab*dim)
 					for i := range hs {
 						hs[i] = q4k.ToF16(float32(r.NormFloat64()))
 					}
-					table, t64 = Bytes(hs), ref.F16(hs)
-				case Q4K:
+					table, t64 = gpu.Bytes(hs), ref.F16(hs)
+				case abi.Q4K:
 					table = randQ4K(r, c.vocab*dim/256)
 					t64, _ = ref.Q4K(table)
 				}
@@ -530,11 +540,13 @@ func TestEmbed(t *testing.T) {
 					iids[i] = int(ids[i])
 				}
 				want := ref.Embed(t64, iids, dim)
-				tb, ib := upload(t, d, table), upload(t, d, Bytes(ids))
+				tb, ib := upload(t, d, table), upload(t, d, gpu.Bytes(ids))
 				y := poisoned(t, d, c.n*dim*4)
-				run(t, d, func(b *Batch) error { return k.Embed(ctxT(t), b, dt, tb, ib, y, c.n, dim, c.vocab) })
+				run(t, d, func(b *gpu.Batch) error {
+					return k.Embed(ctxT(t), b, tb, ib, y, EmbedShape{Type: dt, Tokens: c.n, Dim: dim, Vocab: c.vocab})
+				})
 				tol := ref.Tolerance(ref.OpEmbed)
-				if dt == Q4K {
+				if dt == abi.Q4K {
 					tol = ref.Tolerance(ref.OpDequant)
 				}
 				if err := ref.Compare(readF32(t, d, y, c.n*dim), want, nil, tol); err != nil {
@@ -568,7 +580,7 @@ func TestArgmax(t *testing.T) {
 			want := ref.Argmax(ref.F32(x))
 			xb := uploadF32(t, d, x)
 			out := poisoned(t, d, 4)
-			run(t, d, func(b *Batch) error { return k.Argmax(ctxT(t), b, xb, out, n) })
+			run(t, d, func(b *gpu.Batch) error { return k.Argmax(ctxT(t), b, xb, out, n) })
 			if got := readU32(t, d, out, 1)[0]; int(got) != want {
 				t.Fatalf("argmax = %d; want %d", got, want)
 			}
@@ -597,8 +609,8 @@ func TestTopP(t *testing.T) {
 			checked++
 			xb := uploadF32(t, d, x)
 			out := poisoned(t, d, 4)
-			run(t, d, func(b *Batch) error {
-				return k.TopP(ctxT(t), b, xb, out, c.n, float32(c.temp), float32(c.top_p), float32(u))
+			run(t, d, func(b *gpu.Batch) error {
+				return k.TopP(ctxT(t), b, xb, out, TopPShape{N: c.n, Temperature: float32(c.temp), TopP: float32(c.top_p), U: float32(u)})
 			})
 			if got := readU32(t, d, out, 1)[0]; int(got) != want {
 				t.Fatalf("n %d temp %v top-p %v u %v: got token %d; want %d (margin %.3g)", c.n, c.temp, c.top_p, u, got, want, margin)

@@ -1,4 +1,4 @@
-package gpu
+package ops
 
 import (
 	"context"
@@ -8,6 +8,8 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"github.com/rdrr/peer/gpu"
+	"github.com/rdrr/peer/gpu/abi"
 	"github.com/rdrr/peer/gpu/q4k"
 	"github.com/rdrr/peer/gpu/ref"
 )
@@ -15,20 +17,20 @@ import (
 // SelfTestReport is what SelfTest found: whether the device computes the
 // Q4_K kernels right, and how fast weights upload.
 type SelfTestReport struct {
-	Device       AdapterInfo `json:"device"`
-	KnownBlocks  bool        `json:"knownBlocks"`  // hand-built GGML blocks dequantize exactly
-	MatVec       bool        `json:"matvec"`       // a random Q4_K product matches the reference
-	MatVecError  float64     `json:"matvecError"`  // worst error as a fraction of the tolerance
-	UploadGBps   float64     `json:"uploadGBps"`   // 64 MiB through the staging ring, until the GPU has it
-	WriteGBps    float64     `json:"writeGBps"`    // the same through queue.WriteBuffer
-	MatVecMicros float64     `json:"matvecMicros"` // one 4096x4096 Q4_K product, submit to result
+	Device       gpu.AdapterInfo `json:"device"`
+	KnownBlocks  bool            `json:"knownBlocks"`  // hand-built GGML blocks dequantize exactly
+	MatVec       bool            `json:"matvec"`       // a random Q4_K product matches the reference
+	MatVecError  float64         `json:"matvecError"`  // worst error as a fraction of the tolerance
+	UploadGBps   float64         `json:"uploadGBps"`   // 64 MiB through the staging ring, until the GPU has it
+	WriteGBps    float64         `json:"writeGBps"`    // the same through queue.WriteBuffer
+	MatVecMicros float64         `json:"matvecMicros"` // one 4096x4096 Q4_K product, submit to result
 }
 
 // SelfTest checks d on known inputs: hand-built GGML blocks (exact
 // results), a random Q4_K matrix-vector product against the float64
 // reference, and times a 64 MiB upload. It is a smoke test for a machine
 // (peer gpu selftest), not a benchmark.
-func SelfTest(ctx context.Context, d *Device) (SelfTestReport, error) {
+func SelfTest(ctx context.Context, d *gpu.Device) (SelfTestReport, error) {
 	rep := SelfTestReport{Device: d.Info()}
 	k := NewKernels(d)
 	defer k.Close()
@@ -78,7 +80,7 @@ func SelfTest(ctx context.Context, d *Device) (SelfTestReport, error) {
 	if err := d.Upload(ctx, wb, w); err != nil {
 		return rep, err
 	}
-	if err := d.Upload(ctx, xb, Bytes(x)); err != nil {
+	if err := d.Upload(ctx, xb, gpu.Bytes(x)); err != nil {
 		return rep, err
 	}
 	var y []float32
@@ -92,7 +94,7 @@ func SelfTest(ctx context.Context, d *Device) (SelfTestReport, error) {
 			return rep, err
 		}
 		y = make([]float32, rows)
-		if err := d.Read(ctx, yb, Bytes(y)); err != nil {
+		if err := d.Read(ctx, yb, gpu.Bytes(y)); err != nil {
 			return rep, err
 		}
 		rep.MatVecMicros = float64(time.Since(start).Microseconds())
@@ -143,12 +145,12 @@ func SelfTest(ctx context.Context, d *Device) (SelfTestReport, error) {
 	}
 	if !rep.KnownBlocks || !rep.MatVec {
 		return rep, fmt.Errorf("%w: self-test failed on %v (known blocks %v, matvec %v, worst error %.3gx the tolerance)",
-			ErrValidation, rep.Device, rep.KnownBlocks, rep.MatVec, rep.MatVecError)
+			gpu.ErrValidation, rep.Device, rep.KnownBlocks, rep.MatVec, rep.MatVecError)
 	}
 	return rep, nil
 }
 
-func selfDequant(ctx context.Context, d *Device, k *Kernels, blocks []byte, n int) ([]float32, error) {
+func selfDequant(ctx context.Context, d *gpu.Device, k *Kernels, blocks []byte, n int) ([]float32, error) {
 	w, err := d.Alloc(uint64(len(blocks)))
 	if err != nil {
 		return nil, err
@@ -163,12 +165,12 @@ func selfDequant(ctx context.Context, d *Device, k *Kernels, blocks []byte, n in
 		return nil, err
 	}
 	b := d.Batch()
-	if err := k.Q4KDequant(ctx, b, F32, w, y, n); err != nil {
+	if err := k.Q4KDequant(ctx, b, abi.F32, w, y, n); err != nil {
 		return nil, err
 	}
 	if err := b.Submit(ctx); err != nil {
 		return nil, err
 	}
 	out := make([]float32, n)
-	return out, d.Read(ctx, y, Bytes(out))
+	return out, d.Read(ctx, y, gpu.Bytes(out))
 }

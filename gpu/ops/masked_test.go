@@ -1,10 +1,11 @@
-package gpu
+package ops
 
 import (
 	"errors"
 	"math"
 	"testing"
 
+	"github.com/rdrr/peer/gpu"
 	"github.com/rdrr/peer/gpu/ref"
 )
 
@@ -18,7 +19,7 @@ func TestQ4KMatVecMasked(t *testing.T) {
 	const rows, cols, nslots = 37, 512, 5
 	per := rows * cols / 256
 	arenas := [][]byte{randQ4K(r, nslots*per), randQ4K(r, nslots*per)}
-	bufs := []*Buffer{upload(t, d, arenas[0]), upload(t, d, arenas[1])}
+	bufs := []*gpu.Buffer{upload(t, d, arenas[0]), upload(t, d, arenas[1])}
 	// Eight experts: 0-3 in buffer 0 (slots 4,2,0,1), 4-7 in buffer 1
 	// (slots 3,0,4,2).
 	where := [8]struct{ buf, slot int }{{0, 4}, {0, 2}, {0, 0}, {0, 1}, {1, 3}, {1, 0}, {1, 4}, {1, 2}}
@@ -55,9 +56,9 @@ func TestQ4KMatVecMasked(t *testing.T) {
 			want, mag = append(want, got...), append(mag, m...)
 		}
 		xb := uploadF32(t, d, x)
-		sel := upload(t, d, Bytes(c.sel))
+		sel := upload(t, d, gpu.Bytes(c.sel))
 		y := poisoned(t, d, kSel*rows*4)
-		run(t, d, func(b *Batch) error {
+		run(t, d, func(b *gpu.Batch) error {
 			for bi := range bufs {
 				var slots, experts []int
 				for e, w := range where {
@@ -77,10 +78,10 @@ func TestQ4KMatVecMasked(t *testing.T) {
 	}
 	// A chosen expert that no product covers leaves its rows as they were:
 	// the products of unchosen experts write nothing.
-	sel := upload(t, d, Bytes([]uint32{6, 1}))
+	sel := upload(t, d, gpu.Bytes([]uint32{6, 1}))
 	x := uploadF32(t, d, randF32(r, cols, 1))
 	y := poisoned(t, d, 2*rows*4)
-	run(t, d, func(b *Batch) error {
+	run(t, d, func(b *gpu.Batch) error {
 		return k.Q4KMatVecMasked(ctxT(t), b, Masked{Arena: bufs[0], Slots: []int{4, 2, 0, 1}, Experts: []int{0, 1, 2, 3}, Sel: sel, K: 2, X: x, SharedX: true, Y: y, Rows: rows, Cols: cols})
 	})
 	got := readF32(t, d, y, 2*rows)
@@ -96,13 +97,13 @@ func TestQ4KMatVecMasked(t *testing.T) {
 	// Gate and up of the same experts in one dispatch: the up products
 	// (MaskedUpper) fill the upper half of y.
 	{
-		sel := upload(t, d, Bytes([]uint32{3, 0}))
+		sel := upload(t, d, gpu.Bytes([]uint32{3, 0}))
 		xs := randF32(r, cols, 1)
 		x := uploadF32(t, d, xs)
 		const upper = 2*rows*4 + 12 // any multiple of 4
 		y := poisoned(t, d, upper+2*rows*4)
-		run(t, d, func(b *Batch) error {
-			// Buffer 0 holds experts 0-3's gates (slots 4,2,0,1) and, for
+		run(t, d, func(b *gpu.Batch) error {
+			// gpu.Buffer 0 holds experts 0-3's gates (slots 4,2,0,1) and, for
 			// this test, their up matrices (slots 3,0,4,2).
 			return k.Q4KMatVecMasked(ctxT(t), b, Masked{Arena: bufs[0], Slots: []int{4, 2, 0, 1, 3, 0, 4, 2},
 				Experts: []int{0, 1, 2, 3, 0 | MaskedUpper, 1 | MaskedUpper, 2 | MaskedUpper, 3 | MaskedUpper}, Sel: sel, K: 2, X: x, SharedX: true, Y: y, YUpper: upper, Rows: rows, Cols: cols})
@@ -134,24 +135,24 @@ func TestQ4KMatVecMasked(t *testing.T) {
 		}
 	}
 	// Bad shapes are refused.
-	for _, bad := range []func(b *Batch) error{
-		func(b *Batch) error {
+	for _, bad := range []func(b *gpu.Batch) error{
+		func(b *gpu.Batch) error {
 			return k.Q4KMatVecMasked(ctxT(t), b, Masked{Arena: bufs[0], Slots: []int{0, 1}, Experts: []int{0}, Sel: sel, K: 2, X: x, SharedX: true, Y: y, Rows: rows, Cols: cols})
 		},
-		func(b *Batch) error {
+		func(b *gpu.Batch) error {
 			return k.Q4KMatVecMasked(ctxT(t), b, Masked{Arena: bufs[0], Slots: []int{0}, Experts: []int{0}, Sel: sel, K: 0, X: x, SharedX: true, Y: y, Rows: rows, Cols: cols})
 		},
-		func(b *Batch) error {
+		func(b *gpu.Batch) error {
 			return k.Q4KMatVecMasked(ctxT(t), b, Masked{Arena: bufs[0], Slots: []int{0}, Experts: []int{0}, Sel: sel, K: 3, X: x, SharedX: true, Y: y, Rows: rows, Cols: cols})
 		},
-		func(b *Batch) error {
+		func(b *gpu.Batch) error {
 			return k.Q4KMatVecMasked(ctxT(t), b, Masked{Arena: bufs[0], Slots: []int{0}, Experts: []int{-1}, Sel: sel, K: 2, X: x, SharedX: true, Y: y, Rows: rows, Cols: cols})
 		},
 	} {
 		b := d.Batch()
 		bad(b)
-		if err := b.Submit(ctxT(t)); !errors.Is(err, ErrShape) {
-			t.Errorf("bad call: %v; want ErrShape", err)
+		if err := b.Submit(ctxT(t)); !errors.Is(err, gpu.ErrShape) {
+			t.Errorf("bad call: %v; want gpu.ErrShape", err)
 		}
 	}
 }
@@ -173,11 +174,11 @@ func TestKVStore(t *testing.T) {
 	src := randF32(r, 3*n, 1)
 	sb := uploadF32(t, d, src)
 	kc, vc := poisoned(t, d, rows*n*4), poisoned(t, d, rows*n*4)
-	run(t, d, func(b *Batch) error {
-		if err := k.KVStore(ctxT(t), b, sb, kc, vc, n, 2*n, n, 3); err != nil {
+	run(t, d, func(b *gpu.Batch) error {
+		if err := k.KVStore(ctxT(t), b, sb, kc, vc, KVShape{Dim: n, KOff: n, VOff: 2 * n, Pos: 3}); err != nil {
 			return err
 		}
-		return k.KVStore(ctxT(t), b, sb, kc, vc, 0, n, n, 0)
+		return k.KVStore(ctxT(t), b, sb, kc, vc, KVShape{Dim: n, KOff: 0, VOff: n, Pos: 0})
 	})
 	gk, gv := readF32(t, d, kc, rows*n), readF32(t, d, vc, rows*n)
 	for i := 0; i < n; i++ {
@@ -189,9 +190,9 @@ func TestKVStore(t *testing.T) {
 		}
 	}
 	b := d.Batch()
-	k.KVStore(ctxT(t), b, sb, kc, vc, 0, n, n, rows) // past the cache
-	if err := b.Submit(ctxT(t)); !errors.Is(err, ErrShape) {
-		t.Fatalf("a row past the cache: %v; want ErrShape", err)
+	k.KVStore(ctxT(t), b, sb, kc, vc, KVShape{Dim: n, KOff: 0, VOff: n, Pos: rows}) // past the cache
+	if err := b.Submit(ctxT(t)); !errors.Is(err, gpu.ErrShape) {
+		t.Fatalf("a row past the cache: %v; want gpu.ErrShape", err)
 	}
 }
 
@@ -209,7 +210,7 @@ func TestQ4KFusedForms(t *testing.T) {
 	xs := randF32(r, cols, 1)
 	y0 := randF32(r, rows, 1)
 	wb, xb, yb := upload(t, d, wq), uploadF32(t, d, xs), uploadF32(t, d, y0)
-	run(t, d, func(b *Batch) error { return k.Q4KMatVecAdd(ctxT(t), b, wb, xb, yb, rows, cols) })
+	run(t, d, func(b *gpu.Batch) error { return k.Q4KMatVecAdd(ctxT(t), b, wb, xb, yb, rows, cols) })
 	prod, mag := ref.MatMul(w64, ref.F32(xs), rows, cols, 1)
 	for i := range prod {
 		prod[i] += float64(y0[i])
@@ -229,9 +230,9 @@ func TestQ4KFusedForms(t *testing.T) {
 	copy(gu, gate)
 	copy(gu[upOff/4:], up)
 	gub := uploadF32(t, d, gu)
-	sel := upload(t, d, Bytes([]uint32{2, 0}))
+	sel := upload(t, d, gpu.Bytes([]uint32{2, 0}))
 	y := poisoned(t, d, 2*rows*4)
-	run(t, d, func(b *Batch) error {
+	run(t, d, func(b *gpu.Batch) error {
 		return k.Q4KMatVecMaskedSwiGLU(ctxT(t), b, Masked{Arena: ab, Slots: []int{1, 2, 0}, Experts: []int{0, 1, 2}, Sel: sel, K: 2, X: gub, Y: y, Rows: rows, Cols: cols}, upOff)
 	})
 	var want, wmag []float64

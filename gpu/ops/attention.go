@@ -1,0 +1,153 @@
+package ops
+
+import (
+	"context"
+	"math"
+
+	"github.com/rdrr/peer/gpu"
+	"github.com/rdrr/peer/gpu/abi"
+)
+
+// The attention ops: RoPE, decode attention over a KV cache, and the
+// store of a decode step's row into the cache.
+
+// RopeShape describes a RoPE call: x is [Tokens][Heads][HeadDim]; the first
+// RotDim elements of each head rotate at position Pos0 + token.
+type RopeShape struct {
+	Tokens, Heads, HeadDim, RotDim, Pos0 int
+	Style                                abi.RopeStyle
+}
+
+// RopeFreqs returns the RotDim/2 inverse frequencies theta^(-2i/rot),
+// computed in float64 and rounded once, for upload as Rope's freqs.
+func RopeFreqs(theta float64, rot int) []float32 {
+	f := make([]float32, rot/2)
+	for i := range f {
+		f[i] = float32(math.Pow(theta, -2*float64(i)/float64(rot)))
+	}
+	return f
+}
+
+// RopeLaunch is the dispatch rule of Rope. Bindings: x (read and
+// written), freqs.
+func RopeLaunch(s RopeShape) (Launch, error) {
+	const name = "rope"
+	if s.Tokens <= 0 || s.Heads <= 0 || s.HeadDim <= 0 || s.RotDim <= 0 || s.RotDim%2 != 0 || s.RotDim > s.HeadDim || s.Pos0 < 0 {
+		return Launch{}, shapeErr(name, "%+v", s)
+	}
+	total := uint64(s.Tokens * s.Heads * s.RotDim / 2)
+	gx, gy := grid(ceilDiv(total, 256))
+	p := gpu.Params{}.U32(uint32(s.Tokens)).U32(uint32(s.Heads)).U32(uint32(s.HeadDim)).U32(uint32(s.RotDim)).
+		U32(uint32(s.Pos0)).U32(uint32(s.Style)).U32(gx)
+	return Launch{Kernel: name, Groups: [3]uint32{gx, gy, 1}, Params: p,
+		Bindings: []Binding{{"x", uint64(s.Tokens * s.Heads * s.HeadDim * 4)}, {"freqs", uint64(s.RotDim / 2 * 4)}}}, nil
+}
+
+// Rope records the rotation of x in place by freqs (RotDim/2 f32 values,
+// see RopeFreqs).
+func (k *Kernels) Rope(ctx context.Context, b *gpu.Batch, x, freqs gpu.Region, s RopeShape) error {
+	l, err := RopeLaunch(s)
+	return k.launch(ctx, b, l, err, x, freqs)
+}
+
+// AttnShape describes decode attention: Heads query heads of HeadDim
+// (<= 256, a multiple of 4), KVHeads cache heads (Heads a multiple of it;
+// 8 query heads of HeadDim at most 1024 dimensions), KVLen cached
+// positions; Scale multiplies q.k (usually 1/sqrt(HeadDim)).
+type AttnShape struct {
+	Heads, KVHeads, HeadDim, KVLen int
+	Scale                          float32
+}
+
+// check validates s and returns the bindings q, k, v, out.
+func (s AttnShape) check(name string) ([]Binding, error) {
+	if s.Heads <= 0 || s.KVHeads <= 0 || s.Heads%s.KVHeads != 0 || s.HeadDim <= 0 || s.HeadDim > 256 || s.HeadDim%4 != 0 ||
+		s.KVLen <= 0 || s.Heads > 65535 || min(s.Heads/s.KVHeads, 8)*s.HeadDim > 1024 || s.KVLen > 1<<24 {
+		return nil, shapeErr(name, "%+v (HeadDim <= 256 and a multiple of 4; Heads a multiple of KVHeads; at most 1024 dimensions in 8 query heads; KVLen <= 2^24)", s)
+	}
+	kv := uint64(s.KVLen * s.KVHeads * s.HeadDim * 4)
+	return []Binding{{"q", uint64(s.Heads * s.HeadDim * 4)}, {"k", kv}, {"v", kv}, {"out", uint64(s.Heads * s.HeadDim * 4)}}, nil
+}
+
+// attnChunk is the positions one attention_split workgroup takes.
+const attnChunk = 64
+
+// AttentionLaunch is the dispatch rule of the one-dispatch attention
+// kernel (attention: one workgroup per query head over the whole cache),
+// the kernel lab's baseline of the op; Kernels.Attention runs the split
+// form. Bindings: q, k, v, out.
+func AttentionLaunch(s AttnShape) (Launch, error) {
+	binds, err := s.check("attention")
+	if err != nil {
+		return Launch{}, err
+	}
+	return Launch{Kernel: "attention", Groups: [3]uint32{uint32(s.Heads), 1, 1},
+		Params:   gpu.Params{}.U32(uint32(s.Heads)).U32(uint32(s.KVHeads)).U32(uint32(s.HeadDim)).U32(uint32(s.KVLen)).F32(s.Scale),
+		Bindings: binds}, nil
+}
+
+// Attention records decode attention of q ([Heads][HeadDim]) over the
+// cache k, v ([>= KVLen][KVHeads][HeadDim]) into out ([Heads][HeadDim]).
+// It runs split over positions (flash-decoding): chunks of 64 positions
+// per workgroup, every cache head's query heads together, then a merge of
+// the chunks' softmax partials; the partials live in a scratch buffer of
+// the batch.
+func (k *Kernels) Attention(ctx context.Context, b *gpu.Batch, q, kc, vc, out gpu.Region, s AttnShape) error {
+	binds, err := s.check("attention")
+	if err != nil {
+		return b.Fail(err)
+	}
+	for i, r := range []gpu.Region{q, kc, vc, out} {
+		if err := need("attention", binds[i].Name, r, binds[i].Bytes); err != nil {
+			return b.Fail(err)
+		}
+	}
+	chunks := (s.KVLen + attnChunk - 1) / attnChunk
+	partBytes := uint64(s.Heads * chunks * (s.HeadDim + 2) * 4)
+	part, err := b.Scratch(partBytes)
+	if err != nil {
+		return err
+	}
+	groups := (s.Heads/s.KVHeads + 7) / 8 // query heads of a cache head, 8 a workgroup
+	split := Launch{Kernel: "attention_split", Groups: [3]uint32{uint32(chunks), uint32(s.KVHeads), uint32(groups)},
+		Params: gpu.Params{}.U32(uint32(s.Heads)).U32(uint32(s.KVHeads)).U32(uint32(s.HeadDim)).U32(uint32(s.KVLen)).F32(s.Scale).
+			U32(uint32(chunks)).U32(0).U32(0),
+		Bindings: append(binds[:3:3], Binding{"partials", partBytes})}
+	if err := k.record(ctx, b, split, q, kc, vc, part); err != nil {
+		return err
+	}
+	merge := Launch{Kernel: "attention_merge", Groups: [3]uint32{uint32(s.Heads), 1, 1},
+		Params:   gpu.Params{}.U32(uint32(s.Heads)).U32(uint32(s.HeadDim)).U32(uint32(chunks)).U32(0),
+		Bindings: []Binding{{"partials", partBytes}, binds[3]}}
+	return k.record(ctx, b, merge, part, out)
+}
+
+// KVShape is a decode step's store into the caches: rows of Dim floats,
+// the key row from float KOff of the source, the value row from VOff, at
+// cache position Pos.
+type KVShape struct {
+	Dim, KOff, VOff, Pos int
+}
+
+// KVStoreLaunch is the dispatch rule of KVStore. Bindings: src, k cache,
+// v cache.
+func KVStoreLaunch(s KVShape) (Launch, error) {
+	const name = "kv_store"
+	n, kOff, vOff, pos := s.Dim, s.KOff, s.VOff, s.Pos
+	if n <= 0 || kOff < 0 || vOff < 0 || pos < 0 || uint64(pos+1)*uint64(n) > math.MaxUint32 {
+		return Launch{}, shapeErr(name, "rows of %d at position %d, from %d and %d", n, pos, kOff, vOff)
+	}
+	cache := uint64(pos+1) * uint64(n) * 4
+	return Launch{Kernel: name, Groups: [3]uint32{uint32(ceilDiv(uint64(n), 256)), 1, 1},
+		Params:   gpu.Params{}.U32(uint32(n)).U32(uint32(kOff)).U32(uint32(vOff)).U32(uint32(pos)),
+		Bindings: []Binding{{"src", uint64(max(kOff, vOff)+n) * 4}, {"k cache", cache}, {"v cache", cache}}}, nil
+}
+
+// KVStore records kc[Pos] = src[KOff:KOff+Dim] and vc[Pos] =
+// src[VOff:VOff+Dim] (kc and vc are [>Pos][Dim] caches): a decode step's
+// new cache row, with the caches bound whole so that the binding does not
+// change with the position.
+func (k *Kernels) KVStore(ctx context.Context, b *gpu.Batch, src, kc, vc gpu.Region, s KVShape) error {
+	l, err := KVStoreLaunch(s)
+	return k.launch(ctx, b, l, err, src, kc, vc)
+}

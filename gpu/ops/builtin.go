@@ -1,0 +1,109 @@
+package ops
+
+import (
+	"embed"
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/rdrr/peer/gpu"
+)
+
+//go:embed wgsl/*.wgsl
+var wgslFiles embed.FS
+
+// builtin describes a built-in kernel: its WGSL file and ABI, and the
+// flavor of the file it is (see flavored).
+type builtin struct {
+	file     string
+	bindings []gpu.Access
+	params   int
+	flavor   string
+}
+
+const (
+	ro = gpu.ReadOnly
+	rw = gpu.ReadWrite
+)
+
+// builtins is a read-only table of the built-in kernels. Each one's
+// dispatch rule is the *Launch function of its op (the file of the op).
+var builtins = map[string]builtin{
+	"q4k_matmul":        {"q4k_matmul.wgsl", []gpu.Access{ro, ro, rw}, 96, ""},
+	"q4k_matmul_masked": {"q4k_matmul.wgsl", []gpu.Access{ro, ro, rw, ro}, 176, "MASKED"},
+	"q4k_dequant":       {"q4k_dequant.wgsl", []gpu.Access{ro, rw}, 8, ""},
+	"q4k_matvec_co":     {"q4k_matvec_co.wgsl", []gpu.Access{ro, ro, rw}, 20, ""},
+	"dense_matmul":      {"dense_matmul.wgsl", []gpu.Access{ro, ro, rw}, 20, ""},
+	"rmsnorm":           {"rmsnorm.wgsl", []gpu.Access{ro, ro, rw}, 16, ""},
+	"softmax":           {"softmax.wgsl", []gpu.Access{ro, rw}, 12, ""},
+	"rope":              {"rope.wgsl", []gpu.Access{rw, ro}, 28, ""},
+	"attention":         {"attention.wgsl", []gpu.Access{ro, ro, ro, rw}, 20, ""}, // one workgroup per head: the kernel lab's single-dispatch baseline
+	"attention_split":   {"attention_split.wgsl", []gpu.Access{ro, ro, ro, rw}, 32, ""},
+	"attention_merge":   {"attention_merge.wgsl", []gpu.Access{ro, rw}, 16, ""},
+	"route":             {"route.wgsl", []gpu.Access{ro, ro, rw, rw}, 32, ""},
+	"swiglu":            {"swiglu.wgsl", []gpu.Access{ro, ro, rw}, 8, ""},
+	"accumulate":        {"accumulate.wgsl", []gpu.Access{ro, ro, rw}, 16, ""},
+	"embed":             {"embed.wgsl", []gpu.Access{ro, ro, rw}, 16, ""},
+	"argmax":            {"argmax.wgsl", []gpu.Access{ro, rw}, 4, ""}, // one workgroup: the kernel lab's baseline
+	"argmax_blocks":     {"argmax_blocks.wgsl", []gpu.Access{ro, rw}, 16, ""},
+	"topp":              {"topp.wgsl", []gpu.Access{ro, rw}, 16, ""},
+	"copy":              {"copy.wgsl", []gpu.Access{ro, rw}, 8, ""},
+	"kv_store":          {"kv_store.wgsl", []gpu.Access{ro, rw, rw}, 16, ""},
+}
+
+// BuiltinNames lists the built-in kernels.
+func BuiltinNames() []string {
+	names := make([]string, 0, len(builtins))
+	for n := range builtins {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// Builtin returns the descriptor of a built-in kernel with the given
+// constants (nil for the defaults): the baseline that the kernel lab
+// measures variants against, the kernel a gpu.Variant stands in for, and
+// a template for third-party WGSL with the same ABI.
+func Builtin(name string, constants map[string]float64) (gpu.Kernel, error) {
+	b, ok := builtins[name]
+	if !ok {
+		return gpu.Kernel{}, fmt.Errorf("%w: no built-in kernel %q", gpu.ErrCompile, name)
+	}
+	src, err := wgslFiles.ReadFile("wgsl/" + b.file)
+	if err != nil {
+		return gpu.Kernel{}, err
+	}
+	return gpu.Kernel{Name: name, Source: flavored(string(src), b.flavor), Constants: constants, Bindings: b.bindings, Params: b.params}, nil
+}
+
+// flavored returns src as flavor f: a line starting with "//+f " is kept
+// (without the marker) only in flavor f, one starting with "//-f " only
+// outside it. One WGSL file then holds kernels that differ in a binding or
+// a field, which WGSL's override constants cannot add or remove.
+func flavored(src string, f string) string {
+	if !strings.Contains(src, "//+") && !strings.Contains(src, "//-") {
+		return src
+	}
+	lines := strings.SplitAfter(src, "\n")
+	out := lines[:0]
+	for _, l := range lines {
+		t := strings.TrimLeft(l, " ")
+		switch {
+		case strings.HasPrefix(t, "//+"):
+			name, rest, _ := strings.Cut(t[3:], " ")
+			if name != f {
+				continue
+			}
+			l = rest
+		case strings.HasPrefix(t, "//-"):
+			name, rest, _ := strings.Cut(t[3:], " ")
+			if name == f {
+				continue
+			}
+			l = rest
+		}
+		out = append(out, l)
+	}
+	return strings.Join(out, "")
+}

@@ -1,0 +1,100 @@
+package ops
+
+import (
+	"testing"
+
+	"github.com/rdrr/peer/gpu/abi"
+)
+
+// Every dispatch rule fits the ABI of the kernel it names: one Binding
+// per storage binding, a uniform block no larger than the kernel's, a
+// grid of 1..65535 workgroups each way, and constants the kernel declares
+// (it compiles with them). A variant is compiled with the kernel's ABI
+// and run by these rules (by the runtime and by the kernel lab), so a rule
+// that drifts from its WGSL would run every variant wrong.
+func TestLaunchesMatchABI(t *testing.T) {
+	group := Group{Slots: []int{2, 0, 1}, Rows: 300, Cols: 512}
+	masked := Masked{Slots: []int{0, 1}, Experts: []int{3, 5 | MaskedUpper}, K: 2, YUpper: 64, Rows: 40, Cols: 256}
+	cases := []struct {
+		name string
+		l    Launch
+		err  error
+	}{}
+	add := func(name string, l Launch, err error) {
+		cases = append(cases, struct {
+			name string
+			l    Launch
+			err  error
+		}{name, l, err})
+	}
+	for _, s := range []MatShape{{1, 256, 1}, {4096, 4096, 1}, {300, 2304, 5}, {7168, 2048, 1}} {
+		l, err := Q4KLaunch(DefaultQ4KConfig(s.Rows, s.Cols, s.Tokens), s, false)
+		add("q4k", l, err)
+	}
+	l, err := Q4KLaunch(Q4KConfig{SPR: 4, Rows: 4, Coalesced: true}, MatShape{4096, 4096, 1}, false)
+	add("q4k coalesced", l, err)
+	l, err = Q4KLaunch(DefaultQ4KConfig(64, 512, 1), MatShape{64, 512, 1}, true)
+	add("q4k add", l, err)
+	l, err = GroupLaunch(DefaultQ4KConfig(900, 512, 1), group)
+	add("group", l, err)
+	l, err = maskedLaunch(masked.call())
+	add("masked", l, err)
+	l, err = Q4KDequantLaunch(abi.F16, 512)
+	add("dequant", l, err)
+	l, err = DenseLaunch(abi.F16, MatShape{9, 1024, 8})
+	add("dense", l, err)
+	l, err = RMSNormLaunch(NormShape{Rows: 3, Dim: 100, Eps: 1e-5})
+	add("rmsnorm", l, err)
+	l, err = SoftmaxLaunch(RowsShape{Rows: 3, Dim: 100})
+	add("softmax", l, err)
+	l, err = SwiGLULaunch(70000 * 256)
+	add("swiglu", l, err)
+	l, err = AccumulateLaunch(AccumShape{Experts: 2, Dim: 4096, WeightOff: 2})
+	add("accumulate", l, err)
+	l, err = EmbedLaunch(EmbedShape{Type: abi.Q4K, Tokens: 2, Dim: 512, Vocab: 10})
+	add("embed", l, err)
+	l, err = CopyLaunch(1 << 20)
+	add("copy", l, err)
+	l, err = RopeLaunch(RopeShape{Tokens: 1, Heads: 8, HeadDim: 128, RotDim: 128, Pos0: 7, Style: abi.RopeGPTJ})
+	add("rope", l, err)
+	l, err = AttentionLaunch(AttnShape{Heads: 32, KVHeads: 8, HeadDim: 128, KVLen: 100, Scale: 0.1})
+	add("attention", l, err)
+	l, err = KVStoreLaunch(KVShape{Dim: 1024, KOff: 4096, VOff: 5120, Pos: 9})
+	add("kv_store", l, err)
+	l, err = RouteLaunch(RouteShape{Tokens: 2, Experts: 256, K: 8, Mode: abi.RouteSigmoidTopK, Groups: 8, TopKGroup: 4}, true)
+	add("route", l, err)
+	l, err = ArgmaxLaunch(32000)
+	add("argmax", l, err)
+	l, err = TopPLaunch(TopPShape{N: 32000, Temperature: 0.8, TopP: 0.9, U: 0.5})
+	add("topp", l, err)
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if c.err != nil {
+				t.Fatal(c.err)
+			}
+			k, err := Builtin(c.l.Kernel, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(c.l.Bindings) != len(k.Bindings) {
+				t.Errorf("%s: %d bindings; the kernel declares %d", c.l.Kernel, len(c.l.Bindings), len(k.Bindings))
+			}
+			if len(c.l.Params) > k.Params || len(c.l.Params)%4 != 0 {
+				t.Errorf("%s: %d bytes of params; the kernel's block is %d", c.l.Kernel, len(c.l.Params), k.Params)
+			}
+			for i, g := range c.l.Groups {
+				if g == 0 || g > 65535 {
+					t.Errorf("%s: %d workgroups in dimension %d", c.l.Kernel, g, i)
+				}
+			}
+			// The rule's constants are overrides of the kernel with
+			// values of their type: it compiles with them.
+			k.Constants = c.l.Constants
+			p, err := shared.d.Compile(ctxT(t), k)
+			if err != nil {
+				t.Fatalf("%s with the rule's constants %v: %v", c.l.Kernel, c.l.Constants, err)
+			}
+			p.Release()
+		})
+	}
+}

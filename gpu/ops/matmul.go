@@ -1,0 +1,424 @@
+package ops
+
+import (
+	"context"
+	"math"
+
+	"github.com/rdrr/peer/gpu"
+	"github.com/rdrr/peer/gpu/abi"
+)
+
+// The matrix ops: Q4_K products (one token, several, a group of
+// matrices in one dispatch, the MoE layer's masked products), dense f32
+// and f16 products, Q4_K dequantization.
+
+// MatShape is a product's shape: y[t] = W x[t] for Tokens tokens, W
+// Rows x Cols (row-major), x [Tokens][Cols] f32, y [Tokens][Rows] f32.
+type MatShape struct {
+	Rows, Cols, Tokens int
+}
+
+// tokTile is the tokens one workgroup of a product of n tokens takes.
+func tokTile(n int) int {
+	switch {
+	case n <= 1:
+		return 1
+	case n == 2:
+		return 2
+	case n <= 4:
+		return 4
+	}
+	return 8
+}
+
+// Q4KConfig chooses how the Q4_K product kernel spreads a shape: SPR block
+// slots per row group (power of two <= 32) and Rows rows per thread. Convert
+// selects the nibble-to-float conversion: false uses the exact 2^23 trick
+// (fast everywhere), true the plain integer conversion (kept for the kernel
+// lab's comparisons).
+type Q4KConfig struct {
+	SPR, Rows int
+	Convert   bool
+	// Coalesced selects q4k_matvec_co for one token: threads read quant
+	// words so that x is read in whole lines.
+	Coalesced bool
+	// Pipeline issues the next block's loads before the current block's
+	// arithmetic (one token).
+	Pipeline bool
+	// Shifts extracts nibbles with one shift each instead of the
+	// positional trick (fewer registers, more instructions).
+	Shifts bool
+	// WG is the workgroup size: 64, 128 or 256 (0 means 256).
+	WG int
+}
+
+// DefaultQ4KConfig is the shape policy the wrappers use, tuned on an H100
+// (see gpu/BENCHMARKS.md). Large matrices: 2 or 4 block slots and 8 rows
+// per thread with software pipelining, so each thread keeps many
+// independent loads in flight and reads x once for 8 rows. Smaller
+// matrices: more threads. Tiny matrices, few rows and small batches
+// (n > 1): the simple layout.
+//
+// With very long rows (>= 8192 columns) two slots gain little when many
+// independent products run back to back and halve the speed of a lone
+// product, so four are used there.
+func DefaultQ4KConfig(rows, cols, n int) Q4KConfig {
+	nb := uint64(cols / 256)
+	switch {
+	case n > 1 || rows < 256 || rows*cols < 1<<20:
+		return Q4KConfig{SPR: int(min(32, floorPow2(nb))), Rows: 2}
+	case rows*cols <= 16<<20:
+		return Q4KConfig{WG: 256, SPR: int(min(4, floorPow2(nb))), Rows: 4}
+	case nb <= 8:
+		// Short rows in bulk (a group of expert down projections,
+		// 2048 columns): one block slot, each thread walks the whole
+		// row for 8 rows (H100, 8 x 7168x2048: 0.73x of copy against
+		// 0.39-0.64x for 2-8 slots).
+		return Q4KConfig{WG: 128, SPR: 1, Rows: 8, Pipeline: true}
+	case nb >= 32:
+		return Q4KConfig{WG: 64, SPR: 4, Rows: 8, Pipeline: true}
+	case nb >= 16:
+		return Q4KConfig{WG: 64, SPR: 2, Rows: 8, Pipeline: true}
+	default:
+		return Q4KConfig{WG: 128, SPR: int(min(4, floorPow2(nb))), Rows: 8}
+	}
+}
+
+func (cfg Q4KConfig) wg() int {
+	if cfg.WG == 0 {
+		return 256
+	}
+	return cfg.WG
+}
+
+// rowsPerWG is the rows one workgroup of cfg takes.
+func (cfg Q4KConfig) rowsPerWG() uint64 { return uint64(cfg.Rows * cfg.wg() / 8 / cfg.SPR) }
+
+func checkQ4KConfig(name string, cfg Q4KConfig) error {
+	wg := cfg.wg()
+	if cfg.SPR <= 0 || cfg.SPR > wg/8 || cfg.SPR&(cfg.SPR-1) != 0 || cfg.Rows <= 0 || cfg.Rows > 16 || cfg.Rows*wg > 4096 || (wg != 64 && wg != 128 && wg != 256) {
+		return shapeErr(name, "config %+v (WG 64, 128 or 256; SPR a power of two <= WG/8; Rows 1..16, Rows*WG <= 4096)", cfg)
+	}
+	return nil
+}
+
+// q4kConsts are q4k_matmul.wgsl's override constants for cfg and tok
+// tokens per workgroup.
+func q4kConsts(cfg Q4KConfig, tok int) map[string]float64 {
+	return map[string]float64{"ROWS": float64(cfg.Rows), "TOK": float64(tok), "CONV": b2f(!cfg.Convert),
+		"PIPE": b2f(cfg.Pipeline), "POS": b2f(!cfg.Shifts), "WG": float64(cfg.wg())}
+}
+
+// Q4KLaunch is the dispatch rule of the Q4_K product y[t] = W x[t] (W
+// Q4_K rows) with configuration cfg: q4k_matmul with the constants ROWS,
+// TOK, CONV, PIPE, POS, WG (and ACC = 1 when add: y += W x, one token),
+// or q4k_matvec_co when cfg.Coalesced picks it for one token. Bindings:
+// weights, x, y. Cols must be a positive multiple of 256.
+func Q4KLaunch(cfg Q4KConfig, s MatShape, add bool) (Launch, error) {
+	const name = "q4k_matmul"
+	rows, cols, n := s.Rows, s.Cols, s.Tokens
+	if rows <= 0 || cols <= 0 || n <= 0 || cols%256 != 0 || (add && n != 1) {
+		return Launch{}, shapeErr(name, "rows %d, cols %d, tokens %d (cols must be a positive multiple of 256)", rows, cols, n)
+	}
+	if add {
+		cfg.Coalesced = false // the q4k_matvec_co kernel only stores
+	}
+	if err := checkQ4KConfig(name, cfg); err != nil {
+		return Launch{}, err
+	}
+	binds := []Binding{{"weights", abi.Q4K.Bytes(rows * cols)}, {"x", uint64(n * cols * 4)}, {"y", uint64(n * rows * 4)}}
+	tok := tokTile(n)
+	gx, gy := grid(ceilDiv(uint64(rows), cfg.rowsPerWG()))
+	gz := ceilDiv(uint64(n), uint64(tok))
+	if gz > 65535 {
+		return Launch{}, shapeErr(name, "%d tokens is too many", n)
+	}
+	if cfg.Coalesced && n == 1 && cfg.wg() == 256 {
+		return Launch{Kernel: "q4k_matvec_co", Constants: map[string]float64{"ROWS": float64(cfg.Rows)}, Groups: [3]uint32{gx, gy, 1},
+			Params: gpu.Params{}.U32(uint32(rows)).U32(uint32(cols / 256)).U32(uint32(cfg.SPR)).U32(1).U32(gx), Bindings: binds}, nil
+	}
+	consts := q4kConsts(cfg, tok)
+	if add {
+		consts["ACC"] = 1
+	}
+	return Launch{Kernel: name, Constants: consts, Groups: [3]uint32{gx, gy, uint32(gz)},
+		Params: gpu.Params{}.U32(uint32(rows)).U32(uint32(cols / 256)).U32(uint32(cfg.SPR)).U32(uint32(n)).U32(gx), Bindings: binds}, nil
+}
+
+// Q4KMatVec records y = W x for W (rows x cols, Q4_K rows), x (cols f32),
+// y (rows f32). cols must be a multiple of 256.
+func (k *Kernels) Q4KMatVec(ctx context.Context, b *gpu.Batch, w, x, y gpu.Region, rows, cols int) error {
+	return k.Q4KMatMul(ctx, b, w, x, y, MatShape{Rows: rows, Cols: cols, Tokens: 1})
+}
+
+// Q4KMatMul records y[t] = W x[t] for s.Tokens tokens.
+func (k *Kernels) Q4KMatMul(ctx context.Context, b *gpu.Batch, w, x, y gpu.Region, s MatShape) error {
+	return k.Q4KMatMulWith(ctx, b, DefaultQ4KConfig(s.Rows, s.Cols, s.Tokens), w, x, y, s)
+}
+
+// Q4KMatMulWith is Q4KMatMul with an explicit configuration (benchmarks and
+// the kernel lab sweep it).
+func (k *Kernels) Q4KMatMulWith(ctx context.Context, b *gpu.Batch, cfg Q4KConfig, w, x, y gpu.Region, s MatShape) error {
+	l, err := Q4KLaunch(cfg, s, false)
+	return k.launch(ctx, b, l, err, w, x, y)
+}
+
+// Q4KMatVecAdd records y += W x (a product added into a residual stream,
+// one dispatch instead of a product and an Accumulate).
+func (k *Kernels) Q4KMatVecAdd(ctx context.Context, b *gpu.Batch, w, x, y gpu.Region, rows, cols int) error {
+	l, err := Q4KLaunch(DefaultQ4KConfig(rows, cols, 1), MatShape{Rows: rows, Cols: cols, Tokens: 1}, true)
+	return k.launch(ctx, b, l, err, w, x, y)
+}
+
+// MaxGroup is the most products one Q4KMatVecGroup dispatch runs.
+const MaxGroup = 16
+
+// Group is len(Slots) independent Q4_K products in one dispatch: y[e] =
+// W[Slots[e]] x[e] for e < len(Slots) <= MaxGroup, where Arena holds
+// equal slots of Rows x Cols Q4_K matrices (slot s at byte s *
+// abi.Q4K.Bytes(Rows*Cols)), X holds one Cols-vector per product (or one
+// for all if SharedX), and Y receives the products' rows one after
+// another. This is how an MoE layer's expert products run: one launch for
+// all of them, the weights wherever the expert cache put them.
+type Group struct {
+	Arena      gpu.Region
+	Slots      []int
+	X          gpu.Region
+	SharedX    bool
+	Y          gpu.Region
+	Rows, Cols int
+}
+
+// Q4KMatVecGroup records g with the configuration DefaultQ4KConfig picks
+// for its rows.
+func (k *Kernels) Q4KMatVecGroup(ctx context.Context, b *gpu.Batch, g Group) error {
+	return k.Q4KMatVecGroupWith(ctx, b, DefaultQ4KConfig(g.Rows*len(g.Slots), g.Cols, 1), g)
+}
+
+// Q4KMatVecGroupWith is Q4KMatVecGroup with an explicit configuration.
+func (k *Kernels) Q4KMatVecGroupWith(ctx context.Context, b *gpu.Batch, cfg Q4KConfig, g Group) error {
+	l, err := GroupLaunch(cfg, g)
+	return k.launch(ctx, b, l, err, g.Arena, g.X, g.Y)
+}
+
+// GroupLaunch is the dispatch rule of Q4KMatVecGroupWith (it reads g's
+// shape, not its regions): q4k_matmul with GROUPED = 1. Bindings: weight
+// arena, x, y.
+func GroupLaunch(cfg Q4KConfig, g Group) (Launch, error) {
+	return groupLaunch(cfg, groupCall{slots: g.Slots, sharedX: g.SharedX, xUpper: -1, rows: g.Rows, cols: g.Cols})
+}
+
+// Masked is an MoE layer's expert products with the router's choice left
+// on the GPU (Q4KMatVecMasked): product e is expert Experts[e], its
+// matrix in Arena slot Slots[e] (equal slots of Rows x Cols Q4_K
+// matrices), and Sel holds the K expert ids the router chose (u32, as
+// Route writes them).
+type Masked struct {
+	Arena   gpu.Region
+	Slots   []int
+	Experts []int // an entry with MaskedUpper set writes YUpper bytes further into Y
+	Sel     gpu.Region
+	K       int
+	X       gpu.Region // K cols-vectors, or one for all if SharedX
+	SharedX bool
+	Y       gpu.Region
+	YUpper  int // a multiple of 4
+	Rows    int
+	Cols    int
+}
+
+func (m Masked) call() groupCall {
+	return groupCall{slots: m.Slots, experts: m.Experts, kSel: m.K,
+		sharedX: m.SharedX, xUpper: -1, yUpper: m.YUpper, rows: m.Rows, cols: m.Cols}
+}
+
+// Q4KMatVecMasked records m. If Experts[e] is Sel[j], product e reads
+// X[j] (or the one shared X) and writes Y's rows j*Rows..; if the router
+// did not choose it, it does nothing. Every expert the router can choose
+// must therefore be a product of one of the calls that fill Y (several
+// calls when a layer's experts lie in several arena buffers); what the
+// caller knows is that all of the layer's experts are resident, not which
+// ones run, so there is no read-back between routing and the experts.
+//
+// An Experts entry with MaskedUpper set writes its output YUpper bytes
+// further into Y: an expert's up matrix can run in the same dispatch as
+// its gate, each filling its half of Y.
+func (k *Kernels) Q4KMatVecMasked(ctx context.Context, b *gpu.Batch, m Masked) error {
+	l, err := maskedLaunch(m.call())
+	return k.launch(ctx, b, l, err, m.Arena, m.X, m.Y, m.Sel)
+}
+
+// Q4KMatVecMaskedSwiGLU is Q4KMatVecMasked for an MoE layer's down
+// products straight from its gate and up products: product j's x is
+// silu(gate[j]) * up[j], gate rows of Cols floats from m.X's start, up
+// rows from byte upOff (a multiple of 16); m.SharedX and m.YUpper are
+// not used. It saves the SwiGLU dispatch.
+func (k *Kernels) Q4KMatVecMaskedSwiGLU(ctx context.Context, b *gpu.Batch, m Masked, upOff int) error {
+	if upOff < m.K*m.Cols*4 || upOff%16 != 0 {
+		return b.Fail(shapeErr("q4k_matmul_masked", "up half at byte %d of %d gate rows of %d", upOff, m.K, m.Cols))
+	}
+	if err := need("q4k_matmul_masked", "gate and up", m.X, uint64(upOff+m.K*m.Cols*4)); err != nil {
+		return b.Fail(err)
+	}
+	g := m.call()
+	g.sharedX, g.xUpper, g.yUpper = false, upOff, 0
+	l, err := maskedLaunch(g)
+	return k.launch(ctx, b, l, err, m.Arena, m.X, m.Y, m.Sel)
+}
+
+func maskedLaunch(g groupCall) (Launch, error) {
+	if len(g.experts) != len(g.slots) || g.kSel <= 0 || g.kSel > 32 || g.yUpper < 0 || g.yUpper%4 != 0 {
+		return Launch{}, shapeErr("q4k_matmul_masked", "%d experts for %d slots, %d chosen (1..32), upper half at byte %d", len(g.experts), len(g.slots), g.kSel, g.yUpper)
+	}
+	return groupLaunch(DefaultQ4KConfig(g.rows*min(g.kSel, len(g.slots)), g.cols, 1), g)
+}
+
+// groupCall is the shape of one Q4KMatVecGroup or Q4KMatVecMasked
+// dispatch: the products (weights at arena slots; experts and kSel when
+// masked), their input (xUpper >= 0, masked only: x is SwiGLU of gate
+// rows and up rows xUpper bytes further) and their output (yUpper: the
+// upper half).
+type groupCall struct {
+	slots, experts []int
+	kSel           int
+	sharedX        bool
+	xUpper         int
+	yUpper         int
+	rows, cols     int
+}
+
+// MaskedUpper marks a Q4KMatVecMasked product whose output goes to the
+// upper half of y.
+const MaskedUpper = 1 << 31
+
+// groupLaunch is the rule of Q4KMatVecGroupWith, or of Q4KMatVecMasked
+// when g.experts is not nil (q4k_matmul_masked, binding sel after y).
+func groupLaunch(cfg Q4KConfig, g groupCall) (Launch, error) {
+	slots, experts, kSel, sharedX, xUpper, yUpper, rows, cols :=
+		g.slots, g.experts, g.kSel, g.sharedX, g.xUpper, g.yUpper, g.rows, g.cols
+	name := "q4k_matmul"
+	outs := len(slots) // products whose output y holds
+	if experts != nil {
+		name, outs = "q4k_matmul_masked", kSel
+	}
+	if rows <= 0 || cols <= 0 || cols%256 != 0 || len(slots) == 0 || len(slots) > MaxGroup {
+		return Launch{}, shapeErr(name, "group of %d products of %dx%d (1..%d products; cols a positive multiple of 256)", len(slots), rows, cols, MaxGroup)
+	}
+	if err := checkQ4KConfig(name, cfg); err != nil {
+		return Launch{}, err
+	}
+	slotBytes := abi.Q4K.Bytes(rows * cols)
+	maxSlot := 0
+	for _, s := range slots {
+		if s < 0 {
+			return Launch{}, shapeErr(name, "negative slot %d", s)
+		}
+		maxSlot = max(maxSlot, s)
+	}
+	yBytes := uint64(outs * rows * 4)
+	for _, e := range experts {
+		if e&MaskedUpper != 0 {
+			yBytes = uint64(yUpper) + uint64(outs*rows*4)
+			e &^= MaskedUpper
+		}
+		if e < 0 || e >= MaskedUpper {
+			return Launch{}, shapeErr(name, "expert %d", e)
+		}
+	}
+	if uint64(maxSlot+1)*slotBytes/16 > math.MaxUint32 {
+		return Launch{}, shapeErr(name, "slot %d is beyond 64 GiB", maxSlot)
+	}
+	nx := outs
+	if sharedX {
+		nx = 1
+	}
+	binds := []Binding{{"weight arena", uint64(maxSlot+1) * slotBytes}, {"x", uint64(nx * cols * 4)}, {"y", yBytes}}
+	gx, gy := grid(ceilDiv(uint64(rows), cfg.rowsPerWG()))
+	xstride := uint32(cols / 4)
+	if sharedX {
+		xstride = 0
+	}
+	params := gpu.Params{}.U32(uint32(rows)).U32(uint32(cols / 256)).U32(uint32(cfg.SPR)).U32(1).U32(gx).
+		U32(uint32(slotBytes / 16)).U32(xstride).U32(uint32(kSel))
+	table := func(v []int) {
+		for i := range MaxGroup {
+			s := 0
+			if i < len(v) {
+				s = v[i]
+			}
+			params = params.U32(uint32(s))
+		}
+	}
+	table(slots)
+	consts := q4kConsts(cfg, 1)
+	consts["GROUPED"] = 1
+	groups := [3]uint32{gx, gy, uint32(len(slots))}
+	if experts == nil {
+		return Launch{Kernel: name, Constants: consts, Groups: groups, Params: params, Bindings: binds}, nil
+	}
+	table(experts)
+	params = params.U32(uint32(yUpper / 4)).U32(uint32(max(xUpper, 0) / 16)).U32(0).U32(0)
+	if xUpper >= 0 {
+		consts["SWIGLU"] = 1
+	}
+	binds = append(binds, Binding{"sel", uint64(kSel * 4)})
+	return Launch{Kernel: name, Constants: consts, Groups: groups, Params: params, Bindings: binds}, nil
+}
+
+// Q4KDequantLaunch is the dispatch rule of Q4KDequant. Bindings: weights, y.
+func Q4KDequantLaunch(out abi.DType, n int) (Launch, error) {
+	const name = "q4k_dequant"
+	if n <= 0 || n%256 != 0 || (out != abi.F32 && out != abi.F16) {
+		return Launch{}, shapeErr(name, "%d weights to %v (want a positive multiple of 256, to f32 or f16)", n, out)
+	}
+	blocks := uint64(n / 256)
+	gx, gy := grid(ceilDiv(blocks*8, 256))
+	return Launch{Kernel: name, Constants: map[string]float64{"OUT_F16": b2f(out == abi.F16)}, Groups: [3]uint32{gx, gy, 1},
+		Params:   gpu.Params{}.U32(uint32(blocks)).U32(gx),
+		Bindings: []Binding{{"weights", abi.Q4K.Bytes(n)}, {"y", out.Bytes(n)}}}, nil
+}
+
+// Q4KDequant records y = dequantize(w) for n weights (a multiple of 256)
+// into f32 (out F32) or packed f16 (out F16).
+func (k *Kernels) Q4KDequant(ctx context.Context, b *gpu.Batch, out abi.DType, w, y gpu.Region, n int) error {
+	l, err := Q4KDequantLaunch(out, n)
+	return k.launch(ctx, b, l, err, w, y)
+}
+
+// MatVec records y = W x with W of type dt (rows x cols, row-major).
+func (k *Kernels) MatVec(ctx context.Context, b *gpu.Batch, dt abi.DType, w, x, y gpu.Region, rows, cols int) error {
+	return k.MatMul(ctx, b, dt, w, x, y, MatShape{Rows: rows, Cols: cols, Tokens: 1})
+}
+
+// MatMul records y[t] = W x[t] for s.Tokens tokens, W of type dt. Q4K
+// needs Cols % 256 == 0.
+func (k *Kernels) MatMul(ctx context.Context, b *gpu.Batch, dt abi.DType, w, x, y gpu.Region, s MatShape) error {
+	if dt == abi.Q4K {
+		return k.Q4KMatMul(ctx, b, w, x, y, s)
+	}
+	l, err := DenseLaunch(dt, s)
+	return k.launch(ctx, b, l, err, w, x, y)
+}
+
+// DenseLaunch is the dispatch rule of MatMul for f32 and f16 weights:
+// dense_matmul, 2 rows a workgroup, the 16-byte path when rows allow it.
+// Bindings: weights, x, y.
+func DenseLaunch(dt abi.DType, s MatShape) (Launch, error) {
+	const name = "dense_matmul"
+	rows, cols, n := s.Rows, s.Cols, s.Tokens
+	if rows <= 0 || cols <= 0 || n <= 0 || (dt != abi.F32 && dt != abi.F16) {
+		return Launch{}, shapeErr(name, "rows %d, cols %d, tokens %d, %v", rows, cols, n, dt)
+	}
+	vec := (dt == abi.F32 && cols%4 == 0) || (dt == abi.F16 && cols%8 == 0)
+	tok := tokTile(n)
+	const rowsPerWG = 2
+	gx, gy := grid(ceilDiv(uint64(rows), rowsPerWG))
+	gz := ceilDiv(uint64(n), uint64(tok))
+	if gz > 65535 {
+		return Launch{}, shapeErr(name, "%d tokens is too many", n)
+	}
+	return Launch{Kernel: name, Constants: map[string]float64{"ROWS": rowsPerWG, "TOK": float64(tok), "W_F16": b2f(dt == abi.F16)},
+		Groups:   [3]uint32{gx, gy, uint32(gz)},
+		Params:   gpu.Params{}.U32(uint32(rows)).U32(uint32(cols)).U32(uint32(n)).U32(gx).U32(b2u(vec)),
+		Bindings: []Binding{{"weights", dt.Bytes(rows * cols)}, {"x", uint64(n * cols * 4)}, {"y", uint64(n * rows * 4)}}}, nil
+}
