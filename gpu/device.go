@@ -101,7 +101,7 @@ type Device struct {
 	limits Limits // granted
 
 	varsMu sync.Mutex
-	vars   *variantTable // kernels standing in for built-ins (variant.go)
+	vars   *variantTable // variants standing in for kernels (variant.go)
 
 	inst    *wgpu.Instance
 	adapter *wgpu.Adapter
@@ -120,6 +120,7 @@ type Device struct {
 	bgs      bindGroupCache
 	tick     uint64
 	stager   *stager
+	hosts    map[*HostBuffer]struct{} // live host buffers (host.go)
 	counters counters
 
 	lost     atomic.Pointer[error]
@@ -139,6 +140,7 @@ type Device struct {
 
 type counters struct {
 	allocs, reuses, pipelinesBuilt uint64
+	hostBytes                      uint64 // of live host buffers
 }
 
 // Open selects an adapter and opens a device on it. The device requests the
@@ -382,6 +384,9 @@ func (d *Device) release() {
 	for _, b := range d.buffers {
 		b.destroyLocked()
 	}
+	for h := range d.hosts {
+		h.destroyLocked()
+	}
 	d.pool = pool{}
 	d.queue.Release()
 	d.dev.Release()
@@ -426,6 +431,8 @@ type Stats struct {
 	Allocs        uint64 `json:"allocs"`        // native buffers created by Alloc
 	Reuses        uint64 `json:"reuses"`        // Allocs served from the pool
 	Compiles      uint64 `json:"compiles"`      // pipelines built
+	HostBuffers   int    `json:"hostBuffers"`   // live HostBuffers
+	HostBytes     uint64 `json:"hostBytes"`     // their allocated bytes
 }
 
 // Stats returns current counts.
@@ -442,6 +449,8 @@ func (d *Device) Stats() Stats {
 		Allocs:        d.counters.allocs,
 		Reuses:        d.counters.reuses,
 		Compiles:      d.counters.pipelinesBuilt,
+		HostBuffers:   len(d.hosts),
+		HostBytes:     d.counters.hostBytes,
 	}
 	for _, b := range d.buffers {
 		if b.state == bufLive && b.use == usageStorage {

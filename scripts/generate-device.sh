@@ -16,7 +16,7 @@ icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 [ -f "$icd" ] && export VK_DRIVER_FILES=$icd
 export XDG_RUNTIME_DIR=/tmp/rdrr-xdg
 mkdir -p -m 0700 "$XDG_RUNTIME_DIR"
-peer=$PWD/bin/peer
+peer=${PEER:-$PWD/bin/peer}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/machine.txt"
 nproc | tee -a "$out/machine.txt"
 for preset in ${PRESETS:-tiny-moe mixtral-8x7b}; do

@@ -83,6 +83,26 @@ type Arena interface {
 	Upload(ctx context.Context, slot int, data []byte) error
 }
 
+// HostArena is an Arena with host memory that it copies from directly
+// (GPUArena: gpu.HostBuffer). With Config.HostRAM, the RAM entries of keys
+// bound for VRAM live there, and promoting one is a single copy on the
+// GPU's copy engine instead of a memcpy into staging and a copy.
+type HostArena interface {
+	Arena
+	// AllocHost returns n bytes of host memory, writable until sealed.
+	AllocHost(n int64) (HostBlock, error)
+	// UploadHost copies a sealed block into slot.
+	UploadHost(ctx context.Context, slot int, b HostBlock) error
+}
+
+// HostBlock is host memory of a HostArena: written through Bytes, then
+// sealed, after which only the GPU reads it.
+type HostBlock interface {
+	Bytes() []byte // nil once sealed
+	Seal() error
+	Release()
+}
+
 // Config configures a Cache.
 type Config struct {
 	// RAM is the RAM level's budget in bytes (0: no RAM level; keys go
@@ -90,6 +110,12 @@ type Config struct {
 	RAM int64
 	// Arena is the VRAM level (nil: none).
 	Arena Arena
+	// HostRAM keeps the RAM entries of keys bound for VRAM (asked for at
+	// the VRAM level, or named by ForVRAM) in the arena's host memory,
+	// when the arena is a HostArena: their promotion is then one DMA
+	// copy. Such entries have no Bytes. If host memory runs out, entries
+	// fall back to ordinary memory with a warning.
+	HostRAM bool
 	// Disk and Swarm are the sources, tried in that order (either may be nil).
 	Disk, Swarm Source
 	// Policy names the eviction policy of both cached levels: lru, lfu or
@@ -128,18 +154,20 @@ func (e *SourceError) Unwrap() error { return e.Err }
 // Cache is the VRAM/RAM cache of byte ranges over the disk and swarm
 // sources. Safe for concurrent use.
 type Cache struct {
-	cfg   Config
-	mu    sync.Mutex
-	now   int64 // logical clock: one tick per access
-	ids   map[Key]int
-	keys  []Key
-	lv    [2]*cacheLevel // VRAM, RAM
-	stats [numLevels]levelStats
-	pq    prefetchQueue
-	wake  chan struct{}
-	quit  chan struct{}
-	wg    sync.WaitGroup
-	close bool
+	cfg        Config
+	mu         sync.Mutex
+	now        int64 // logical clock: one tick per access
+	ids        map[Key]int
+	keys       []Key
+	lv         [2]*cacheLevel // VRAM, RAM
+	stats      [numLevels]levelStats
+	pq         prefetchQueue
+	gpuBound   map[int]bool // keys bound for VRAM (HostRAM)
+	hostWarned bool
+	wake       chan struct{}
+	quit       chan struct{}
+	wg         sync.WaitGroup
+	close      bool
 }
 
 // cacheLevel is one of the two cached levels.
@@ -162,9 +190,10 @@ type entry struct {
 	err        error
 	done       chan struct{} // closed when loaded (or failed)
 	leases     int
-	data       []byte // RAM
-	slot       int    // VRAM
-	lastDemand int64  // logical time of the last demand
+	data       []byte    // RAM
+	host       HostBlock // RAM, instead of data: in the arena's host memory (HostRAM)
+	slot       int       // VRAM
+	lastDemand int64     // logical time of the last demand
 }
 
 // New makes a cache. Budgets that the device or the machine cannot give
@@ -182,7 +211,7 @@ func New(cfg Config) (*Cache, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	c := &Cache{cfg: cfg, ids: map[Key]int{}, wake: make(chan struct{}, 1), quit: make(chan struct{})}
+	c := &Cache{cfg: cfg, ids: map[Key]int{}, gpuBound: map[int]bool{}, wake: make(chan struct{}, 1), quit: make(chan struct{})}
 	for i, l := range []Level{VRAM, RAM} {
 		p, err := NewPolicy(cfg.Policy)
 		if err != nil {
@@ -220,6 +249,15 @@ func (c *Cache) Close() error {
 	c.mu.Unlock()
 	close(c.quit)
 	c.wg.Wait()
+	// Host memory is pinned: give it back now rather than at exit.
+	c.mu.Lock()
+	for _, e := range c.lv[1].entries {
+		if e.host != nil {
+			e.host.Release()
+			e.host = nil
+		}
+	}
+	c.mu.Unlock()
 	return nil
 }
 
@@ -234,7 +272,8 @@ type Lease struct {
 }
 
 // Bytes returns the key's bytes (a RAM lease). Valid until Release; do not
-// modify them.
+// modify them. An entry kept in the arena's host memory (Config.HostRAM)
+// has none: only the GPU reads it.
 func (l *Lease) Bytes() []byte { return l.e.data }
 
 // Slot returns the arena slot that holds the key (a VRAM lease).
@@ -303,6 +342,9 @@ func (c *Cache) get(ctx context.Context, k Key, level Level, askedAt int64, reco
 		return nil, ErrClosed
 	}
 	id := c.idLocked(k)
+	if level == VRAM {
+		c.gpuBound[id] = true
+	}
 	c.now++
 	if c.cfg.Trace != nil && record {
 		c.cfg.Trace.access(id, !demand)
@@ -386,6 +428,9 @@ func (c *Cache) load(ctx context.Context, k Key, lv *cacheLevel, e *entry) error
 				return err
 			}
 			defer rl.Release()
+			if rl.e.host != nil {
+				return c.cfg.Arena.(HostArena).UploadHost(ctx, e.slot, rl.e.host)
+			}
 			data = rl.Bytes()
 		} else {
 			data = make([]byte, k.Len)
@@ -395,8 +440,62 @@ func (c *Cache) load(ctx context.Context, k Key, lv *cacheLevel, e *entry) error
 		}
 		return c.cfg.Arena.Upload(ctx, e.slot, data)
 	}
+	if blk := c.hostBlock(k, e.id); blk != nil {
+		if err := c.readSource(ctx, k, blk.Bytes()); err != nil {
+			blk.Release()
+			return err
+		}
+		if err := blk.Seal(); err != nil {
+			blk.Release()
+			return err
+		}
+		e.host = blk
+		return nil
+	}
 	e.data = make([]byte, k.Len)
 	return c.readSource(ctx, k, e.data)
+}
+
+// hostBlock returns host memory of the arena for the RAM entry of key id,
+// or nil when the entry is to be ordinary memory: HostRAM is off, the
+// arena has no host memory, the key is not bound for VRAM, or host
+// memory ran out (then with a warning, once).
+func (c *Cache) hostBlock(k Key, id int) HostBlock {
+	ha, ok := c.cfg.Arena.(HostArena)
+	if !c.cfg.HostRAM || !ok {
+		return nil
+	}
+	c.mu.Lock()
+	bound := c.gpuBound[id]
+	c.mu.Unlock()
+	if !bound {
+		return nil
+	}
+	blk, err := ha.AllocHost(k.Len)
+	if err != nil {
+		c.mu.Lock()
+		warn := !c.hostWarned
+		c.hostWarned = true
+		c.mu.Unlock()
+		if warn {
+			c.cfg.Logger.Warn("tiers: no more host memory for the GPU; RAM entries go to ordinary memory (their uploads go through staging)", "key", k, "err", err)
+		}
+		return nil
+	}
+	return blk
+}
+
+// ForVRAM names keys bound for the VRAM level before any VRAM access (a
+// warm-up of RAM ahead of a run): with Config.HostRAM their RAM entries
+// are made in the arena's host memory.
+func (c *Cache) ForVRAM(keys []Key) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, k := range keys {
+		if k.check() == nil {
+			c.gpuBound[c.idLocked(k)] = true
+		}
+	}
 }
 
 // readSource reads k from the disk source if it has k, else the swarm.
@@ -488,6 +587,11 @@ func (lv *cacheLevel) dropLocked(e *entry) {
 		lv.free = append(lv.free, e.slot)
 	}
 	e.data = nil
+	if e.host != nil {
+		// A copy already submitted from it still reads it (HostBlock).
+		e.host.Release()
+		e.host = nil
+	}
 }
 
 // Has reports whether k is ready at level (for tests and stats).
@@ -525,7 +629,7 @@ func (c *Cache) check() error {
 				}
 				slots[e.slot] = true
 			}
-			if lv.level == RAM && e.ready && int64(len(e.data)) != e.size {
+			if lv.level == RAM && e.ready && e.host == nil && int64(len(e.data)) != e.size {
 				return fmt.Errorf("ram: entry %d holds %d bytes; want %d", id, len(e.data), e.size)
 			}
 		}

@@ -117,13 +117,14 @@ type levelCase struct {
 	name   string
 	target Level
 	source string // disk or swarm
+	host   bool   // Config.HostRAM (with a HostArena)
 }
 
 var conformance = []levelCase{
-	{"ram from disk", RAM, "disk"},
-	{"ram from swarm", RAM, "swarm"},
-	{"vram from disk", VRAM, "disk"},
-	{"vram from swarm", VRAM, "swarm"},
+	{"ram from disk", RAM, "disk", false},
+	{"ram from swarm", RAM, "swarm", false},
+	{"vram from disk", VRAM, "disk", false},
+	{"vram from swarm", VRAM, "swarm", false},
 }
 
 func (lc levelCase) cache(t testing.TB, w *world, slots int, arena Arena) (*Cache, *storeFetcher) {
@@ -140,6 +141,7 @@ func (lc levelCase) cache(t testing.TB, w *world, slots int, arena Arena) (*Cach
 			arena = newMemArena(slots, keyLen)
 		}
 		cfg.Arena = arena
+		cfg.HostRAM = lc.host
 		cfg.RAM = keyLen // RAM smaller than VRAM: VRAM holds what RAM evicted
 	}
 	c, err := New(cfg)

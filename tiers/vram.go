@@ -9,7 +9,7 @@ import (
 )
 
 // GPUArena is the VRAM level: equal slots in GPU buffers, the layout
-// gpu.Kernels.Q4KMatVecGroup reads weights from (slot i of a buffer at
+// gpu/ops.Kernels.Q4KMatVecGroup reads weights from (slot i of a buffer at
 // byte i x SlotSize). One buffer is one storage binding, which devices
 // bound (2 GiB at most through wgpu), so a large arena is several buffers.
 type GPUArena struct {
@@ -78,6 +78,30 @@ func (a *GPUArena) Upload(ctx context.Context, slot int, data []byte) error {
 	}
 	buf, i := a.Locate(slot)
 	return a.d.Upload(ctx, buf.Sub(uint64(i)*uint64(a.slotSize), uint64(a.slotSize)), data)
+}
+
+// AllocHost returns n bytes of host memory the arena copies from directly
+// (a gpu.HostBuffer): the RAM level's entries with Config.HostRAM.
+func (a *GPUArena) AllocHost(n int64) (HostBlock, error) {
+	if n <= 0 || n > a.slotSize {
+		return nil, fmt.Errorf("tiers: host block of %d bytes for slots of %d", n, a.slotSize)
+	}
+	h, err := a.d.AllocHost(uint64(n))
+	if err != nil {
+		return nil, err // not a nil *gpu.HostBuffer in an interface
+	}
+	return h, nil
+}
+
+// UploadHost copies a sealed host block (from AllocHost) into slot: one
+// copy on the GPU's queue, no memcpy.
+func (a *GPUArena) UploadHost(ctx context.Context, slot int, b HostBlock) error {
+	h, ok := b.(*gpu.HostBuffer)
+	if !ok || slot < 0 || slot >= a.slots || int64(h.Len()) > a.slotSize {
+		return fmt.Errorf("tiers: host upload of %T to slot %d of %d x %d", b, slot, a.slots, a.slotSize)
+	}
+	buf, i := a.Locate(slot)
+	return a.d.CopyHost(ctx, buf.Sub(uint64(i)*uint64(a.slotSize), uint64(a.slotSize)), h, 0, uint64(h.Len()))
 }
 
 // Release frees the arena's buffers.

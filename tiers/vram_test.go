@@ -30,9 +30,24 @@ func TestConformanceGPUArena(t *testing.T) {
 	}
 	defer arena.Release()
 	ctx := context.Background()
-	for _, src := range []string{"disk", "swarm"} {
+	for _, lc := range []levelCase{{source: "disk"}, {source: "swarm"}, {source: "disk", host: true}, {source: "swarm", host: true}} {
+		src := lc.source
+		if lc.host {
+			src += ", RAM in host memory"
+		}
 		w := newWorld(t, 6)
-		c, _ := levelCase{target: VRAM, source: src}.cache(t, w, 3, arena)
+		lc.target = VRAM
+		c, _ := lc.cache(t, w, 3, arena)
+		if lc.host {
+			// Named ahead: warmed into RAM, they are made in host memory.
+			c.ForVRAM(w.keys[:1])
+			if err := c.Warm(ctx, w.keys[:1], RAM, 1, nil); err != nil {
+				t.Fatal(err)
+			}
+			if s := d.Stats(); s.HostBuffers != 1 {
+				t.Fatalf("%s: %d host buffers after warming one key bound for VRAM into RAM", src, s.HostBuffers)
+			}
+		}
 		for round := 0; round < 2; round++ {
 			for _, k := range w.keys {
 				l, err := c.Get(ctx, k, VRAM)
@@ -51,9 +66,17 @@ func TestConformanceGPUArena(t *testing.T) {
 				if err := c.check(); err != nil {
 					t.Fatal(err)
 				}
+				// RAM holds one key (the one just promoted): in host
+				// memory exactly when asked for.
+				if hb, want := d.Stats().HostBuffers, map[bool]int{false: 0, true: 1}[lc.host]; hb != want {
+					t.Fatalf("%s: %d host buffers, want %d", src, hb, want)
+				}
 			}
 		}
 		c.Close()
+		if s := d.Stats(); s.HostBuffers != 0 {
+			t.Fatalf("%s: %d host buffers left after Close", src, s.HostBuffers)
+		}
 	}
 	// A budget larger than the device degrades, never fails.
 	huge, err := NewGPUArena(d, 64<<20, 1<<20, nil)

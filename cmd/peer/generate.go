@@ -27,7 +27,7 @@ func generateCmd(a *app) *cobra.Command {
 	var warm, profileGPU bool
 	var prompt, tracePath, cpuProfile, policy, engine, procedural string
 	var maxTokens int
-	var prefetch bool
+	var prefetch, hostRAM bool
 	var s experts.Sampling
 	var budgets [3]byteSize
 	var nf netFlags
@@ -94,7 +94,7 @@ step. Synthetic models use bytes as tokens.`,
 				}
 				b := tiers.Clamp(tiers.Budgets{RAM: int64(budgets[1])}, "", 0, a.log)
 				rec := &tiers.TraceRecorder{}
-				cfg := tiers.Config{RAM: b.RAM, Disk: tiers.DiskSource{Store: st}, Policy: policy, Trace: rec, Logger: a.log}
+				cfg := tiers.Config{RAM: b.RAM, Disk: tiers.DiskSource{Store: st}, Policy: policy, Trace: rec, Logger: a.log, HostRAM: hostRAM}
 				if fetcher != nil {
 					// At most 16 slices in flight: a peer refuses more than
 					// 32 outstanding requests, and the GPU engine pages a
@@ -251,6 +251,7 @@ step. Synthetic models use bytes as tokens.`,
 	f.StringVar(&cpuProfile, "cpuprofile", "", "write a Go CPU profile of the generation (not the load) here")
 	f.StringVar(&tracePath, "trace", "", "write the expert access trace here (tiers/TRACE.md)")
 	f.StringVar(&engine, "engine", "ref", "decode engine: ref (float64 CPU reference) or gpu (wgpu kernels, experts paged into a VRAM arena of --vram bytes)")
+	f.BoolVar(&hostRAM, "host-ram", false, "gpu engine: keep the RAM level's experts in host memory the GPU copies from directly (an upload is one DMA copy, no memcpy into staging; off by default: on the H100 a RAM level of hundreds of such buffers slowed every step, see tiers/BENCHMARKS.md)")
 	f.BoolVar(&prefetch, "prefetch", true, "gpu engine: prefetch each next layer's likely experts (its router on the current hidden state)")
 	f.StringVar(&procedural, "procedural", "", "the manifest of a synthetic model to regenerate locally instead of reading a store (model argument: its CID or -)")
 	budgetFlags(cmd, &budgets)
@@ -340,6 +341,9 @@ func (a *app) gpuEngine(ctx context.Context, st *cas.Store, m *experts.Manifest,
 		arena.Release()
 		d.Close()
 		return nil, nil, err
+	}
+	if cfg.HostRAM {
+		cache.ForVRAM(g.ExpertKeys()) // a --warm of RAM makes them in host memory too
 	}
 	g.Trace = cfg.Trace
 	g.Prefetch = prefetch
