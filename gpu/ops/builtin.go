@@ -46,7 +46,8 @@ var builtins = map[string]builtin{
 	"embed":             {"embed.wgsl", []gpu.Access{ro, ro, rw}, 16, ""},
 	"argmax":            {"argmax.wgsl", []gpu.Access{ro, rw}, 4, ""}, // one workgroup: the kernel lab's baseline
 	"argmax_blocks":     {"argmax_blocks.wgsl", []gpu.Access{ro, rw}, 16, ""},
-	"topp":              {"topp.wgsl", []gpu.Access{ro, rw}, 16, ""},
+	"topp":              {"topp.wgsl", []gpu.Access{ro, rw}, 16, ""}, // one workgroup: the kernel lab's baseline, and TopP of one block
+	"topp_blocks":       {"topp_blocks.wgsl", []gpu.Access{ro, rw, rw}, 32, ""},
 	"copy":              {"copy.wgsl", []gpu.Access{ro, rw}, 8, ""},
 	"kv_store":          {"kv_store.wgsl", []gpu.Access{ro, rw, rw}, 16, ""},
 }

@@ -588,6 +588,45 @@ func TestArgmax(t *testing.T) {
 	}
 }
 
+// TestTopPBlocks runs top-p over vocabularies of several blocks whose
+// mass sits in a head of tokens spread over the vocabulary (boosted
+// logits), so that the kept set holds tens to hundreds of tokens with
+// probabilities far from f32's rounding: the draw's pick crosses blocks
+// and every case is decided, not skipped.
+func TestTopPBlocks(t *testing.T) {
+	d, k := shared.d, shared.k
+	r := rng(t)
+	checked := 0
+	for _, c := range []struct {
+		n, head     int
+		temp, top_p float64
+	}{{151936, 300, 1, 0.9}, {100000, 60, 0.7, 0.8}, {8193, 40, 1.2, 0.95}, {65536, 1000, 1, 0.5}} {
+		for it := 0; it < 4; it++ {
+			x := randF32(r, c.n, 1)
+			for range c.head {
+				x[r.IntN(c.n)] += 12
+			}
+			u := r.Float64()
+			want, margin := ref.TopP(ref.F32(x), c.temp, c.top_p, u)
+			if margin < 1e-4 {
+				continue
+			}
+			checked++
+			xb := uploadF32(t, d, x)
+			out := poisoned(t, d, 4)
+			run(t, d, func(b *gpu.Batch) error {
+				return k.TopP(ctxT(t), b, xb, out, TopPShape{N: c.n, Temperature: float32(c.temp), TopP: float32(c.top_p), U: float32(u)})
+			})
+			if got := readU32(t, d, out, 1)[0]; int(got) != want {
+				t.Fatalf("n %d head %d temp %v top-p %v u %v: got token %d; want %d (margin %.3g)", c.n, c.head, c.temp, c.top_p, u, got, want, margin)
+			}
+		}
+	}
+	if checked < 12 {
+		t.Fatalf("only %d of 16 cases had a safe margin", checked)
+	}
+}
+
 func TestTopP(t *testing.T) {
 	d, k := shared.d, shared.k
 	r := rng(t)
@@ -598,6 +637,12 @@ func TestTopP(t *testing.T) {
 		temp, top_p float64
 	}{
 		{1, 1, 1, 0.9}, {10, 2, 1, 0.5}, {1000, 3, 0.8, 0.9}, {32000, 4, 1, 0.95}, {5000, 1, 1.5, 1}, {300, 5, 0.7, 0.1},
+		// More than one block (topp_blocks): a vocabulary, a flat one
+		// that keeps most of it, a sharp one that keeps a few, and a
+		// block and one value. Most draws over a large vocabulary fall
+		// within f32's reach of a boundary and are skipped: the cases
+		// below (TestTopPBlocks) are built to be decided.
+		{151936, 3, 0.8, 0.9}, {100000, 0.1, 1, 0.99}, {65536, 8, 0.5, 0.5}, {4097, 2, 1, 0.7},
 	} {
 		for it := 0; it < 4; it++ {
 			x := randF32(r, c.n, c.scale)

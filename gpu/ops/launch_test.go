@@ -67,6 +67,10 @@ func TestLaunchesMatchABI(t *testing.T) {
 	add("argmax", l, err)
 	l, err = TopPLaunch(TopPShape{N: 32000, Temperature: 0.8, TopP: 0.9, U: 0.5})
 	add("topp", l, err)
+	for stage := range toppStages {
+		l, err = TopPBlocksLaunch(TopPShape{N: 151936, Temperature: 0.8, TopP: 0.9, U: 0.5}, stage)
+		add("topp_blocks", l, err)
+	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			if c.err != nil {

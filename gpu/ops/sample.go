@@ -129,12 +129,60 @@ func TopPLaunch(s TopPShape) (Launch, error) {
 		Bindings: []Binding{{"logits", uint64(s.N * 4)}, {"out", 4}}}, nil
 }
 
+// toppBlock is the values one workgroup of TopP's multi-workgroup passes
+// takes (a multiple of 256): a 152k vocabulary spreads over 38.
+const toppBlock = 4096
+
+// toppStages is the dispatches of topp_blocks (see the kernel).
+const toppStages = 6
+
+// TopPBlocksLaunch is the dispatch rule of stage (0 to 5) of TopP over
+// more than one block of values. Bindings: logits, scratch (ToppScratch
+// bytes), out.
+func TopPBlocksLaunch(s TopPShape, stage int) (Launch, error) {
+	const name = "topp_blocks"
+	if _, err := TopPLaunch(s); err != nil {
+		return Launch{}, err
+	}
+	if stage < 0 || stage >= toppStages || s.N > 1<<28 {
+		return Launch{}, shapeErr(name, "stage %d of %d values (stages 0-%d, at most 2^28 values)", stage, s.N, toppStages-1)
+	}
+	nb := (s.N + toppBlock - 1) / toppBlock
+	groups := uint32(nb)
+	if stage == toppStages-1 {
+		groups = 1
+	}
+	return Launch{Kernel: name, Groups: [3]uint32{groups, 1, 1},
+		Params: gpu.Params{}.U32(uint32(s.N)).F32(1 / s.Temperature).F32(s.TopP).F32(s.U).
+			U32(uint32(stage)).U32(toppBlock).U32(uint32(nb)).U32(0),
+		Bindings: []Binding{{"logits", uint64(s.N * 4)}, {"scratch", toppScratch(nb)}, {"out", 4}}}, nil
+}
+
+// toppScratch is the scratch bytes of TopP over nb blocks: three rounds'
+// 1024-bucket histograms, the select's state, then four words a block.
+func toppScratch(nb int) uint64 { return uint64(3088+4*nb) * 4 }
+
 // TopP records out[0] = a token sampled as s says. Temperature <= 0 means
-// greedy (Argmax).
+// greedy (Argmax). Up to one block of values it is one workgroup (topp);
+// beyond, six dispatches over a workgroup per block (topp_blocks),
+// with the same rule.
 func (k *Kernels) TopP(ctx context.Context, b *gpu.Batch, logits, out gpu.Region, s TopPShape) error {
 	if s.Temperature <= 0 {
 		return k.Argmax(ctx, b, logits, out, s.N)
 	}
 	l, err := TopPLaunch(s)
-	return k.launch(ctx, b, l, err, logits, out)
+	if err != nil || s.N <= toppBlock {
+		return k.launch(ctx, b, l, err, logits, out)
+	}
+	scratch, err := b.Scratch(toppScratch((s.N + toppBlock - 1) / toppBlock))
+	if err != nil {
+		return err
+	}
+	for stage := range toppStages {
+		l, err := TopPBlocksLaunch(s, stage)
+		if err := k.launch(ctx, b, l, err, logits, scratch, out); err != nil {
+			return err
+		}
+	}
+	return nil
 }
