@@ -192,6 +192,18 @@ func (r *Reader) Size() int64 { return r.size }
 // Close closes the blob file.
 func (r *Reader) Close() error { return r.f.Close() }
 
+// WillNeed tells the store that [off, off+n) will be read soon: the file's
+// pages start coming from disk at once, in large requests. For a reader
+// that then reads the range in parts from several goroutines (a cold
+// 64 MiB key read by 16 of them reached 0.75x of one sequential read
+// without it on the H100's host). Only a hint.
+func (r *Reader) WillNeed(off, n int64) {
+	if off < 0 || n <= 0 || off >= r.size {
+		return
+	}
+	willNeed(r.f, off, min(n, r.size-off))
+}
+
 // ReadAt implements io.ReaderAt with verification.
 func (r *Reader) ReadAt(p []byte, off int64) (int, error) {
 	if off < 0 {

@@ -7,3 +7,7 @@ import "os"
 // startWriteback is a no-op where sync_file_range(2) does not exist: the
 // final fsync then does all the writing back. Only speed differs.
 func startWriteback(f *os.File, off, n int64) {}
+
+// willNeed is a no-op where posix_fadvise(2) is not used: readers then
+// rely on the kernel's own readahead. Only speed differs.
+func willNeed(f *os.File, off, n int64) {}

@@ -38,6 +38,7 @@ func (d DiskSource) Read(ctx context.Context, k Key, dst []byte) error {
 	if parts <= 1 {
 		return readFull(r, dst[:k.Len], k.Off)
 	}
+	r.WillNeed(k.Off, k.Len) // one readahead of the whole key, not one per part
 	part := (k.Len/parts + bao.GroupSize - 1) / bao.GroupSize * bao.GroupSize
 	g, _ := errgroup.WithContext(ctx)
 	for lo := int64(0); lo < k.Len; lo += part {
