@@ -1,14 +1,18 @@
 package e2e
 
 import (
+	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
+	"math"
 	"net"
 	"os"
 	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -63,25 +67,44 @@ func BenchmarkTransport(b *testing.B) {
 	os.Remove(path)
 	url := startSignal(b)
 
+	// RDRR_BENCH_FETCH_ONLY=1 runs tcp and fetch only (to profile the
+	// fetch: RDRR_BENCH_SERVE_PROFILE and -cpuprofile).
+	fetchOnly := os.Getenv("RDRR_BENCH_FETCH_ONLY") != ""
 	tcp := medianOf(runs, func() float64 { return measureTCP(b, size) })
-	naive := medianOf(runs, func() float64 { return measureNaive(b, size/4) })
+	naive := math.NaN()
+	if !fetchOnly {
+		naive = medianOf(runs, func() float64 { return measureNaive(b, size/4) })
+	}
 
-	srv := startChild(b, "serve", envHome+"="+homeA, envSignal+"="+url, envTopic+"=bench")
+	srvEnv := []string{envHome + "=" + homeA, envSignal + "=" + url, envTopic + "=bench"}
+	if path := os.Getenv("RDRR_BENCH_SERVE_PROFILE"); path != "" {
+		srvEnv = append(srvEnv, envCPUProfile+"="+path) // the seeder's CPU profile
+	}
+	srv := startChild(b, "serve", srvEnv...)
 	ready := strings.Fields(srv.expect("ready", 30*time.Second)) // peer id, SCTP MTU
 	id, err := peer.Decode(ready[0])
 	if err != nil {
 		b.Fatal(err)
 	}
 	bigMTU, _ := strconv.Atoi(ready[1])
+	// CPU seconds of both processes, per fetch (the median is reported).
+	var cpuBoth []float64
 	fetch := func(tweak func(*swarm.Config)) float64 {
 		node := newLocalNodeWith(b, url, b.TempDir(), "bench", tweak)
 		defer node.st.Close()
 		defer node.Close()
+		self0, seed0 := cpuSelf(), cpuOf(srv.cmd.Process.Pid)
 		start := time.Now()
 		if _, err := node.Fetch(ctxFor(b, 10*time.Minute), node.st, c, swarm.FetchOptions{Peers: []peer.ID{id}}); err != nil {
 			b.Fatal(err)
 		}
-		mbs := float64(size) / time.Since(start).Seconds() / 1e6
+		took := time.Since(start)
+		fetcher, seeder := cpuSelf()-self0, cpuOf(srv.cmd.Process.Pid)-seed0
+		if tweak == nil {
+			cpuBoth = append(cpuBoth, fetcher+seeder)
+		}
+		mbs := float64(size) / took.Seconds() / 1e6
+		b.Logf("fetch (big packets %v): %.2f s, %.0f MB/s, CPU %.2f s fetcher + %.2f s seeder", tweak == nil, took.Seconds(), mbs, fetcher, seeder)
 		if got := hashStored(b, node.st, c); got != want {
 			b.Fatalf("fetched file hashes to %x; want %x", got, want)
 		}
@@ -89,8 +112,14 @@ func BenchmarkTransport(b *testing.B) {
 	}
 	b.ResetTimer()
 	ours := medianOf(runs, func() float64 { return fetch(nil) })
-	small := medianOf(runs, func() float64 { return fetch(func(c *swarm.Config) { c.BigMTU = -1 }) })
+	cpu := median(cpuBoth)
+	small := math.NaN()
+	if !fetchOnly {
+		small = medianOf(runs, func() float64 { return fetch(func(c *swarm.Config) { c.BigMTU = -1 }) })
+	}
 	b.StopTimer()
+	b.ReportMetric(cpu, "cpu-s")
+	b.ReportMetric(float64(size)/1e6/cpu, "MB-per-cpu-s")
 
 	b.ReportMetric(ours, "MB/s")
 	b.ReportMetric(small, "small-packets-MB/s")
@@ -107,6 +136,34 @@ func BenchmarkTransport(b *testing.B) {
 	b.Logf("  fetch        %7.0f MB/s  %.2fx of naive, %.3fx of tcp; %d connections x %d bulk channels, %d-byte SCTP packets, %d MiB socket buffers, %d KiB pieces, window %d; setup timed; verified into a store", ours, ours/naive, ours/tcp, d.Links, d.BulkChannels, max(bigMTU, 1191), d.SocketBuffer>>20, d.PieceSize>>10, d.Window)
 	b.Logf("  fetch-small  %7.0f MB/s  %.2fx of naive; as fetch with big packets off (1191-byte SCTP packets), what browsers and internet peers get", small, small/naive)
 }
+
+// cpuSelf returns the CPU seconds (user and system) this process used.
+func cpuSelf() float64 {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
+}
+
+// cpuOf returns the CPU seconds process pid used (Linux /proc; 0 if it
+// cannot be read).
+func cpuOf(pid int) float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// Fields after the command (which may hold spaces), from field 3.
+	fs := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+	if len(fs) < 13 {
+		return 0
+	}
+	ut, _ := strconv.ParseFloat(fs[11], 64)
+	st, _ := strconv.ParseFloat(fs[12], 64)
+	return (ut + st) / clockTicks
+}
+
+// clockTicks is USER_HZ, the unit of /proc/<pid>/stat's times (100 on
+// every Linux this runs on).
+const clockTicks = 100
 
 // medianOf returns the median of n calls of f.
 func medianOf(n int, f func() float64) float64 {

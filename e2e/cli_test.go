@@ -18,7 +18,7 @@ import (
 
 // peerBinary returns the `peer` command: $RDRR_PEER_BIN, or one built from
 // ./cmd/peer for this test.
-func peerBinary(t *testing.T) string {
+func peerBinary(t testing.TB) string {
 	if p := os.Getenv("RDRR_PEER_BIN"); p != "" {
 		return p
 	}

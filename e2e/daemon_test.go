@@ -23,7 +23,7 @@ type daemon struct {
 	api  string
 }
 
-func startDaemon(t *testing.T, peer, home string, args ...string) *daemon {
+func startDaemon(t testing.TB, peer, home string, args ...string) *daemon {
 	t.Helper()
 	cmd := exec.Command(peer, append([]string{"--home", home, "daemon", "--api-listen", "127.0.0.1:0", "--log-level", "info"}, args...)...)
 	stderr, _ := cmd.StderrPipe()
@@ -57,7 +57,7 @@ func startDaemon(t *testing.T, peer, home string, args ...string) *daemon {
 }
 
 // stop sends SIGTERM and expects exit status 0.
-func (d *daemon) stop(t *testing.T) {
+func (d *daemon) stop(t testing.TB) {
 	if d.cmd.ProcessState != nil {
 		return
 	}
@@ -76,7 +76,7 @@ func (d *daemon) stop(t *testing.T) {
 	}
 }
 
-func (d *daemon) do(t *testing.T, method, path, token string, body any) (int, []byte) {
+func (d *daemon) do(t testing.TB, method, path, token string, body any) (int, []byte) {
 	t.Helper()
 	var rd io.Reader
 	if body != nil {
@@ -249,7 +249,7 @@ func TestDaemonAPI(t *testing.T) {
 var apiClient = &http.Client{Timeout: time.Minute}
 
 // freeAddr returns a loopback address with a port free right now.
-func freeAddr(t *testing.T) string {
+func freeAddr(t testing.TB) string {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

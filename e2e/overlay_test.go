@@ -25,7 +25,7 @@ type daemonStatus struct {
 	}
 }
 
-func (d *daemon) status(t *testing.T) daemonStatus {
+func (d *daemon) status(t testing.TB) daemonStatus {
 	t.Helper()
 	_, body := d.do(t, "GET", "/api/v1/status", "", nil)
 	var st daemonStatus

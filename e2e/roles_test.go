@@ -6,12 +6,14 @@ import (
 	"context"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -39,6 +41,9 @@ const (
 	envAddr   = "RDRR_E2E_ADDR"  // tcp-send: where to connect
 	envBytes  = "RDRR_E2E_BYTES" // tcp-send, naive-send: how much to send
 	envStay   = "RDRR_E2E_STAY"  // fetch: stay (serving) after done, until stdin closes
+	// serve: write a CPU profile of the child to this path (benchmarks:
+	// RDRR_BENCH_SERVE_PROFILE)
+	envCPUProfile = "RDRR_E2E_CPUPROFILE"
 )
 
 func TestMain(m *testing.M) {
@@ -112,6 +117,17 @@ func joinSwarm(ctx context.Context, log *slog.Logger, home string, src swarm.Sou
 
 func roleServe(ctx context.Context, log *slog.Logger) error {
 	ctx = untilStdinCloses(ctx)
+	if path := os.Getenv(envCPUProfile); path != "" {
+		f, err := os.Create(path)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
 	st, err := cas.Open(os.Getenv(envHome), cas.Options{})
 	if err != nil {
 		return err
@@ -226,6 +242,47 @@ func roleFetch(ctx context.Context, log *slog.Logger) error {
 	defer node.Close()
 	topic := os.Getenv(envTopic)
 	var mu sync.Mutex
+	// "stored N" lines say how many bytes of the collection's shards are
+	// in the store, whole and durable: what survives a SIGKILL (a shard
+	// whose last byte was written may still be syncing when "progress"
+	// has counted it).
+	pollDone := make(chan struct{})
+	var polling sync.WaitGroup
+	defer polling.Wait()
+	defer close(pollDone)
+	polling.Add(1)
+	go func() {
+		defer polling.Done()
+		var last int64
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-pollDone:
+				return
+			case <-tick.C:
+			}
+			if !st.Has(c) {
+				continue
+			}
+			col, err := st.Collection(c)
+			if err != nil {
+				continue
+			}
+			var stored int64
+			for _, sh := range col.Shards {
+				if st.Has(sh.CID) {
+					stored += sh.Size
+				}
+			}
+			if stored != last {
+				last = stored
+				mu.Lock()
+				fmt.Printf("stored %d\n", stored)
+				mu.Unlock()
+			}
+		}
+	}()
 	start := time.Now()
 	_, err = node.Fetch(ctx, st, c, swarm.FetchOptions{
 		Discover: func(ctx context.Context) ([]peer.ID, error) { return sc.Peers(ctx, topic) },
@@ -264,24 +321,38 @@ func roleFetch(ctx context.Context, log *slog.Logger) error {
 	return nil
 }
 
-// roleTCPSend writes RDRR_E2E_BYTES bytes to RDRR_E2E_ADDR: the raw
-// loopback limit the transport is compared with.
+// roleTCPSend writes RDRR_E2E_BYTES bytes to RDRR_E2E_ADDR (to each of
+// its comma-separated addresses, at once): the raw loopback limit the
+// transport is compared with.
 func roleTCPSend() error {
 	n, _ := strconv.ParseInt(os.Getenv(envBytes), 10, 64)
-	c, err := net.Dial("tcp", os.Getenv(envAddr))
-	if err != nil {
-		return err
+	addrs := strings.Split(os.Getenv(envAddr), ",")
+	errs := make(chan error, len(addrs))
+	for _, addr := range addrs {
+		go func() {
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer c.Close()
+			buf := make([]byte, 1<<20)
+			for sent := int64(0); sent < n; {
+				k, err := c.Write(buf[:min(int64(len(buf)), n-sent)])
+				if err != nil {
+					errs <- err
+					return
+				}
+				sent += int64(k)
+			}
+			errs <- nil
+		}()
 	}
-	defer c.Close()
-	buf := make([]byte, 1<<20)
-	for sent := int64(0); sent < n; {
-		k, err := c.Write(buf[:min(int64(len(buf)), n-sent)])
-		if err != nil {
-			return err
-		}
-		sent += int64(k)
+	var err error
+	for range addrs {
+		err = errors.Join(err, <-errs)
 	}
-	return nil
+	return err
 }
 
 // naiveAPI is pion as it comes, except that ICE stays on loopback (the

@@ -77,3 +77,40 @@ func TestEndgameTwoStalledPeers(t *testing.T) {
 	}
 	t.Logf("fetched in %v", took.Round(time.Millisecond))
 }
+
+// Among the open blobs, a worker takes pieces first from those that the
+// fewest providers hold whole (blob order among equals), so that the
+// blobs left with the fewest copies when holders die are completed
+// first.
+func TestRarestBlobsFirst(t *testing.T) {
+	s := newScheduler(&fetcher{}, 1<<20, 8)
+	x, y, z := peer.ID("x"), peer.ID("y"), peer.ID("z")
+	blob := func(name string, whole, partial []peer.ID) *blobJob {
+		b := &blobJob{w: &want{cid: cas.Sum([]byte(name))}, has: map[peer.ID]bool{}, bits: map[peer.ID][]byte{}}
+		for _, p := range whole {
+			b.has[p] = true
+		}
+		for _, p := range partial {
+			b.has[p] = true
+			b.bits[p] = []byte{1}
+		}
+		return b
+	}
+	two := blob("two", []peer.ID{x, y}, []peer.ID{z})
+	one := blob("one", []peer.ID{x}, []peer.ID{y, z})
+	three := blob("three", []peer.ID{x, y, z}, nil)
+	oneToo := blob("one too", []peer.ID{y}, nil)
+	s.open = []*blobJob{two, one, three, oneToo}
+	s.mu.Lock()
+	got := s.rarestBlobs()
+	s.mu.Unlock()
+	want := []*blobJob{one, oneToo, two, three}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("blob %d is %s; want %s", i, got[i].w.cid, want[i].w.cid)
+		}
+	}
+	if len(s.open) != 4 || s.open[0] != two {
+		t.Fatal("rarestBlobs reordered the open blobs")
+	}
+}

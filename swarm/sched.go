@@ -160,7 +160,8 @@ type scheduler struct {
 	head      int
 	waiting   map[peer.ID]int // pending blobs each peer has
 	open      []*blobJob
-	busy      int // blobs being opened or finished (they hold a Partial too)
+	order     []*blobJob // scratch of rarestBlobs
+	busy      int        // blobs being opened or finished (they hold a Partial too)
 	workers   map[peer.ID]int
 	inflight  map[peer.ID]int
 	providers map[peer.ID]bool
@@ -367,7 +368,7 @@ func (s *scheduler) next(ctx context.Context, l *link, maxReq int64) *piece {
 		}
 		// A peer that failed gets one request at a time until it answers.
 		if s.inflight[p] == 0 || !s.f.struck(p) && s.inflight[p] < s.pipeline(p) {
-			for _, b := range s.open {
+			for _, b := range s.rarestBlobs() {
 				if !b.has[p] {
 					continue
 				}
@@ -401,6 +402,30 @@ func (s *scheduler) next(ctx context.Context, l *link, maxReq int64) *piece {
 		}
 		s.cond.Wait()
 	}
+}
+
+// rarestBlobs returns the open blobs, those that the fewest providers
+// hold whole first (in blob order among equals): when holders die, the
+// blobs left with the fewest copies are completed first: a completed
+// blob is a copy that self-heal counts (Replicator), and pieces spread
+// over every blob make none. The slice is reused by the next call. s.mu
+// must be held.
+func (s *scheduler) rarestBlobs() []*blobJob {
+	s.order = append(s.order[:0], s.open...)
+	if len(s.order) < 2 {
+		return s.order
+	}
+	whole := func(b *blobJob) int {
+		n := 0
+		for q := range b.has {
+			if _, partial := b.bits[q]; !partial {
+				n++
+			}
+		}
+		return n
+	}
+	slices.SortStableFunc(s.order, func(a, b *blobJob) int { return whole(a) - whole(b) })
+	return s.order
 }
 
 // endgame returns a copy of a piece in flight with another peer for p to

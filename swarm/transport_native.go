@@ -8,6 +8,7 @@ import (
 	"crypto/rand"
 	"fmt"
 	"net"
+	"time"
 
 	"github.com/pion/ice/v4"
 	piontransport "github.com/pion/transport/v4"
@@ -56,6 +57,12 @@ func newTransport(cfg Config) (*transport, error) {
 			se.SetRemoteIPFilter(func(ip net.IP) bool { return ip.IsLoopback() })
 			se.SetNetworkTypes([]webrtc.NetworkType{webrtc.NetworkTypeUDP4})
 			se.SetICEMulticastDNSMode(ice.MulticastDNSModeDisabled)
+			// No path between two processes of one machine drops out
+			// and comes back: a silent peer died. pion's defaults (5 s
+			// to disconnected, 25 s more to failed) kept a killed
+			// peer's connections, its requests in flight and its
+			// pieces, for half a minute.
+			se.SetICETimeouts(loopbackDisconnected, loopbackFailed, loopbackKeepalive)
 		}
 		if bigMTU > 0 {
 			se.SetReceiveMTU(bigRecvMTU)
@@ -83,6 +90,16 @@ func newTransport(cfg Config) (*transport, error) {
 	}
 	return t, nil
 }
+
+// ICE timeouts on loopback (Config.Loopback): a peer silent for
+// loopbackDisconnected + loopbackFailed is dead and its connection
+// closes. Keepalives every loopbackKeepalive keep an idle connection
+// from looking silent.
+const (
+	loopbackDisconnected = 3 * time.Second
+	loopbackFailed       = 4 * time.Second
+	loopbackKeepalive    = time.Second
+)
 
 // bufferedNet asks for big UDP socket buffers: at 100 MB/s a default
 // 208 KiB receive buffer overflows between two reads, and every drop costs

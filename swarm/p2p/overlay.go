@@ -93,6 +93,8 @@ type Overlay struct {
 
 	repl        *Topic      // the replication topic
 	replication replication // what it said
+	live        liveness    // pings shared by Alive's callers
+	lookups     lookups     // LiveProviders' recent DHT lookups
 
 	mu       sync.Mutex
 	haves    map[cas.Digest][]peer.ID // from have-announcements

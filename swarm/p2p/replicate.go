@@ -262,7 +262,9 @@ func (o *Overlay) Replication() ([]swarm.ReplicaTarget, []peer.ID) {
 }
 
 // Alive implements swarm.ReplicaOverlay: those of ps that answer a
-// libp2p ping within pingTimeout (all at once).
+// libp2p ping within pingTimeout (all at once). Callers share pings
+// (liveness): a peer asked about by many callers at once, or again
+// within liveFresh of its last answer, is pinged once.
 func (o *Overlay) Alive(ctx context.Context, ps []peer.ID) []peer.ID {
 	live := make([]bool, len(ps))
 	var wg sync.WaitGroup
@@ -270,13 +272,7 @@ func (o *Overlay) Alive(ctx context.Context, ps []peer.ID) []peer.ID {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			pctx, cancel := context.WithTimeout(ctx, pingTimeout)
-			defer cancel()
-			select {
-			case res := <-ping.Ping(pctx, o.Host, p):
-				live[i] = res.Error == nil
-			case <-pctx.Done():
-			}
+			live[i] = o.alive(ctx, p)
 		}()
 	}
 	wg.Wait()
@@ -289,12 +285,116 @@ func (o *Overlay) Alive(ctx context.Context, ps []peer.ID) []peer.ID {
 	return out
 }
 
+// liveness shares pings among the callers of Alive. libp2p bounds the
+// ping streams between two peers (SetDefaultServiceLimits: 3 out, 2 in,
+// 4 in all), and a ping beyond them fails at once, as a dead peer's
+// would: a replicator that counts the copies of eight shards at once,
+// each asking about the same holders, saw most of its live holders as
+// dead. So one ping per peer is in flight at a time, every caller waits
+// for it, and its answer stands for liveFresh (a peer that died within
+// liveFresh of answering may be counted alive once more).
+type liveness struct {
+	mu      sync.Mutex
+	flights map[peer.ID]*pingFlight // pings in flight
+	answers map[peer.ID]pingAnswer  // recent answers (at most maxLiveAnswers)
+}
+
+type pingFlight struct {
+	done  chan struct{} // closed when alive is set
+	alive bool
+}
+
+type pingAnswer struct {
+	at    time.Time
+	alive bool
+}
+
+const (
+	// liveFresh is how long a ping's answer stands.
+	liveFresh = 2 * time.Second
+	// maxLiveAnswers bounds the answers kept (older ones are dropped
+	// first).
+	maxLiveAnswers = 4096
+)
+
+// alive reports whether p answers a ping: the last answer if it is
+// fresh, else that of the ping in flight to p, started if there is none.
+// The ping runs on the overlay's context: a caller that gives up (ctx)
+// does not cut it short for the others.
+func (o *Overlay) alive(ctx context.Context, p peer.ID) bool {
+	lv := &o.live
+	lv.mu.Lock()
+	if a, ok := lv.answers[p]; ok && time.Since(a.at) < liveFresh {
+		lv.mu.Unlock()
+		return a.alive
+	}
+	f := lv.flights[p]
+	if f == nil {
+		if o.ctx.Err() != nil {
+			lv.mu.Unlock()
+			return false
+		}
+		if lv.flights == nil {
+			lv.flights, lv.answers = map[peer.ID]*pingFlight{}, map[peer.ID]pingAnswer{}
+		}
+		f = &pingFlight{done: make(chan struct{})}
+		lv.flights[p] = f
+		o.wg.Add(1)
+		go o.ping(p, f)
+	}
+	lv.mu.Unlock()
+	select {
+	case <-f.done:
+		return f.alive
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// ping pings p once, within pingTimeout, and records the answer in f and
+// in o.live.
+func (o *Overlay) ping(p peer.ID, f *pingFlight) {
+	defer o.wg.Done()
+	pctx, cancel := context.WithTimeout(o.ctx, pingTimeout)
+	defer cancel()
+	alive := false
+	select {
+	case res := <-ping.Ping(pctx, o.Host, p):
+		alive = res.Error == nil
+	case <-pctx.Done():
+	}
+	lv := &o.live
+	lv.mu.Lock()
+	defer lv.mu.Unlock()
+	delete(lv.flights, p)
+	now := time.Now()
+	if len(lv.answers) >= maxLiveAnswers {
+		for q, a := range lv.answers {
+			if now.Sub(a.at) >= liveFresh {
+				delete(lv.answers, q)
+			}
+		}
+		for q := range lv.answers { // all fresh: any one, a bound not a policy
+			if len(lv.answers) < maxLiveAnswers {
+				break
+			}
+			delete(lv.answers, q)
+		}
+	}
+	if o.ctx.Err() == nil {
+		lv.answers[p] = pingAnswer{at: now, alive: alive}
+	}
+	f.alive = alive
+	close(f.done)
+}
+
 // LiveProviders implements swarm.ReplicaOverlay: the providers of c
 // that answer a libp2p ping now. Provider records and have-announcements
 // outlive the peers that made them; a ping does not. The peers of
 // have-announcements are tried first; the DHT is asked (within
-// liveLookup) only when fewer than limit of them answer, so counting
-// copies that are there costs no lookup.
+// liveLookup, its answer kept for lookupFresh) only when fewer than
+// limit of them answer, so counting copies that are there costs no
+// lookup.
 func (o *Overlay) LiveProviders(ctx context.Context, c cas.CID, limit int) ([]peer.ID, error) {
 	if limit <= 0 {
 		return nil, fmt.Errorf("p2p: LiveProviders: limit must be positive")
@@ -306,9 +406,7 @@ func (o *Overlay) LiveProviders(ctx context.Context, c cas.CID, limit int) ([]pe
 	if len(out) >= limit {
 		return out, nil
 	}
-	lctx, cancel := context.WithTimeout(ctx, liveLookup)
-	defer cancel()
-	ps, err := o.Providers(lctx, c, maxHavePeers+limit)
+	ps, err := o.lookupProviders(ctx, c, maxHavePeers+limit)
 	var more []peer.ID
 	for _, p := range ps {
 		if !containsPeer(announced, p) {
@@ -325,3 +423,64 @@ func (o *Overlay) LiveProviders(ctx context.Context, c cas.CID, limit int) ([]pe
 // liveLookup bounds the DHT part of LiveProviders: a lookup that meets a
 // dead peer's stale connection waits for it.
 const liveLookup = 5 * time.Second
+
+// lookupProviders is Providers within liveLookup, its answer kept for
+// lookupFresh: a replicator counts every shard each pass (every second
+// in tests), and a lookup that waits out liveLookup for each of them,
+// each pass, made passes of 7 s, counts that lagged behind the copies
+// made. The peers it found are pinged again at each use; a provider
+// that appears meanwhile is announced on gossip.
+func (o *Overlay) lookupProviders(ctx context.Context, c cas.CID, limit int) ([]peer.ID, error) {
+	lc := &o.lookups
+	lc.mu.Lock()
+	if r, ok := lc.m[c.Digest()]; ok && time.Since(r.at) < lookupFresh {
+		lc.mu.Unlock()
+		return r.ps[:min(len(r.ps), limit)], nil
+	}
+	lc.mu.Unlock()
+	lctx, cancel := context.WithTimeout(ctx, liveLookup)
+	defer cancel()
+	ps, err := o.Providers(lctx, c, limit)
+	if ctx.Err() != nil {
+		return ps, err
+	}
+	lc.mu.Lock()
+	defer lc.mu.Unlock()
+	if lc.m == nil {
+		lc.m = map[cas.Digest]lookupResult{}
+	}
+	now := time.Now()
+	if _, ok := lc.m[c.Digest()]; !ok && len(lc.m) >= maxLookups {
+		for d, r := range lc.m {
+			if now.Sub(r.at) >= lookupFresh {
+				delete(lc.m, d)
+			}
+		}
+		for d := range lc.m { // all fresh: any one, a bound not a policy
+			if len(lc.m) < maxLookups {
+				break
+			}
+			delete(lc.m, d)
+		}
+	}
+	lc.m[c.Digest()] = lookupResult{at: now, ps: ps}
+	return ps, err
+}
+
+// lookups keeps LiveProviders' last DHT lookups (lookupProviders).
+type lookups struct {
+	mu sync.Mutex
+	m  map[cas.Digest]lookupResult // at most maxLookups
+}
+
+type lookupResult struct {
+	at time.Time
+	ps []peer.ID
+}
+
+const (
+	// lookupFresh is how long a lookup's answer stands.
+	lookupFresh = 15 * time.Second
+	// maxLookups bounds the blobs whose lookups are kept.
+	maxLookups = 4096
+)

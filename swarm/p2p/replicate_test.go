@@ -3,8 +3,11 @@ package p2p
 import (
 	"bytes"
 	"errors"
+	"sync"
 	"testing"
+	"time"
 
+	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/rdrr/peer/cas"
 	"github.com/rdrr/peer/swarm"
 )
@@ -94,4 +97,46 @@ func FuzzReplicateMessage(f *testing.F) {
 			t.Fatal("the topic's validator refuses what the decoder accepts")
 		}
 	})
+}
+
+// A live peer asked about by many callers at once (a replicator counts
+// the copies of several shards at once, each listing the same holders)
+// is alive for every one of them, although libp2p lets two peers have
+// only a few ping streams open at a time; a closed peer is dead for all.
+func TestAliveManyCallersAtOnce(t *testing.T) {
+	idA, _ := swarm.NewIdentity()
+	idB, _ := swarm.NewIdentity()
+	idC, _ := swarm.NewIdentity()
+	var ovs []*Overlay
+	for _, id := range []*swarm.Identity{idA, idB, idC} {
+		ov, err := NewOverlay(ctxFor(t, 20*time.Second), OverlayConfig{Identity: id, Loopback: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ov.Close() })
+		ovs = append(ovs, ov)
+	}
+	a, b, c := ovs[0], ovs[1], ovs[2]
+	for _, o := range []*Overlay{b, c} {
+		if err := a.Host.Connect(ctxFor(t, 5*time.Second), peer.AddrInfo{ID: o.Host.ID(), Addrs: o.Host.Addrs()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.Close()
+	const callers = 16
+	got := make([][]peer.ID, callers)
+	var wg sync.WaitGroup
+	for i := range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			got[i] = a.Alive(ctxFor(t, 10*time.Second), []peer.ID{b.Host.ID(), c.Host.ID()})
+		}()
+	}
+	wg.Wait()
+	for i, g := range got {
+		if len(g) != 1 || g[0] != b.Host.ID() {
+			t.Errorf("caller %d: alive %v; want [%s] (of %s, and %s closed)", i, g, b.Host.ID(), b.Host.ID(), c.Host.ID())
+		}
+	}
 }

@@ -1,0 +1,189 @@
+package e2e
+
+import (
+	"encoding/json"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rdrr/peer/cas"
+)
+
+// BenchmarkSwarm measures 1 -> 9 on loopback, each peer its own process:
+// one `peer daemon` seeds a file (RDRR_BENCH_BYTES, default 1 GiB) and
+// nine `peer get` processes, started at once, fetch it through the
+// signaling server. Measured in the same run, as the limit: one process
+// writing the same bytes to nine TCP connections at once.
+//
+// It reports the seconds until the last `peer get` exited, the aggregate
+// rate (nine copies over those seconds), the copies the seeder served
+// (the rest the leechers served each other), the CPU seconds of all ten
+// processes, and the ratio to TCP. After the timing, every leecher's
+// store is checked against the file.
+func BenchmarkSwarm(b *testing.B) {
+	const leechers = 9
+	peer := peerBinary(b)
+	size := benchBytes()
+	dir := b.TempDir()
+	path := writeRandomFile(b, dir, 99, size)
+	want := hashFile(b, path)
+	homes := make([]string, leechers+1) // homes[0] seeds
+	for i := range homes {
+		homes[i] = filepath.Join(dir, "h"+strconv.Itoa(i))
+		if out, err := exec.Command(peer, "--home", homes[i], "init").CombinedOutput(); err != nil {
+			b.Fatalf("peer init: %v %s", err, out)
+		}
+	}
+	out, err := exec.Command(peer, "--home", homes[0], "add", "--json", "-q", path).Output()
+	if err != nil {
+		b.Fatalf("peer add: %v", err)
+	}
+	var added []struct{ CID string }
+	json.Unmarshal(out, &added)
+	if len(added) != 1 {
+		b.Fatalf("peer add printed %s", out)
+	}
+	cid := added[0].CID
+	c, err := cas.ParseCID(cid)
+	if err != nil {
+		b.Fatalf("peer add printed %s: %v", out, err)
+	}
+	os.Remove(path)
+
+	tcp := measureTCPFanout(b, size, leechers)
+
+	sigAddr := freeAddr(b)
+	sig := exec.Command(peer, "signal", "--listen", sigAddr)
+	sig.Stderr = tWriter{b, "signal"}
+	if err := sig.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { sig.Process.Kill(); sig.Wait() })
+	url := "ws://" + sigAddr
+	// Warnings only: the benchmark's log keeps its last lines.
+	seeder := startDaemon(b, peer, homes[0], "--signal", url, "--log-level", "warn")
+	for deadline := time.Now().Add(30 * time.Second); !seeder.status(b).Online; {
+		if time.Now().After(deadline) {
+			b.Fatal("the seeder is not online after 30 s")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	served0, seedCPU0 := seeder.status(b).Swarm.ServedBytes, cpuOf(seeder.cmd.Process.Pid)
+
+	b.ResetTimer()
+	start := time.Now()
+	cmds := make([]*exec.Cmd, leechers)
+	for i := range cmds {
+		cmds[i] = exec.Command(peer, "--home", homes[1+i], "--log-level", "warn", "get", cid, "-o", os.DevNull, "--signal", url)
+		cmds[i].Stderr = tWriter{b, "get" + strconv.Itoa(i)}
+		if err := cmds[i].Start(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, leechers)
+	done := make([]time.Duration, leechers)
+	for i, cmd := range cmds {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = cmd.Wait()
+			done[i] = time.Since(start)
+		}()
+	}
+	wg.Wait()
+	took := time.Since(start)
+	b.StopTimer()
+	for i, err := range errs {
+		if err != nil {
+			b.Fatalf("peer get %d: %v", i, err)
+		}
+	}
+	served := seeder.status(b).Swarm.ServedBytes - served0
+	cpu := cpuOf(seeder.cmd.Process.Pid) - seedCPU0
+	for _, cmd := range cmds {
+		cpu += (cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()).Seconds()
+	}
+	for i, h := range homes[1:] {
+		st, err := cas.Open(h, cas.Options{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if got := hashStored(b, st, c); got != want {
+			b.Fatalf("leecher %d's copy hashes to %x; want %x", i, got, want)
+		}
+		st.Close()
+	}
+
+	all := float64(leechers) * float64(size)
+	rate := all / took.Seconds() / 1e6
+	tcpRate := all / tcp.Seconds() / 1e6
+	b.ReportMetric(took.Seconds(), "s")
+	b.ReportMetric(rate, "MB/s")
+	b.ReportMetric(float64(served)/float64(size), "seeder-copies")
+	b.ReportMetric(cpu, "cpu-s")
+	b.ReportMetric(tcp.Seconds(), "tcp-s")
+	b.ReportMetric(rate/tcpRate, "x-of-tcp")
+	b.Logf("1 -> %d of %d MiB, each peer a process, on loopback:", leechers, size>>20)
+	b.Logf("  tcp    %6.1f s  %6.0f MB/s  one process writing to %d connections at once", tcp.Seconds(), tcpRate, leechers)
+	b.Logf("  swarm  %6.1f s  %6.0f MB/s  %.3fx of tcp; %d `peer get` from one `peer daemon`; the seeder served %.2f copies (%.0f%% of the bytes), the leechers %.2f; CPU %.1f s in all (the seeder %.1f s)",
+		took.Seconds(), rate, rate/tcpRate, leechers, float64(served)/float64(size), 100*float64(served)/all, (all-float64(served))/float64(size), cpu, cpuOf(seeder.cmd.Process.Pid)-seedCPU0)
+	slowest := make([]string, leechers)
+	for i, d := range done {
+		slowest[i] = d.Round(100 * time.Millisecond).String()
+	}
+	b.Logf("  each get ended after: %s", strings.Join(slowest, " "))
+}
+
+// measureTCPFanout returns how long one child takes to write n bytes to
+// each of k TCP connections to us, all at once.
+func measureTCPFanout(b *testing.B, n int64, k int) time.Duration {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	addrs := make([]string, k)
+	for i := range addrs {
+		addrs[i] = ln.Addr().String()
+	}
+	startChild(b, "tcp-send", envAddr+"="+strings.Join(addrs, ","), envBytes+"="+strconv.FormatInt(n, 10))
+	var start time.Time
+	var wg sync.WaitGroup
+	errs := make(chan error, k)
+	for i := range k {
+		conn, err := ln.Accept()
+		if err != nil {
+			b.Fatal(err)
+		}
+		if i == 0 {
+			start = time.Now()
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer conn.Close()
+			got, err := io.CopyBuffer(io.Discard, conn, make([]byte, 1<<20))
+			if err == nil && got != n {
+				err = io.ErrUnexpectedEOF
+			}
+			errs <- err
+		}()
+	}
+	wg.Wait()
+	took := time.Since(start)
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			b.Fatalf("tcp fan-out: %v", err)
+		}
+	}
+	return took
+}
