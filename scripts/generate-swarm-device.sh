@@ -20,7 +20,7 @@ icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 [ -f "$icd" ] && export VK_DRIVER_FILES=$icd
 export XDG_RUNTIME_DIR=/tmp/rdrr-xdg
 mkdir -p -m 0700 "$XDG_RUNTIME_DIR"
-peer=$PWD/bin/peer
+peer=${PEER:-$PWD/bin/peer}
 preset=${PRESET:-deepseek-v3-671b}
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>/dev/null; nproc; } | tee "$out/machine.txt"
 rm -rf /tmp/model /tmp/h-seed /tmp/h-gen
