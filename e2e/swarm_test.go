@@ -218,8 +218,13 @@ func TestTwoProcessResumeAfterKill(t *testing.T) {
 	if kept < stored1 {
 		t.Fatalf("%d bytes of whole shards survived the kill; the fetcher had stored %d", kept, stored1)
 	}
-	if kept+partial >= size {
-		t.Fatalf("nothing was missing after the kill (%d bytes kept)", kept+partial)
+	// On a loaded machine every byte may be written and flushed before
+	// the first shard's commit, so nothing is missing: the second fetch
+	// must then resume the shards in progress from their flushed groups,
+	// writing nothing (a fresh-clone make test saw 32 MiB whole and 128
+	// MiB flushed). Only whole shards everywhere leave nothing to resume.
+	if kept >= size {
+		t.Fatalf("every shard was whole after the kill (%d bytes): nothing to resume", kept)
 	}
 
 	// The second fetch writes exactly what was missing: its progress lines
