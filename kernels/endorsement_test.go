@@ -20,7 +20,7 @@ const (
 	messageFile  = "testdata/endorsement-vector-message.hex"
 	invalidFile  = "testdata/endorsement-invalid.json"
 	keyInfoFile  = "testdata/endorsement-vector-key.txt"
-	vectorVerify = "class vulkan/10de/2330/580.159.04, attention_decode ABI 1, now 2026-11-23T01:00:00Z"
+	vectorVerify = "class vulkan/10de/2330/580.159.04, attention_decode ABI 2, now 2026-11-23T01:00:00Z"
 )
 
 // The committed vector: signing the sample with the seed-1 key gives its
@@ -52,7 +52,7 @@ func TestEndorsementVector(t *testing.T) {
 	if hex.EncodeToString(got.Endorsement.message()) != string(bytes.TrimSpace(readGolden(t, messageFile))) {
 		t.Fatal("the signed message is not the documented one")
 	}
-	if !strings.HasPrefix(string(msg), "rdrr-endorsement-v1\x00{\"abi\":1,") {
+	if !strings.HasPrefix(string(msg), "rdrr-endorsement-v1\x00{\"abi\":2,") {
 		t.Fatalf("message starts %q", msg[:30])
 	}
 }
@@ -105,7 +105,7 @@ func invalidCases(t *testing.T) []invalidCase {
 		}, ErrSignature},
 		{"wrong class", func(e *Endorsement) { e.Class, e.Coarse = otherClass.Exact(), otherClass.Coarse() }, nil, ErrClass},
 		{"other driver", func(e *Endorsement) { e.Class = testClass.Coarse() + "/999.1" }, nil, ErrClass},
-		{"wrong ABI", func(e *Endorsement) { e.ABI = 2 }, nil, ErrABI},
+		{"wrong ABI", func(e *Endorsement) { e.ABI = 1 }, nil, ErrABI},
 		{"expired", func(e *Endorsement) { e.Issued, e.Expires = t0.Add(-48*time.Hour).Unix(), t0.Add(-time.Hour).Unix() }, nil, ErrExpired},
 		{"not yet valid", func(e *Endorsement) { e.Issued, e.Expires = t0.Add(48*time.Hour).Unix(), t0.Add(72*time.Hour).Unix() }, nil, ErrNotYetValid},
 		{"not faster", func(e *Endorsement) {

@@ -64,7 +64,6 @@ for r in json.load(sys.stdin):
 }
 {
   try softmax softmax_online.wgsl "" 1x151936 8x151936 1x32000 32x4096
-  try argmax argmax_ilp.wgsl "" 151936 32000 1000000
   try route_topk route_rank.wgsl "" 1x8x2 1x256x8 8x256x8
   [ "${QUICK:-0}" = 1 ] || for wg in 32 64 128; do
     try softmax softmax_wg.wgsl "--const WG=$wg" 1x32000 32x4096 8x151936

@@ -31,13 +31,13 @@ var ops = map[string]opSpec{
 	"rmsnorm":          {builtin: "rmsnorm", abi: 1, dims: []string{"rows", "dim"}},
 	"softmax":          {builtin: "softmax", abi: 1, dims: []string{"rows", "dim"}},
 	"rope":             {builtin: "rope", abi: 1, dims: []string{"tokens", "heads", "headDim"}},
-	"attention_decode": {builtin: "attention", abi: 1, dims: []string{"heads", "kvHeads", "headDim", "kvLen"}},
+	"attention_decode": {builtin: "attention_split", abi: 2, dims: []string{"heads", "kvHeads", "headDim", "kvLen"}},
 	"route_topk":       {builtin: "route", abi: 1, dims: []string{"tokens", "experts", "k"}},
 	"swiglu":           {builtin: "swiglu", abi: 1, dims: []string{"n"}},
 	"accumulate":       {builtin: "accumulate", abi: 1, dims: []string{"experts", "dim"}},
 	"embed":            {builtin: "embed", abi: 1, dims: []string{"tokens", "dim"}},
-	"argmax":           {builtin: "argmax", abi: 1, dims: []string{"n"}},
-	"topp":             {builtin: "topp", abi: 1, dims: []string{"n"}},
+	"argmax":           {builtin: "argmax_blocks", abi: 2, dims: []string{"n"}},
+	"topp":             {builtin: "topp_blocks", abi: 2, dims: []string{"n"}},
 }
 
 // Ops returns the names of the ops, sorted.

@@ -72,18 +72,26 @@ func (s AttnShape) check(name string) ([]Binding, error) {
 // attnChunk is the positions one attention_split workgroup takes.
 const attnChunk = 64
 
-// AttentionLaunch is the dispatch rule of the one-dispatch attention
-// kernel (attention: one workgroup per query head over the whole cache),
-// the kernel lab's baseline of the op; Kernels.Attention runs the split
-// form. Bindings: q, k, v, out.
-func AttentionLaunch(s AttnShape) (Launch, error) {
+// AttentionLaunches are the dispatch rules of Attention: attention_split
+// over chunks of attnChunk positions (bindings q, k, v, partials), then
+// attention_merge over the chunks (bindings partials, out), and the bytes
+// of the partials (a scratch buffer between them).
+func AttentionLaunches(s AttnShape) (split, merge Launch, partials uint64, err error) {
 	binds, err := s.check("attention")
 	if err != nil {
-		return Launch{}, err
+		return Launch{}, Launch{}, 0, err
 	}
-	return Launch{Kernel: "attention", Groups: [3]uint32{uint32(s.Heads), 1, 1},
-		Params:   gpu.Params{}.U32(uint32(s.Heads)).U32(uint32(s.KVHeads)).U32(uint32(s.HeadDim)).U32(uint32(s.KVLen)).F32(s.Scale),
-		Bindings: binds}, nil
+	chunks := (s.KVLen + attnChunk - 1) / attnChunk
+	partials = uint64(s.Heads * chunks * (s.HeadDim + 2) * 4)
+	groups := (s.Heads/s.KVHeads + 7) / 8 // query heads of a cache head, 8 a workgroup
+	split = Launch{Kernel: "attention_split", Groups: [3]uint32{uint32(chunks), uint32(s.KVHeads), uint32(groups)},
+		Params: gpu.Params{}.U32(uint32(s.Heads)).U32(uint32(s.KVHeads)).U32(uint32(s.HeadDim)).U32(uint32(s.KVLen)).F32(s.Scale).
+			U32(uint32(chunks)).U32(0).U32(0),
+		Bindings: append(binds[:3:3], Binding{"partials", partials})}
+	merge = Launch{Kernel: "attention_merge", Groups: [3]uint32{uint32(s.Heads), 1, 1},
+		Params:   gpu.Params{}.U32(uint32(s.Heads)).U32(uint32(s.HeadDim)).U32(uint32(chunks)).U32(0),
+		Bindings: []Binding{{"partials", partials}, binds[3]}}
+	return split, merge, partials, nil
 }
 
 // Attention records decode attention of q ([Heads][HeadDim]) over the
@@ -93,32 +101,25 @@ func AttentionLaunch(s AttnShape) (Launch, error) {
 // the chunks' softmax partials; the partials live in a scratch buffer of
 // the batch.
 func (k *Kernels) Attention(ctx context.Context, b *gpu.Batch, q, kc, vc, out gpu.Region, s AttnShape) error {
-	binds, err := s.check("attention")
+	split, merge, partials, err := AttentionLaunches(s)
 	if err != nil {
 		return b.Fail(err)
 	}
-	for i, r := range []gpu.Region{q, kc, vc, out} {
-		if err := need("attention", binds[i].Name, r, binds[i].Bytes); err != nil {
+	for i, r := range []gpu.Region{q, kc, vc} {
+		if err := need("attention", split.Bindings[i].Name, r, split.Bindings[i].Bytes); err != nil {
 			return b.Fail(err)
 		}
 	}
-	chunks := (s.KVLen + attnChunk - 1) / attnChunk
-	partBytes := uint64(s.Heads * chunks * (s.HeadDim + 2) * 4)
-	part, err := b.Scratch(partBytes)
+	if err := need("attention", "out", out, merge.Bindings[1].Bytes); err != nil {
+		return b.Fail(err)
+	}
+	part, err := b.Scratch(partials)
 	if err != nil {
 		return err
 	}
-	groups := (s.Heads/s.KVHeads + 7) / 8 // query heads of a cache head, 8 a workgroup
-	split := Launch{Kernel: "attention_split", Groups: [3]uint32{uint32(chunks), uint32(s.KVHeads), uint32(groups)},
-		Params: gpu.Params{}.U32(uint32(s.Heads)).U32(uint32(s.KVHeads)).U32(uint32(s.HeadDim)).U32(uint32(s.KVLen)).F32(s.Scale).
-			U32(uint32(chunks)).U32(0).U32(0),
-		Bindings: append(binds[:3:3], Binding{"partials", partBytes})}
 	if err := k.record(ctx, b, split, q, kc, vc, part); err != nil {
 		return err
 	}
-	merge := Launch{Kernel: "attention_merge", Groups: [3]uint32{uint32(s.Heads), 1, 1},
-		Params:   gpu.Params{}.U32(uint32(s.Heads)).U32(uint32(s.HeadDim)).U32(uint32(chunks)).U32(0),
-		Bindings: []Binding{{"partials", partBytes}, binds[3]}}
 	return k.record(ctx, b, merge, part, out)
 }
 

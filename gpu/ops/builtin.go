@@ -37,16 +37,13 @@ var builtins = map[string]builtin{
 	"rmsnorm":           {"rmsnorm.wgsl", []gpu.Access{ro, ro, rw}, 16, ""},
 	"softmax":           {"softmax.wgsl", []gpu.Access{ro, rw}, 12, ""},
 	"rope":              {"rope.wgsl", []gpu.Access{rw, ro}, 28, ""},
-	"attention":         {"attention.wgsl", []gpu.Access{ro, ro, ro, rw}, 20, ""}, // one workgroup per head: the kernel lab's single-dispatch baseline
 	"attention_split":   {"attention_split.wgsl", []gpu.Access{ro, ro, ro, rw}, 32, ""},
 	"attention_merge":   {"attention_merge.wgsl", []gpu.Access{ro, rw}, 16, ""},
 	"route":             {"route.wgsl", []gpu.Access{ro, ro, rw, rw}, 32, ""},
 	"swiglu":            {"swiglu.wgsl", []gpu.Access{ro, ro, rw}, 8, ""},
 	"accumulate":        {"accumulate.wgsl", []gpu.Access{ro, ro, rw}, 16, ""},
 	"embed":             {"embed.wgsl", []gpu.Access{ro, ro, rw}, 16, ""},
-	"argmax":            {"argmax.wgsl", []gpu.Access{ro, rw}, 4, ""}, // one workgroup: the kernel lab's baseline
 	"argmax_blocks":     {"argmax_blocks.wgsl", []gpu.Access{ro, rw}, 16, ""},
-	"topp":              {"topp.wgsl", []gpu.Access{ro, rw}, 16, ""}, // one workgroup: the kernel lab's baseline, and TopP of one block
 	"topp_blocks":       {"topp_blocks.wgsl", []gpu.Access{ro, rw, rw}, 32, ""},
 	"copy":              {"copy.wgsl", []gpu.Access{ro, rw}, 8, ""},
 	"kv_store":          {"kv_store.wgsl", []gpu.Access{ro, rw, rw}, 16, ""},

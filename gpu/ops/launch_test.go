@@ -57,19 +57,24 @@ func TestLaunchesMatchABI(t *testing.T) {
 	add("copy", l, err)
 	l, err = RopeLaunch(RopeShape{Tokens: 1, Heads: 8, HeadDim: 128, RotDim: 128, Pos0: 7, Style: abi.RopeGPTJ})
 	add("rope", l, err)
-	l, err = AttentionLaunch(AttnShape{Heads: 32, KVHeads: 8, HeadDim: 128, KVLen: 100, Scale: 0.1})
-	add("attention", l, err)
+	split, merge, _, err := AttentionLaunches(AttnShape{Heads: 32, KVHeads: 8, HeadDim: 128, KVLen: 100, Scale: 0.1})
+	add("attention_split", split, err)
+	add("attention_merge", merge, err)
 	l, err = KVStoreLaunch(KVShape{Dim: 1024, KOff: 4096, VOff: 5120, Pos: 9})
 	add("kv_store", l, err)
 	l, err = RouteLaunch(RouteShape{Tokens: 2, Experts: 256, K: 8, Mode: abi.RouteSigmoidTopK, Groups: 8, TopKGroup: 4}, true)
 	add("route", l, err)
-	l, err = ArgmaxLaunch(32000)
-	add("argmax", l, err)
-	l, err = TopPLaunch(TopPShape{N: 32000, Temperature: 0.8, TopP: 0.9, U: 0.5})
-	add("topp", l, err)
-	for stage := range toppStages {
-		l, err = TopPBlocksLaunch(TopPShape{N: 151936, Temperature: 0.8, TopP: 0.9, U: 0.5}, stage)
-		add("topp_blocks", l, err)
+	for _, n := range []int{1000, 152064} {
+		ls, _, err := ArgmaxLaunches(n)
+		for _, l := range ls {
+			add("argmax_blocks", l, err)
+		}
+	}
+	for _, n := range []int{7, 151936} {
+		ls, _, err := TopPLaunches(TopPShape{N: n, Temperature: 0.8, TopP: 0.9, U: 0.5})
+		for _, l := range ls {
+			add("topp_blocks", l, err)
+		}
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

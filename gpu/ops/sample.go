@@ -64,48 +64,53 @@ func (k *Kernels) Route(ctx context.Context, b *gpu.Batch, logits, bias, ids, we
 // 16 per thread, so that a 152k vocabulary spreads over 38 workgroups.
 const argmaxBlock = 4096
 
-// ArgmaxLaunch is the dispatch rule of the one-workgroup argmax kernel
-// (argmax), the kernel lab's baseline of the op; Kernels.Argmax runs
-// argmax_blocks. Bindings: x, out.
-func ArgmaxLaunch(n int) (Launch, error) {
+// ArgmaxLaunches are the dispatch rules of Argmax over n values, and the
+// scratch bytes between them. Up to a block: one workgroup (argmax_blocks
+// stage 2, bindings x, out). Beyond: a workgroup per block of 4096 values
+// (stage 0, bindings x, scratch), then one over the blocks' winners
+// (stage 1, bindings scratch, out).
+func ArgmaxLaunches(n int) ([]Launch, uint64, error) {
 	if n <= 0 {
-		return Launch{}, shapeErr("argmax", "%d values", n)
+		return nil, 0, shapeErr("argmax", "%d values", n)
 	}
-	return Launch{Kernel: "argmax", Groups: [3]uint32{1, 1, 1}, Params: gpu.Params{}.U32(uint32(n)),
-		Bindings: []Binding{{"x", uint64(n * 4)}, {"out", 4}}}, nil
+	pass := func(groups, n, block, stage int, in, out uint64) Launch {
+		return Launch{Kernel: "argmax_blocks", Groups: [3]uint32{uint32(groups), 1, 1},
+			Params:   gpu.Params{}.U32(uint32(n)).U32(uint32(block)).U32(uint32(stage)).U32(0),
+			Bindings: []Binding{{"x", in}, {"out", out}}}
+	}
+	blocks := (n + argmaxBlock - 1) / argmaxBlock
+	if blocks == 1 {
+		return []Launch{pass(1, n, n, 2, uint64(n*4), 4)}, 0, nil
+	}
+	part := uint64(blocks * 8)
+	return []Launch{pass(blocks, n, argmaxBlock, 0, uint64(n*4), part), pass(1, blocks, blocks, 1, part, 4)}, part, nil
 }
 
 // Argmax records out[0] = the index (u32) of the largest of n values (the
 // lowest index of it; NaNs skipped): blocks of 4096 values over many
 // workgroups, then one workgroup over the blocks' winners.
 func (k *Kernels) Argmax(ctx context.Context, b *gpu.Batch, x, out gpu.Region, n int) error {
-	const name = "argmax"
-	if n <= 0 {
-		return b.Fail(shapeErr(name, "%d values", n))
-	}
-	if err := need(name, "x", x, uint64(n*4)); err != nil {
+	ls, part, err := ArgmaxLaunches(n)
+	if err != nil {
 		return b.Fail(err)
 	}
-	if err := need(name, "out", out, 4); err != nil {
+	if len(ls) == 1 {
+		return k.record(ctx, b, ls[0], x, out)
+	}
+	if err := need("argmax", "x", x, ls[0].Bindings[0].Bytes); err != nil {
 		return b.Fail(err)
 	}
-	blocks := (n + argmaxBlock - 1) / argmaxBlock
-	pass := func(groups, n, block, mode int, out uint64) Launch {
-		return Launch{Kernel: "argmax_blocks", Groups: [3]uint32{uint32(groups), 1, 1},
-			Params:   gpu.Params{}.U32(uint32(n)).U32(uint32(block)).U32(uint32(mode)).U32(0),
-			Bindings: []Binding{{"x", uint64(n) * uint64(4+4*(mode&1))}, {"out", out}}}
+	if err := need("argmax", "out", out, 4); err != nil {
+		return b.Fail(err)
 	}
-	if blocks == 1 {
-		return k.record(ctx, b, pass(1, n, n, 2, 4), x, out)
-	}
-	part, err := b.Scratch(uint64(blocks * 8))
+	scratch, err := b.Scratch(part)
 	if err != nil {
 		return err
 	}
-	if err := k.record(ctx, b, pass(blocks, n, argmaxBlock, 0, uint64(blocks*8)), x, part); err != nil {
+	if err := k.record(ctx, b, ls[0], x, scratch); err != nil {
 		return err
 	}
-	return k.record(ctx, b, pass(1, blocks, blocks, 1, 4), part, out)
+	return k.record(ctx, b, ls[1], scratch, out)
 }
 
 // TopPShape is one top-p draw over N logits: the nucleus of
@@ -117,70 +122,71 @@ type TopPShape struct {
 	U                 float32
 }
 
-// TopPLaunch is the dispatch rule of TopP for Temperature > 0. Bindings:
-// logits, out.
-func TopPLaunch(s TopPShape) (Launch, error) {
-	const name = "topp"
-	if s.N <= 0 || s.Temperature <= 0 || s.TopP <= 0 || s.TopP > 1 || s.U < 0 || s.U >= 1 {
-		return Launch{}, shapeErr(name, "n %d, temperature %v, top-p %v, u %v (want temperature > 0, 0 < top-p <= 1, 0 <= u < 1)", s.N, s.Temperature, s.TopP, s.U)
+// check validates a draw (Temperature > 0).
+func (s TopPShape) check() error {
+	if s.N <= 0 || s.N > 1<<28 || s.Temperature <= 0 || s.TopP <= 0 || s.TopP > 1 || s.U < 0 || s.U >= 1 {
+		return shapeErr("topp", "n %d, temperature %v, top-p %v, u %v (want 0 < n <= 2^28, temperature > 0, 0 < top-p <= 1, 0 <= u < 1)", s.N, s.Temperature, s.TopP, s.U)
 	}
-	return Launch{Kernel: name, Groups: [3]uint32{1, 1, 1},
-		Params:   gpu.Params{}.U32(uint32(s.N)).F32(1 / s.Temperature).F32(s.TopP).F32(s.U),
-		Bindings: []Binding{{"logits", uint64(s.N * 4)}, {"out", 4}}}, nil
+	return nil
 }
 
-// toppBlock is the values one workgroup of TopP's multi-workgroup passes
-// takes (a multiple of 256): a 152k vocabulary spreads over 38.
+// toppBlock is the values one workgroup of TopP takes (a multiple of
+// 256): a 152k vocabulary spreads over 38.
 const toppBlock = 4096
 
 // toppStages is the dispatches of topp_blocks (see the kernel).
 const toppStages = 6
 
-// TopPBlocksLaunch is the dispatch rule of stage (0 to 5) of TopP over
-// more than one block of values. Bindings: logits, scratch (ToppScratch
-// bytes), out.
-func TopPBlocksLaunch(s TopPShape, stage int) (Launch, error) {
-	const name = "topp_blocks"
-	if _, err := TopPLaunch(s); err != nil {
-		return Launch{}, err
-	}
-	if stage < 0 || stage >= toppStages || s.N > 1<<28 {
-		return Launch{}, shapeErr(name, "stage %d of %d values (stages 0-%d, at most 2^28 values)", stage, s.N, toppStages-1)
+// TopPLaunches are the dispatch rules of TopP for Temperature > 0: the six
+// stages of topp_blocks, each with bindings logits, scratch, out; and the
+// scratch bytes.
+func TopPLaunches(s TopPShape) ([]Launch, uint64, error) {
+	if err := s.check(); err != nil {
+		return nil, 0, err
 	}
 	nb := (s.N + toppBlock - 1) / toppBlock
-	groups := uint32(nb)
-	if stage == toppStages-1 {
-		groups = 1
+	scratch := toppScratch(nb)
+	ls := make([]Launch, toppStages)
+	for stage := range ls {
+		groups := uint32(nb)
+		if stage == toppStages-1 {
+			groups = 1
+		}
+		ls[stage] = Launch{Kernel: "topp_blocks", Groups: [3]uint32{groups, 1, 1},
+			Params: gpu.Params{}.U32(uint32(s.N)).F32(1 / s.Temperature).F32(s.TopP).F32(s.U).
+				U32(uint32(stage)).U32(toppBlock).U32(uint32(nb)).U32(0),
+			Bindings: []Binding{{"logits", uint64(s.N * 4)}, {"scratch", scratch}, {"out", 4}}}
 	}
-	return Launch{Kernel: name, Groups: [3]uint32{groups, 1, 1},
-		Params: gpu.Params{}.U32(uint32(s.N)).F32(1 / s.Temperature).F32(s.TopP).F32(s.U).
-			U32(uint32(stage)).U32(toppBlock).U32(uint32(nb)).U32(0),
-		Bindings: []Binding{{"logits", uint64(s.N * 4)}, {"scratch", toppScratch(nb)}, {"out", 4}}}, nil
+	return ls, scratch, nil
 }
 
 // toppScratch is the scratch bytes of TopP over nb blocks: three rounds'
 // 1024-bucket histograms, the select's state, then four words a block.
 func toppScratch(nb int) uint64 { return uint64(3088+4*nb) * 4 }
 
-// TopP records out[0] = a token sampled as s says. Temperature <= 0 means
-// greedy (Argmax). Up to one block of values it is one workgroup (topp);
-// beyond, six dispatches over a workgroup per block (topp_blocks),
-// with the same rule.
+// TopP records out[0] = a token sampled as s says (six dispatches over a
+// workgroup per block of values, topp_blocks). Temperature <= 0 means
+// greedy (Argmax).
 func (k *Kernels) TopP(ctx context.Context, b *gpu.Batch, logits, out gpu.Region, s TopPShape) error {
 	if s.Temperature <= 0 {
 		return k.Argmax(ctx, b, logits, out, s.N)
 	}
-	l, err := TopPLaunch(s)
-	if err != nil || s.N <= toppBlock {
-		return k.launch(ctx, b, l, err, logits, out)
+	ls, scratch, err := TopPLaunches(s)
+	if err != nil {
+		return b.Fail(err)
 	}
-	scratch, err := b.Scratch(toppScratch((s.N + toppBlock - 1) / toppBlock))
+	if err := need("topp", "logits", logits, ls[0].Bindings[0].Bytes); err != nil {
+		return b.Fail(err)
+	}
+	if err := need("topp", "out", out, 4); err != nil {
+		return b.Fail(err)
+	}
+	sb, err := b.Scratch(scratch)
 	if err != nil {
 		return err
 	}
-	for stage := range toppStages {
-		l, err := TopPBlocksLaunch(s, stage)
-		if err := k.launch(ctx, b, l, err, logits, scratch, out); err != nil {
+	for _, l := range ls {
+		if err := k.record(ctx, b, l, logits, sb, out); err != nil {
 			return err
 		}
 	}

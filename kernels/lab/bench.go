@@ -68,7 +68,7 @@ func (l *Lab) Compare(ctx context.Context, cand, base *kernels.Artifact, dims []
 		if err != nil {
 			return res, err
 		}
-		if i > 0 && (p.groups != probs[0].groups || constsKey(p.consts) != constsKey(probs[0].consts)) {
+		if i > 0 && p.shapeKey() != probs[0].shapeKey() {
 			return res, fmt.Errorf("lab: %s %v: input sets dispatch differently", cand.Descriptor.Op, dims)
 		}
 		var shared *buffers
@@ -81,16 +81,17 @@ func (l *Lab) Compare(ctx context.Context, cand, base *kernels.Artifact, dims []
 		}
 		probs, sets = append(probs, p), append(sets, b)
 	}
-	cp, err := l.compile(ctx, cand, probs[0].consts)
+	cs, bs := l.pipeSet(cand), l.pipeSet(base)
+	defer cs.release()
+	defer bs.release()
+	cp, err := cs.of(ctx, probs[0])
 	if err != nil {
 		return res, err
 	}
-	defer cp.Release()
-	bp, err := l.compile(ctx, base, probs[0].consts)
+	bp, err := bs.of(ctx, probs[0])
 	if err != nil {
 		return res, fmt.Errorf("baseline %s: %w", base.CID, err)
 	}
-	defer bp.Release()
 	for i := range inputSets {
 		if _, err := l.run(ctx, cp, probs[i], sets[i]); err != nil {
 			return res, fmt.Errorf("candidate on the timing inputs: %w", err)
@@ -111,7 +112,7 @@ func (l *Lab) Compare(ctx context.Context, cand, base *kernels.Artifact, dims []
 	// The warmup goes one dispatch a submission: warmup dispatches of a
 	// large shape in one submission can pass the time limit on a slow
 	// device (ten 4096x4096x8 Q4_K products on a loaded lavapipe did).
-	for _, p := range []*gpu.Pipeline{cp, bp} {
+	for _, p := range [][]*gpu.Pipeline{cp, bp} {
 		for i := range warmup {
 			if _, err := l.timeBatch(ctx, p, probs, sets, 1, i%inputSets); err != nil {
 				return res, err
@@ -124,7 +125,7 @@ func (l *Lab) Compare(ctx context.Context, cand, base *kernels.Artifact, dims []
 	var t1 time.Duration // one dispatch of the slower, fixed cost included
 	for {
 		var tb time.Duration
-		for _, p := range []*gpu.Pipeline{cp, bp} {
+		for _, p := range [][]*gpu.Pipeline{cp, bp} {
 			t, err := l.timeBatch(ctx, p, probs, sets, reps, 0)
 			if err != nil {
 				return res, err
@@ -149,9 +150,9 @@ func (l *Lab) Compare(ctx context.Context, cand, base *kernels.Artifact, dims []
 	}
 
 	for i := range runs {
-		order := []*gpu.Pipeline{cp, bp}
+		order := [][]*gpu.Pipeline{cp, bp}
 		if i%2 == 1 {
-			order = []*gpu.Pipeline{bp, cp}
+			order = [][]*gpu.Pipeline{bp, cp}
 		}
 		for _, p := range order {
 			if err := l.poisonOutputs(probs[0], sets[0]); err != nil {
@@ -163,7 +164,7 @@ func (l *Lab) Compare(ctx context.Context, cand, base *kernels.Artifact, dims []
 				return res, err
 			}
 			ns := max(t.Nanoseconds()/int64(reps), 1)
-			if p == bp {
+			if &p[0] == &bp[0] {
 				res.BaselineNs = append(res.BaselineNs, ns)
 				continue
 			}
@@ -195,11 +196,11 @@ func (l *Lab) Compare(ctx context.Context, cand, base *kernels.Artifact, dims []
 	return res, nil
 }
 
-// timeBatch records reps dispatches of p, cycling through the input sets
+// timeBatch records reps runs of the problems with pipes, cycling through the input sets
 // (each with its own uniform block) from set off, all writing the shared
 // outputs (in-place bindings restored from the set's data before each),
 // and returns the time from submit to completion.
-func (l *Lab) timeBatch(ctx context.Context, p *gpu.Pipeline, probs []*problem, sets []*buffers, reps, off int) (time.Duration, error) {
+func (l *Lab) timeBatch(ctx context.Context, pipes []*gpu.Pipeline, probs []*problem, sets []*buffers, reps, off int) (time.Duration, error) {
 	b := l.Dev.Batch()
 	for j := range reps {
 		k := (off + j) % len(sets)
@@ -208,7 +209,7 @@ func (l *Lab) timeBatch(ctx context.Context, p *gpu.Pipeline, probs []*problem, 
 			b.Drop()
 			return 0, err
 		}
-		if err := b.Dispatch(p, prob.groups, prob.params, s.regions...); err != nil {
+		if err := record(b, pipes, prob, s); err != nil {
 			b.Drop()
 			return 0, gateErr("%v", err)
 		}

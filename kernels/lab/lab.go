@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/rdrr/peer/gpu"
+	"github.com/rdrr/peer/gpu/ops"
 	"github.com/rdrr/peer/kernels"
 )
 
@@ -144,6 +145,81 @@ func (l *Lab) compile(ctx context.Context, v *kernels.Artifact, consts map[strin
 		return nil, gateErr("%v", err)
 	}
 	return p, nil
+}
+
+// pipeSet compiles and keeps the pipelines one variant's runs need: the
+// variant, per set of constants, in place of its op's built-in, and the
+// other built-ins of an op that runs in several dispatches.
+type pipeSet struct {
+	l *Lab
+	v *kernels.Artifact
+	m map[string]*gpu.Pipeline
+}
+
+func (l *Lab) pipeSet(v *kernels.Artifact) *pipeSet {
+	return &pipeSet{l: l, v: v, m: map[string]*gpu.Pipeline{}}
+}
+
+func (ps *pipeSet) release() {
+	for _, p := range ps.m {
+		p.Release()
+	}
+}
+
+// of returns the pipeline of each of p's dispatches.
+func (ps *pipeSet) of(ctx context.Context, p *problem) ([]*gpu.Pipeline, error) {
+	own := kernels.BuiltinOf(ps.v.Descriptor.Op)
+	out := make([]*gpu.Pipeline, len(p.steps))
+	for i, st := range p.steps {
+		key := st.key()
+		pipe := ps.m[key]
+		if pipe == nil {
+			var err error
+			if st.kernel == own {
+				pipe, err = ps.l.compile(ctx, ps.v, st.consts)
+			} else {
+				pipe, err = ps.l.compileBuiltin(ctx, st.kernel, st.consts)
+			}
+			if err != nil {
+				return nil, err
+			}
+			ps.m[key] = pipe
+		}
+		out[i] = pipe
+	}
+	return out, nil
+}
+
+// compileBuiltin compiles a built-in kernel of gpu/ops (the steps of an
+// op's runtime form that are not the op's own kernel).
+func (l *Lab) compileBuiltin(ctx context.Context, name string, consts map[string]float64) (*gpu.Pipeline, error) {
+	k, err := ops.Builtin(name, consts)
+	if err != nil {
+		return nil, err
+	}
+	k.Name = "lab-" + name
+	p, err := l.Dev.Compile(ctx, k)
+	if err != nil {
+		if errors.Is(err, gpu.ErrDeviceLost) {
+			l.broken = err
+		}
+		return nil, gateErr("%v", err)
+	}
+	return p, nil
+}
+
+// record records p's dispatches over b's buffers with pipes (one each).
+func record(batch *gpu.Batch, pipes []*gpu.Pipeline, p *problem, b *buffers) error {
+	for i, st := range p.steps {
+		regions := make([]gpu.Region, len(st.binds))
+		for j, k := range st.binds {
+			regions[j] = b.regions[k]
+		}
+		if err := batch.Dispatch(pipes[i], st.groups, st.params, regions...); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // constsKey names a set of constants (pipelines by constants).
@@ -297,9 +373,9 @@ func (l *Lab) readOutputs(ctx context.Context, p *problem, b *buffers) (map[int]
 	return out, nil
 }
 
-// run dispatches pipe once over p's buffers from poisoned outputs and
-// checks the result. It returns the worst error in tolerance units.
-func (l *Lab) run(ctx context.Context, pipe *gpu.Pipeline, p *problem, b *buffers) (float64, error) {
+// run dispatches p once with pipes over its buffers from poisoned outputs
+// and checks the result. It returns the worst error in tolerance units.
+func (l *Lab) run(ctx context.Context, pipes []*gpu.Pipeline, p *problem, b *buffers) (float64, error) {
 	if err := l.poisonOutputs(p, b); err != nil {
 		return 0, err
 	}
@@ -308,7 +384,7 @@ func (l *Lab) run(ctx context.Context, pipe *gpu.Pipeline, p *problem, b *buffer
 		batch.Drop()
 		return 0, err
 	}
-	if err := batch.Dispatch(pipe, p.groups, p.params, b.regions...); err != nil {
+	if err := record(batch, pipes, p, b); err != nil {
 		batch.Drop()
 		return 0, gateErr("%v", err)
 	}
@@ -343,12 +419,8 @@ func (l *Lab) Check(ctx context.Context, v *kernels.Artifact, seed uint64) (kern
 	if err != nil {
 		return rep, err
 	}
-	pipes := map[string]*gpu.Pipeline{}
-	defer func() {
-		for _, p := range pipes {
-			p.Release()
-		}
-	}()
+	ps := l.pipeSet(v)
+	defer ps.release()
 	rng := seeded(seed, v.Descriptor.Op, "gate")
 	shapes := append(slices.Clone(h.gateShapes), h.random(rng))
 	for _, dims := range shapes {
@@ -359,19 +431,15 @@ func (l *Lab) Check(ctx context.Context, v *kernels.Artifact, seed uint64) (kern
 		if err != nil {
 			return rep, err
 		}
-		key := constsKey(p.consts)
-		pipe := pipes[key]
-		if pipe == nil {
-			if pipe, err = l.compile(ctx, v, p.consts); err != nil {
-				return rep, err
-			}
-			pipes[key] = pipe
+		pipes, err := ps.of(ctx, p)
+		if err != nil {
+			return rep, err
 		}
 		b, err := l.upload(p, nil)
 		if err != nil {
 			return rep, err
 		}
-		e, err := l.run(ctx, pipe, p, b)
+		e, err := l.run(ctx, pipes, p, b)
 		b.release()
 		rep.Shapes = append(rep.Shapes, kernels.GateShape{Dims: dims, MaxError: e, Tolerance: 1})
 		if err != nil {

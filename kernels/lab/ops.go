@@ -1,6 +1,7 @@
 package lab
 
 import (
+	"strings"
 	"encoding/binary"
 	"fmt"
 	"maps"
@@ -32,19 +33,42 @@ type harness struct {
 	shape []int
 }
 
-// A problem is one dispatch of an op: its bindings in ABI order, the
-// uniform block, the grid, and the check of the outputs.
+// A problem is one run of an op: its bindings, the dispatches its rules
+// make of it (one for most ops; several where the runtime runs the op in
+// several, as split attention), and the check of the outputs.
 type problem struct {
-	binds  []binding
-	params []byte
-	groups [3]uint32
-	// consts are the override constants the dispatch rule sets (tile
-	// sizes the grid depends on): they win over the variant's, as in gpu.
-	consts map[string]float64
-	bytes  int64 // bytes the op must read and write at least (the roofline)
+	binds []binding
+	steps []step
+	bytes int64 // bytes the op must read and write at least (the roofline)
 	// check compares the outputs (by binding index) with the reference and
 	// returns the worst error as a multiple of the op's tolerance.
 	check func(out map[int][]byte) (float64, error)
+}
+
+// A step is one dispatch of a problem: the kernel (the op's built-in,
+// where the variant runs in its place, or another built-in of the op's
+// runtime form), its uniform block, grid and the override constants the
+// rule sets (tile sizes the grid depends on: they win over the variant's,
+// as in gpu), and the problem's bindings it binds, in its ABI order.
+type step struct {
+	kernel string
+	params []byte
+	groups [3]uint32
+	consts map[string]float64
+	binds  []int
+}
+
+// key names what a step compiles (kernel and constants).
+func (st step) key() string { return st.kernel + "/" + constsKey(st.consts) }
+
+// shapeKey names what a problem's dispatches compile and their grids:
+// equal for the input sets of one timing.
+func (p *problem) shapeKey() string {
+	var b strings.Builder
+	for _, st := range p.steps {
+		fmt.Fprintf(&b, "%s%v;", st.key(), st.groups)
+	}
+	return b.String()
 }
 
 // A binding is one storage buffer: inputs have data; outputs are
@@ -123,26 +147,45 @@ func elems(dims []int) (int, error) {
 }
 
 // dispatched returns p with the dispatch of the op's rule l (from gpu/ops,
-// err its error): the uniform block, the grid and the constants. It fails
-// if the rule runs another kernel than the op's built-in (the one a
-// variant replaces) or asks more of a binding than p holds, so a harness
-// cannot drift from the rule.
+// err its error), which binds p's bindings in order. It fails if the rule
+// runs another kernel than the op's built-in (the one a variant replaces)
+// or asks more of a binding than p holds, so a harness cannot drift from
+// the rule.
 func dispatched(op string, p *problem, l ops.Launch, err error) (*problem, error) {
 	if err != nil {
 		return nil, fmt.Errorf("lab: %s: %w", op, err)
 	}
-	if want := kernels.BuiltinOf(op); l.Kernel != want {
-		return nil, fmt.Errorf("lab: %s: the dispatch rule runs %s, not the op's built-in %s, which the lab does not harness", op, l.Kernel, want)
+	all := make([]int, len(p.binds))
+	for i := range all {
+		all[i] = i
 	}
-	if len(p.binds) != len(l.Bindings) {
-		return nil, fmt.Errorf("lab: %s: %d bindings; the rule has %d", op, len(p.binds), len(l.Bindings))
-	}
-	for i, b := range l.Bindings {
-		if uint64(p.binds[i].size) < b.Bytes {
-			return nil, fmt.Errorf("lab: %s: binding %d (%s) holds %d bytes; the rule needs %d", op, i, b.Name, p.binds[i].size, b.Bytes)
+	return sequenced(op, p, []ops.Launch{l}, [][]int{all})
+}
+
+// sequenced returns p with the dispatches of the op's rules ls (its
+// runtime form, in order), dispatch i binding p's bindings binds[i]. At
+// least one must run the op's built-in (where a variant runs); the others
+// run built-ins of their own. Each binding must hold what its rule asks.
+func sequenced(op string, p *problem, ls []ops.Launch, binds [][]int) (*problem, error) {
+	want := kernels.BuiltinOf(op)
+	ours := false
+	p.steps = nil
+	for i, l := range ls {
+		if len(binds[i]) != len(l.Bindings) {
+			return nil, fmt.Errorf("lab: %s: dispatch %d (%s) binds %d bindings; the rule has %d", op, i, l.Kernel, len(binds[i]), len(l.Bindings))
 		}
+		for j, b := range l.Bindings {
+			k := binds[i][j]
+			if k < 0 || k >= len(p.binds) || uint64(p.binds[k].size) < b.Bytes {
+				return nil, fmt.Errorf("lab: %s: dispatch %d (%s) binding %d (%s) needs %d bytes of the problem's binding %d", op, i, l.Kernel, j, b.Name, b.Bytes, k)
+			}
+		}
+		ours = ours || l.Kernel == want
+		p.steps = append(p.steps, step{kernel: l.Kernel, params: l.Params, groups: l.Groups, consts: l.Constants, binds: binds[i]})
 	}
-	p.params, p.groups, p.consts = l.Params, l.Groups, l.Constants
+	if !ours {
+		return nil, fmt.Errorf("lab: %s: the dispatch rules do not run the op's built-in %s, which the lab varies", op, want)
+	}
 	return p, nil
 }
 
@@ -257,12 +300,10 @@ func makeSwiGLU(r *rand.Rand, dims []int) (*problem, error) {
 	}, l, err)
 }
 
-// makeArgmax: the op's built-in artifact is argmax.wgsl (gpu/ops's
-// "argmax": one workgroup over all n values, one dispatch, the rule
-// ops.ArgmaxLaunch), the lab's baseline; the runtime's Argmax runs
-// argmax_blocks twice (blocks of 4096 values, then
-// their winners), which a variant of this op does not replace and the lab
-// does not time.
+// makeArgmax: the op runs as the runtime's Argmax does (the rules
+// ops.ArgmaxLaunches): argmax_blocks over blocks of 4096 values into a
+// scratch binding of the blocks' winners, then once more over them; up to
+// a block, once. A variant replaces argmax_blocks in every dispatch.
 func makeArgmax(r *rand.Rand, dims []int) (*problem, error) {
 	if len(dims) != 1 {
 		return nil, fmt.Errorf("lab: argmax takes n")
@@ -283,9 +324,16 @@ func makeArgmax(r *rand.Rand, dims []int) (*problem, error) {
 		}
 	}
 	want := ref.Argmax(ref.F32(x))
-	l, err := ops.ArgmaxLaunch(n)
-	return dispatched("argmax", &problem{
-		binds: []binding{{data: gpu.Bytes(x), size: n * 4}, {size: 4}},
+	ls, part, err := ops.ArgmaxLaunches(n)
+	if err != nil {
+		return nil, fmt.Errorf("lab: argmax: %w", err)
+	}
+	binds := [][]int{{0, 1}}
+	if len(ls) == 2 {
+		binds = [][]int{{0, 2}, {2, 1}} // x -> the blocks' winners -> out
+	}
+	return sequenced("argmax", &problem{
+		binds: []binding{{data: gpu.Bytes(x), size: n * 4}, {size: 4}, {size: max(int(part), 4)}},
 		bytes: int64(n)*4 + 4,
 		check: func(out map[int][]byte) (float64, error) {
 			got := binary.LittleEndian.Uint32(out[1])
@@ -294,5 +342,5 @@ func makeArgmax(r *rand.Rand, dims []int) (*problem, error) {
 			}
 			return 0, nil
 		},
-	}, l, err)
+	}, ls, binds)
 }

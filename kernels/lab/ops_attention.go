@@ -10,13 +10,11 @@ import (
 	"github.com/rdrr/peer/gpu/ref"
 )
 
-// The harness of attention_decode. Its built-in artifact is attention.wgsl
-// (gpu/ops's "attention": one workgroup per query head, the whole cache in
-// tiles, one dispatch, the rule ops.AttentionLaunch), the lab's
-// single-dispatch baseline; the runtime's
-// Attention runs attention_split then attention_merge (flash-decoding over
-// chunks of 64 positions, partials in a scratch buffer), which a variant
-// of this op does not replace and the lab does not time. The shapes are
+// The harness of attention_decode. The op runs as the runtime's Attention
+// does (the rules ops.AttentionLaunches): attention_split over chunks of
+// 64 positions into a scratch binding of partials (flash-decoding), then
+// attention_merge. A variant replaces attention_split, the op's built-in;
+// the merge stays the built-in's. The shapes are
 // limited as gpu/ops's Attention limits them (HeadDim <= 256 and a multiple of
 // 4, Heads a multiple of KVHeads, at most 1024 dimensions in 8 query heads
 // of a cache head), so a variant passing here has the runtime's ABI.
@@ -72,13 +70,16 @@ func makeAttention(r *rand.Rand, dims []int) (*problem, error) {
 		v64[i] = math.Abs(x)
 	}
 	mag := ref.Attention(q64, k64, v64, heads, kv, hd, kvLen, float64(scale))
-	l, err := ops.AttentionLaunch(ops.AttnShape{Heads: heads, KVHeads: kv, HeadDim: hd, KVLen: kvLen, Scale: scale})
-	return dispatched("attention_decode", &problem{
+	split, merge, partials, err := ops.AttentionLaunches(ops.AttnShape{Heads: heads, KVHeads: kv, HeadDim: hd, KVLen: kvLen, Scale: scale})
+	if err != nil {
+		return nil, fmt.Errorf("lab: attention_decode: %w", err)
+	}
+	return sequenced("attention_decode", &problem{
 		binds: []binding{{data: gpu.Bytes(q), size: len(q) * 4}, {data: gpu.Bytes(k), size: len(k) * 4},
-			{data: gpu.Bytes(v), size: len(v) * 4}, {size: heads * hd * 4}},
+			{data: gpu.Bytes(v), size: len(v) * 4}, {size: heads * hd * 4}, {size: int(partials)}},
 		bytes: int64(2*heads*hd+2*kvLen*row) * 4,
 		check: func(out map[int][]byte) (float64, error) {
 			return worstScaled(f32s(out[3]), want, mag, ref.Tolerance(ref.OpAttention))
 		},
-	}, l, err)
+	}, []ops.Launch{split, merge}, [][]int{{0, 1, 2, 4}, {4, 3}})
 }

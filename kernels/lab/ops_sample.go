@@ -222,9 +222,19 @@ func makeTopP(r *rand.Rand, dims []int) (*problem, error) {
 			}
 		}
 	}
-	l, err := ops.TopPLaunch(ops.TopPShape{N: n, Temperature: temp, TopP: topP, U: u})
-	return dispatched("topp", &problem{
-		binds: []binding{{data: gpu.Bytes(x), size: n * 4}, {size: 4}},
+	// The runtime's form (ops.TopPLaunches): six dispatches of topp_blocks
+	// over the logits, a scratch binding and the token; a variant replaces
+	// all six.
+	ls, scratch, err := ops.TopPLaunches(ops.TopPShape{N: n, Temperature: temp, TopP: topP, U: u})
+	if err != nil {
+		return nil, fmt.Errorf("lab: topp: %w", err)
+	}
+	binds := make([][]int, len(ls))
+	for i := range binds {
+		binds[i] = []int{0, 2, 1}
+	}
+	return sequenced("topp", &problem{
+		binds: []binding{{data: gpu.Bytes(x), size: n * 4}, {size: 4}, {size: int(scratch)}},
 		bytes: int64(n)*4 + 4,
 		check: func(out map[int][]byte) (float64, error) {
 			if got := binary.LittleEndian.Uint32(out[1]); int64(got) != int64(want) {
@@ -232,5 +242,5 @@ func makeTopP(r *rand.Rand, dims []int) (*problem, error) {
 			}
 			return 0, nil
 		},
-	}, l, err)
+	}, ls, binds)
 }

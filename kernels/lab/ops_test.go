@@ -42,10 +42,10 @@ var opVariants = map[string]struct {
 	},
 	"attention_decode": {
 		cheaters: map[string][]edit{
-			"ignores the last position":  {{"if (t < p.kv_len) {\n      let kb", "if (t + 1u < p.kv_len) {\n      let kb"}},
-			"reads the first cache head": {{"let kvh = h / (p.n_heads / p.n_kv);", "let kvh = 0u;"}},
+			"ignores the last position":  {{"live && t0 + pi < p.kv_len", "live && t0 + pi + 1u < p.kv_len"}},
+			"reads the first cache head": {{"let kb = (t * stride + j * hd) >> 2u;", "let kb = (t * stride) >> 2u;"}},
 		},
-		correct: []edit{{"dot += qs[i] * k[kb + i];", "dot = fma(qs[i], k[kb + i], dot);"}},
+		correct: []edit{{"dots[g] += dot(q4(g, i), kv);", "dots[g] = dots[g] + dot(kv, q4(g, i));"}},
 	},
 	"dense_matmul": {
 		cheaters: map[string][]edit{
@@ -93,8 +93,8 @@ var opVariants = map[string]struct {
 	},
 	"topp": {
 		cheaters: map[string][]edit{
-			"always the last kept token":  {{"out[0] = r;", "out[0] = atomicLoad(&last);"}},
-			"always the first kept token": {{"let goal = p.u * kept;", "let goal = 0.0;"}},
+			"always the last kept token":  {{"out[0] = r;", "out[0] = last;"}},
+			"always the first kept token": {{"let goal = p.u * (f32(st.z) / FX);", "let goal = 0.0;"}},
 		},
 		correct: []edit{{"return exp(logits[i] * p.inv_temp - m) * inv_z;", "return exp(fma(logits[i], p.inv_temp, -m)) * inv_z;"}},
 	},
@@ -171,8 +171,8 @@ func TestDefaultShapesMake(t *testing.T) {
 			t.Errorf("%s %v: %v", op, DefaultShape(op), err)
 			continue
 		}
-		if p.bytes <= 0 || len(p.binds) == 0 || p.groups[0] == 0 {
-			t.Errorf("%s %v: %d bytes, %d bindings, grid %v", op, DefaultShape(op), p.bytes, len(p.binds), p.groups)
+		if p.bytes <= 0 || len(p.binds) == 0 || len(p.steps) == 0 || p.steps[0].groups[0] == 0 {
+			t.Errorf("%s %v: %d bytes, %d bindings, dispatches %v", op, DefaultShape(op), p.bytes, len(p.binds), p.steps)
 		}
 		if _, err := harnesses[op].make(r, append(DefaultShape(op), 1)); err == nil {
 			t.Errorf("%s: a shape of %d dimensions made a problem", op, len(DefaultShape(op))+1)

@@ -1,11 +1,14 @@
-// Top-p (nucleus) sampling over many workgroups: the rule of the
-// one-workgroup topp kernel (see topp.wgsl: the kept set is the tokens
-// whose probability is at least t*, found by a radix select over the
-// probabilities' bits; u picks in token order) in six dispatches of this
-// kernel, stage 0 to 5, so that a vocabulary is read by one workgroup per
-// block of values instead of by one workgroup. On the H100 the
-// one-workgroup kernel took 460 us for 152k values, one SM's worth of
-// loads six times over.
+// Top-p (nucleus) sampling of one token into out[0] (u32), in six
+// dispatches of this kernel (stage 0 to 5) over a workgroup per block of
+// values. p_i = softmax(logits / temperature). The kept set is
+// {i : p_i >= t*}, t* the largest probability with
+// sum_{p_j >= t*} p_j >= top_p (tied probabilities are kept together),
+// found by a radix select over the probabilities' bits (positive floats
+// order as their bits). u in [0, 1) then picks, in token order, the first
+// kept token whose cumulative kept probability reaches u times the kept
+// mass (the last kept token if rounding leaves the goal above the total).
+// One workgroup over all the values took 460 us for 152k of them on the
+// H100, one SM's worth of loads six times over.
 //
 //   stage 0 (a workgroup per block): the block's max and sum of
 //           exp(x - max); workgroup 0 clears the histograms.
@@ -25,9 +28,8 @@
 //
 // The histograms hold fixed-point masses (2^-31 units) summed as integers,
 // so their totals do not depend on how the values are split over
-// workgroups; the max is exact; only the softmax's sum and the pick's f32
-// sums round differently from topp.wgsl, within what ref.TopP's margin
-// allows.
+// workgroups; the max is exact; the softmax's sum and the pick's f32 sums
+// round as f32 does, within what ref.TopP's margin allows.
 //
 // Scratch s (u32 words): [0, 3072) the three rounds' 1024-bucket
 // histograms; [3072, 3084) the select's state after rounds 0, 1, 2
@@ -118,8 +120,7 @@ fn softmax(tid: u32) {
   workgroupBarrier();
 }
 
-// derive reads round r's histogram and finds, as topp.wgsl's serial scan
-// does, the largest bucket d with above + (mass of buckets >= d) >= goal:
+// derive reads round r's histogram and finds the largest bucket d with above + (mass of buckets >= d) >= goal:
 // dval = d (NB: none, keep every token), keptv = that mass, carv = the
 // mass above bucket d. Thread t holds buckets 4t..4t+3.
 fn derive(r: u32, tid: u32, above: u32, goal: u32) {
@@ -379,7 +380,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   }
   workgroupBarrier();
   // The last kept token of all: the answer when rounding leaves the goal
-  // a hair above the total (as topp.wgsl's fallback).
+  // a hair above the total.
   for (var k = WG >> 1u; k > 0u; k >>= 1u) {
     if (tid < k) {
       let o = redu[tid + k];
@@ -422,7 +423,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     return;
   }
-  // Within block pb: each thread a contiguous chunk, as topp.wgsl.
+  // Within block pb: each thread a contiguous chunk.
   let blo = pb * p.block;
   let bhi = min(p.n, blo + p.block);
   let chunk = (bhi - blo + WG - 1u) / WG;
