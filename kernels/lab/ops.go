@@ -1,13 +1,13 @@
 package lab
 
 import (
-	"strings"
 	"encoding/binary"
 	"fmt"
 	"maps"
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strings"
 
 	"github.com/rdrr/peer/gpu"
 	"github.com/rdrr/peer/gpu/ops"
