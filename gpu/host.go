@@ -43,24 +43,9 @@ func (d *Device) AllocHost(n uint64) (*HostBuffer, error) {
 		return nil, fmt.Errorf("%w: host buffer of %d bytes; the device's max buffer size is %d", ErrLimit, n, d.limits.MaxBufferSize)
 	}
 	c := alignUp(n, 4)
-	var raw *wgpu.Buffer
-	var cerr error
-	ne := scoped(d.dev, func() {
-		raw, cerr = d.dev.CreateBuffer(&wgpu.BufferDescriptor{
-			Label:            "host",
-			Size:             c,
-			Usage:            wgpu.BufferUsageMapWrite | wgpu.BufferUsageCopySrc,
-			MappedAtCreation: true,
-		})
-	})
-	if ne == nil && cerr != nil {
-		ne = &nativeError{typ: errTypeValidation, msg: cerr.Error()}
-	}
-	if ne != nil {
-		if raw != nil {
-			raw.Release()
-		}
-		return nil, fmt.Errorf("host buffer of %d bytes: %w", n, d.noteNative(ne))
+	raw, err := d.createMappedLocked("host", c)
+	if err != nil {
+		return nil, fmt.Errorf("host buffer of %d bytes: %w", n, err)
 	}
 	h := &HostBuffer{d: d, raw: raw, size: n, cap: c, mapped: raw.GetMappedRange(0, uint(c))[:n]}
 	if d.hosts == nil {

@@ -97,25 +97,10 @@ func (d *Device) stagerLocked() (*stager, error) {
 		st.ramp = rampStart
 	}
 	for i := 0; i < n; i++ {
-		var raw *wgpu.Buffer
-		var cerr error
-		ne := scoped(d.dev, func() {
-			raw, cerr = d.dev.CreateBuffer(&wgpu.BufferDescriptor{
-				Label:            "staging",
-				Size:             st.size,
-				Usage:            wgpu.BufferUsageMapWrite | wgpu.BufferUsageCopySrc,
-				MappedAtCreation: true,
-			})
-		})
-		if ne == nil && cerr != nil {
-			ne = &nativeError{typ: errTypeValidation, msg: cerr.Error()}
-		}
-		if ne != nil {
-			if raw != nil {
-				raw.Release()
-			}
+		raw, err := d.createMappedLocked("staging", st.size)
+		if err != nil {
 			st.closeLocked()
-			return nil, fmt.Errorf("staging buffer: %w", d.noteNative(ne))
+			return nil, fmt.Errorf("staging buffer: %w", err)
 		}
 		s := &staging{raw: raw, mapped: raw.GetMappedRange(0, uint(st.size))}
 		st.all = append(st.all, s)
@@ -123,6 +108,32 @@ func (d *Device) stagerLocked() (*stager, error) {
 	}
 	d.stager = st
 	return st, nil
+}
+
+// createMappedLocked creates a buffer the host writes and the GPU copies
+// from (MAP_WRITE | COPY_SRC), mapped: the staging ring's buffers and
+// HostBuffers.
+func (d *Device) createMappedLocked(label string, size uint64) (*wgpu.Buffer, error) {
+	var raw *wgpu.Buffer
+	var cerr error
+	ne := scoped(d.dev, func() {
+		raw, cerr = d.dev.CreateBuffer(&wgpu.BufferDescriptor{
+			Label:            label,
+			Size:             size,
+			Usage:            wgpu.BufferUsageMapWrite | wgpu.BufferUsageCopySrc,
+			MappedAtCreation: true,
+		})
+	})
+	if ne == nil && cerr != nil {
+		ne = &nativeError{typ: errTypeValidation, msg: cerr.Error()}
+	}
+	if ne != nil {
+		if raw != nil {
+			raw.Release()
+		}
+		return nil, d.noteNative(ne)
+	}
+	return raw, nil
 }
 
 func (st *stager) closeLocked() {

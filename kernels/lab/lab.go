@@ -137,14 +137,21 @@ func (l *Lab) compile(ctx context.Context, v *kernels.Artifact, consts map[strin
 		}
 		maps.Copy(k.Constants, consts)
 	}
-	p, err := l.Dev.Compile(ctx, k)
+	p, err := l.compileKernel(ctx, k)
 	if err != nil {
-		if errors.Is(err, gpu.ErrDeviceLost) {
-			l.broken = err
-		}
 		return nil, gateErr("%v", err)
 	}
 	return p, nil
+}
+
+// compileKernel compiles k on the lab's device; a device lost doing so
+// breaks the lab.
+func (l *Lab) compileKernel(ctx context.Context, k gpu.Kernel) (*gpu.Pipeline, error) {
+	p, err := l.Dev.Compile(ctx, k)
+	if errors.Is(err, gpu.ErrDeviceLost) {
+		l.broken = err
+	}
+	return p, err
 }
 
 // pipeSet compiles and keeps the pipelines one variant's runs need: the
@@ -191,21 +198,15 @@ func (ps *pipeSet) of(ctx context.Context, p *problem) ([]*gpu.Pipeline, error) 
 }
 
 // compileBuiltin compiles a built-in kernel of gpu/ops (the steps of an
-// op's runtime form that are not the op's own kernel).
+// op's runtime form that are not the op's own kernel): a failure is the
+// lab's, not the variant's.
 func (l *Lab) compileBuiltin(ctx context.Context, name string, consts map[string]float64) (*gpu.Pipeline, error) {
 	k, err := ops.Builtin(name, consts)
 	if err != nil {
 		return nil, err
 	}
 	k.Name = "lab-" + name
-	p, err := l.Dev.Compile(ctx, k)
-	if err != nil {
-		if errors.Is(err, gpu.ErrDeviceLost) {
-			l.broken = err
-		}
-		return nil, gateErr("%v", err)
-	}
-	return p, nil
+	return l.compileKernel(ctx, k)
 }
 
 // record records p's dispatches over b's buffers with pipes (one each).

@@ -368,18 +368,8 @@ func (o *Overlay) ping(p peer.ID, f *pingFlight) {
 	defer lv.mu.Unlock()
 	delete(lv.flights, p)
 	now := time.Now()
-	if len(lv.answers) >= maxLiveAnswers {
-		for q, a := range lv.answers {
-			if now.Sub(a.at) >= liveFresh {
-				delete(lv.answers, q)
-			}
-		}
-		for q := range lv.answers { // all fresh: any one, a bound not a policy
-			if len(lv.answers) < maxLiveAnswers {
-				break
-			}
-			delete(lv.answers, q)
-		}
+	if _, ok := lv.answers[p]; !ok {
+		makeRoom(lv.answers, maxLiveAnswers, func(a pingAnswer) bool { return now.Sub(a.at) >= liveFresh })
 	}
 	if o.ctx.Err() == nil {
 		lv.answers[p] = pingAnswer{at: now, alive: alive}
@@ -450,21 +440,31 @@ func (o *Overlay) lookupProviders(ctx context.Context, c cas.CID, limit int) ([]
 		lc.m = map[cas.Digest]lookupResult{}
 	}
 	now := time.Now()
-	if _, ok := lc.m[c.Digest()]; !ok && len(lc.m) >= maxLookups {
-		for d, r := range lc.m {
-			if now.Sub(r.at) >= lookupFresh {
-				delete(lc.m, d)
-			}
-		}
-		for d := range lc.m { // all fresh: any one, a bound not a policy
-			if len(lc.m) < maxLookups {
-				break
-			}
-			delete(lc.m, d)
-		}
+	if _, ok := lc.m[c.Digest()]; !ok {
+		makeRoom(lc.m, maxLookups, func(r lookupResult) bool { return now.Sub(r.at) >= lookupFresh })
 	}
 	lc.m[c.Digest()] = lookupResult{at: now, ps: ps}
 	return ps, err
+}
+
+// makeRoom makes room for one more entry in m, which holds at most max:
+// when full it drops the stale entries, then, if all were fresh, any ones
+// (a bound, not a policy).
+func makeRoom[K comparable, V any](m map[K]V, max int, stale func(V) bool) {
+	if len(m) < max {
+		return
+	}
+	for k, v := range m {
+		if stale(v) {
+			delete(m, k)
+		}
+	}
+	for k := range m {
+		if len(m) < max {
+			break
+		}
+		delete(m, k)
+	}
 }
 
 // lookups keeps LiveProviders' last DHT lookups (lookupProviders).

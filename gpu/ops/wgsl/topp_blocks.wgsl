@@ -120,6 +120,24 @@ fn softmax(tid: u32) {
   workgroupBarrier();
 }
 
+// scanSum returns the sum of v over the threads up to tid (inclusive),
+// through red.
+fn scanSum(tid: u32, v: f32) -> f32 {
+  workgroupBarrier();
+  red[tid] = v;
+  workgroupBarrier();
+  for (var k = 1u; k < WG; k <<= 1u) {
+    var add = 0.0;
+    if (tid >= k) {
+      add = red[tid - k];
+    }
+    workgroupBarrier();
+    red[tid] += add;
+    workgroupBarrier();
+  }
+  return red[tid];
+}
+
 // derive reads round r's histogram and finds the largest bucket d with above + (mass of buckets >= d) >= goal:
 // dval = d (NB: none, keep every token), keptv = that mass, carv = the
 // mass above bucket d. Thread t holds buckets 4t..4t+3.
@@ -353,19 +371,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     atomicStore(&pick, NONE);
   }
   workgroupBarrier();
-  red[tid] = cs;
   redu[tid] = lastKept;
-  workgroupBarrier();
-  for (var k = 1u; k < WG; k <<= 1u) {
-    var add = 0.0;
-    if (tid >= k) {
-      add = red[tid - k];
-    }
-    workgroupBarrier();
-    red[tid] += add;
-    workgroupBarrier();
-  }
-  let incl = red[tid];
+  let incl = scanSum(tid, cs);
   if (cs > 0.0 && incl >= goal) {
     var cum = incl - cs;
     for (var b = b0; b < b1; b++) {
@@ -436,18 +443,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       ccs += q;
     }
   }
-  red[tid] = ccs;
-  workgroupBarrier();
-  for (var k = 1u; k < WG; k <<= 1u) {
-    var add = 0.0;
-    if (tid >= k) {
-      add = red[tid - k];
-    }
-    workgroupBarrier();
-    red[tid] += add;
-    workgroupBarrier();
-  }
-  let cincl = base + red[tid];
+  let cincl = base + scanSum(tid, ccs);
   if (ccs > 0.0 && cincl >= goal) {
     var cum = cincl - ccs;
     for (var i = a; i < e; i++) {
