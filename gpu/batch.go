@@ -343,6 +343,23 @@ func (b *Batch) encodeLocked(arena *Buffer) (uint64, error) {
 		return 0, b.wrap(fmt.Errorf("%w: %v", ErrValidation, err), "encode")
 	}
 	defer enc.Release()
+	var timed *timedEncoder
+	if d.prof != nil {
+		n := 0
+		for _, c := range b.cmds {
+			if c.pipe != nil {
+				n++
+			}
+		}
+		if timed, err = d.newTimedEncoder(n); err != nil {
+			return 0, b.wrap(err, "profile")
+		}
+		defer func() { // unless the submission took its query set
+			if timed != nil {
+				timed.qs.Release()
+			}
+		}()
+	}
 	var pass *wgpu.ComputePassEncoder
 	var passKernels []string
 	endPass := func() error {
@@ -385,6 +402,12 @@ func (b *Batch) encodeLocked(arena *Buffer) (uint64, error) {
 				return 0, &KernelError{Kernel: e.name, Op: "bind params", Err: err}
 			}
 		}
+		if timed != nil { // a pass of its own, timed (profile.go)
+			if err := endPass(); err != nil {
+				return 0, err
+			}
+			pass = timed.pass(d, enc, e.name, c.groups)
+		}
 		if pass == nil {
 			pass = enc.BeginComputePass(nil)
 		}
@@ -401,6 +424,14 @@ func (b *Batch) encodeLocked(arena *Buffer) (uint64, error) {
 	if err := endPass(); err != nil {
 		return 0, err
 	}
+	var prof *profiled
+	untimed := 0
+	if timed != nil {
+		if prof, err = timed.finish(d, enc); err != nil {
+			return 0, b.wrap(err, "profile")
+		}
+		untimed = timed.untimed
+	}
 	cb, err := enc.Finish(nil)
 	if err != nil {
 		return 0, b.wrap(fmt.Errorf("%w: %v", ErrValidation, err), "finish")
@@ -408,7 +439,15 @@ func (b *Batch) encodeLocked(arena *Buffer) (uint64, error) {
 	defer cb.Release()
 	idx, ne := submit(d.dev, d.queue, cb)
 	if ne != nil {
+		if prof != nil {
+			d.releaseLocked(prof.times)
+		}
 		return 0, b.wrap(d.noteNative(ne), "submit")
+	}
+	if prof != nil {
+		d.prof.pending = append(d.prof.pending, *prof)
+		d.prof.prof.Untimed += untimed
+		timed = nil
 	}
 	return idx, nil
 }

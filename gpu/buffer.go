@@ -14,6 +14,7 @@ const (
 	usageStorage  usage = iota // kernels read and write it; copies in and out
 	usageUniform               // kernel parameters
 	usageReadback              // mapped for reading
+	usageQuery                 // timestamp queries resolved into it (profile.go)
 )
 
 func (u usage) flags() wgpu.BufferUsage {
@@ -22,6 +23,8 @@ func (u usage) flags() wgpu.BufferUsage {
 		return wgpu.BufferUsageUniform | wgpu.BufferUsageCopyDst
 	case usageReadback:
 		return wgpu.BufferUsageMapRead | wgpu.BufferUsageCopyDst
+	case usageQuery:
+		return wgpu.BufferUsageQueryResolve | wgpu.BufferUsageCopySrc
 	}
 	return wgpu.BufferUsageStorage | wgpu.BufferUsageCopySrc | wgpu.BufferUsageCopyDst
 }

@@ -50,6 +50,9 @@ type Options struct {
 	CopyWorkers int
 	// Logger receives debug logs. nil discards them.
 	Logger *slog.Logger
+	// Profile asks for the timestamp-query feature (when the adapter has
+	// it) so that StartProfile can time dispatches on the GPU.
+	Profile bool
 }
 
 const (
@@ -123,6 +126,9 @@ type Device struct {
 	hosts    map[*HostBuffer]struct{} // live host buffers (host.go)
 	counters counters
 
+	timestamps bool      // the timestamp-query feature is on (Options.Profile)
+	prof       *profiler // a running profile (profile.go)
+
 	lost     atomic.Pointer[error]
 	lostCh   chan struct{} // closed when lost is set
 	lostOnce sync.Once
@@ -184,6 +190,10 @@ func Open(ctx context.Context, o Options) (*Device, error) {
 	if info.ShaderF16 {
 		features = append(features, wgpu.FeatureNameShaderF16)
 	}
+	timestamps := o.Profile && info.TimestampQuery
+	if timestamps {
+		features = append(features, wgpu.FeatureNameTimestampQuery)
+	}
 	dev, err := adapter.RequestDevice(&wgpu.DeviceDescriptor{
 		Label:            "rdrr",
 		RequiredFeatures: features,
@@ -210,6 +220,8 @@ func Open(ctx context.Context, o Options) (*Device, error) {
 		kick:     make(chan struct{}, 1),
 		stop:     make(chan struct{}),
 		pollDone: make(chan struct{}),
+
+		timestamps: timestamps,
 	}
 	d.limits = limitsOf(dev.GetLimits().Limits)
 	d.info.Limits = d.limits
@@ -373,6 +385,12 @@ func (d *Device) release() {
 		d.stager.closeLocked()
 	}
 	d.bgs.clear()
+	if d.prof != nil { // a profile never stopped: its query sets
+		for _, b := range d.prof.pending {
+			b.qs.Release()
+		}
+		d.prof = nil
+	}
 	for _, e := range d.pipes {
 		e.pipe.Release()
 	}

@@ -29,8 +29,8 @@ type AdapterInfo struct {
 	// Subgroups is always false: wgpu-native v22, which the binding links,
 	// exposes no subgroup feature. The built-in kernels do not need it.
 	Subgroups bool `json:"subgroups"`
-	// TimestampQuery reports the timestamp-query feature (unused: the
-	// binding cannot attach timestamp writes to compute passes).
+	// TimestampQuery reports the timestamp-query feature, which
+	// Options.Profile turns on for StartProfile (profile.go).
 	TimestampQuery bool `json:"timestampQuery"`
 }
 

@@ -34,15 +34,32 @@ func nativeCommandBuffer(c *wgpu.CommandBuffer) unsafe.Pointer {
 	return *(*unsafe.Pointer)(unsafe.Pointer(c))
 }
 
+// beginTimedPass begins a compute pass of enc that writes GPU timestamps
+// into qs at queries begin and end (the binding cannot: its
+// ComputePassDescriptor has no timestamp writes). The encoder and pass
+// wrappers are {device, handle}, the query set's {handle} (checkLayout).
+func beginTimedPass(dev *wgpu.Device, enc *wgpu.CommandEncoder, qs *wgpu.QuerySet, begin, end uint32) *wgpu.ComputePassEncoder {
+	devRaw := nativeDevice(dev)
+	p := C.rdrr_begin_timed_pass(devRaw, (*[2]unsafe.Pointer)(unsafe.Pointer(enc))[1], *(*unsafe.Pointer)(unsafe.Pointer(qs)), C.uint32_t(begin), C.uint32_t(end))
+	if p == nil {
+		return nil
+	}
+	return (*wgpu.ComputePassEncoder)(unsafe.Pointer(&[2]unsafe.Pointer{devRaw, p}))
+}
+
 func checkLayout(dev *wgpu.Device, probe *wgpu.Buffer, size uint64) error {
 	var (
-		d wgpu.Device
-		b wgpu.Buffer
-		q wgpu.Queue
-		c wgpu.CommandBuffer
+		d  wgpu.Device
+		b  wgpu.Buffer
+		q  wgpu.Queue
+		c  wgpu.CommandBuffer
+		e  wgpu.CommandEncoder
+		p  wgpu.ComputePassEncoder
+		qs wgpu.QuerySet
 	)
-	if unsafe.Sizeof(d) != unsafe.Sizeof(uintptr(0)) || unsafe.Sizeof(b) != 2*unsafe.Sizeof(uintptr(0)) ||
-		unsafe.Sizeof(q) != 2*unsafe.Sizeof(uintptr(0)) || unsafe.Sizeof(c) != unsafe.Sizeof(uintptr(0)) {
+	ptr := unsafe.Sizeof(uintptr(0))
+	if unsafe.Sizeof(d) != ptr || unsafe.Sizeof(b) != 2*ptr || unsafe.Sizeof(q) != 2*ptr || unsafe.Sizeof(c) != ptr ||
+		unsafe.Sizeof(e) != 2*ptr || unsafe.Sizeof(p) != 2*ptr || unsafe.Sizeof(qs) != ptr {
 		return fmt.Errorf("%w: webgpu binding struct layout changed", ErrUnsupported)
 	}
 	if nativeDevice(dev) == nil {

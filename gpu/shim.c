@@ -14,6 +14,8 @@ extern void wgpuQueueOnSubmittedWorkDone(void *queue, rdrr_status_cb cb, void *u
 extern uint64_t wgpuQueueSubmitForIndex(void *queue, size_t n, void *const *cmds) __attribute__((weak));
 extern uint64_t wgpuBufferGetSize(void *buffer) __attribute__((weak));
 extern void *wgpuCreateInstance(void const *descriptor) __attribute__((weak));
+extern void *wgpuCommandEncoderBeginComputePass(void *encoder, void const *descriptor) __attribute__((weak));
+extern void wgpuDeviceReference(void *device) __attribute__((weak));
 
 // WGPUChainedStruct and WGPUInstanceExtras of wgpu.h, WGPUInstanceDescriptor
 // of webgpu.h.
@@ -98,4 +100,31 @@ void *rdrr_create_instance(uint32_t backends) {
 	extras.backends = backends;
 	rdrr_instance_descriptor desc = {&extras.chain};
 	return wgpuCreateInstance(&desc);
+}
+
+// WGPUComputePassTimestampWrites and WGPUComputePassDescriptor of webgpu.h
+// (the binding's ComputePassDescriptor has no timestamp writes).
+typedef struct {
+	void *querySet;
+	uint32_t beginningOfPassWriteIndex;
+	uint32_t endOfPassWriteIndex;
+} rdrr_pass_timestamps;
+typedef struct {
+	void const *nextInChain;
+	char const *label;
+	rdrr_pass_timestamps const *timestampWrites;
+} rdrr_pass_descriptor;
+
+// rdrr_begin_timed_pass begins a compute pass that writes GPU timestamps
+// into query_set at its beginning (query begin) and end (query end). It
+// takes a reference on device, which the binding's ComputePassEncoder
+// releases with the pass.
+void *rdrr_begin_timed_pass(void *device, void *encoder, void *query_set, uint32_t begin, uint32_t end) {
+	rdrr_pass_timestamps ts = {query_set, begin, end};
+	rdrr_pass_descriptor desc = {NULL, NULL, &ts};
+	void *pass = wgpuCommandEncoderBeginComputePass(encoder, &desc);
+	if (pass != NULL) {
+		wgpuDeviceReference(device);
+	}
+	return pass;
 }

@@ -25,5 +25,6 @@ void rdrr_on_done(void *device, void *queue, uintptr_t handle, rdrr_error *err);
 uint64_t rdrr_submit(void *device, void *queue, size_t n, void **cmds, rdrr_error *err);
 uint64_t rdrr_buffer_size(void *buffer);
 void *rdrr_create_instance(uint32_t backends);
+void *rdrr_begin_timed_pass(void *device, void *encoder, void *query_set, uint32_t begin, uint32_t end);
 
 #endif

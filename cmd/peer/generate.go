@@ -152,6 +152,14 @@ step. Synthetic models use bytes as tokens.`,
 					}
 					defer func() { pprof.StopCPUProfile(); f.Close() }()
 				}
+				gpuProfile := false
+				if profileGPU && step != nil {
+					if err := step.StartGPUProfile(); err != nil {
+						a.log.Warn("generate: --profile-gpu: no GPU timestamps; timing each part of a layer by waiting for it instead", "err", err)
+					} else {
+						gpuProfile = true
+					}
+				}
 				t1 := time.Now()
 				gen := func(p []int, n int, s experts.Sampling, emit func(int)) ([]int, error) {
 					if rm != nil {
@@ -168,6 +176,14 @@ step. Synthetic models use bytes as tokens.`,
 					return err
 				}
 				secs := time.Since(t1).Seconds()
+				var gp *gpu.Profile
+				if gpuProfile {
+					p, err := step.StopGPUProfile(ctx)
+					if err != nil {
+						return err
+					}
+					gp = &p
+				}
 				if tracePath != "" {
 					f, err := os.Create(tracePath)
 					if err != nil {
@@ -212,6 +228,9 @@ step. Synthetic models use bytes as tokens.`,
 				if len(gpuTimes) > 0 {
 					res["gpuTimesNs"] = gpuTimes
 				}
+				if gp != nil {
+					res["gpuProfile"] = gp
+				}
 				return a.print(res, func(w io.Writer) {
 					fmt.Fprintf(w, "\n%d prompt + %d generated tokens in %.2f s: %.1f tok/s (engine %s; dense weights loaded in %.2f s)\n",
 						len(prompt), len(toks), secs, float64(len(prompt)+len(toks))/secs, engineName, load.Seconds())
@@ -224,6 +243,9 @@ step. Synthetic models use bytes as tokens.`,
 							fmt.Fprintf(w, " %s %s", k, (gpuTimes[k] / time.Duration(prof.Steps)).Round(time.Microsecond))
 						}
 						fmt.Fprintln(w)
+					}
+					if gp != nil && prof != nil && prof.Steps > 0 {
+						printGPUProfile(w, gp, prof.Steps)
 					}
 					if prof != nil && prof.Steps > 0 {
 						per := func(d time.Duration) string { return (d / time.Duration(prof.Steps)).Round(time.Microsecond).String() }
@@ -247,7 +269,7 @@ step. Synthetic models use bytes as tokens.`,
 	f.Uint64Var(&s.Seed, "seed", 1, "sampling seed")
 	f.StringVar(&policy, "policy", "cost", "eviction policy: lru, lfu or cost")
 	f.BoolVar(&warm, "warm", false, "gpu engine: before timing, load every expert into RAM, and into VRAM when --vram holds them all (the stats are then those of the timed run)")
-	f.BoolVar(&profileGPU, "profile-gpu", false, "gpu engine: wait for the GPU after each part of a resident layer and print where its time goes (a diagnostic: much slower)")
+	f.BoolVar(&profileGPU, "profile-gpu", false, "gpu engine: time every dispatch on the GPU (timestamp queries, each dispatch in a pass of its own) and print where the steps' GPU time goes; without timestamps, wait for the GPU after each part of a resident layer instead (much slower)")
 	f.StringVar(&cpuProfile, "cpuprofile", "", "write a Go CPU profile of the generation (not the load) here")
 	f.StringVar(&tracePath, "trace", "", "write the expert access trace here (tiers/TRACE.md)")
 	f.StringVar(&engine, "engine", "ref", "decode engine: ref (float64 CPU reference) or gpu (wgpu kernels, experts paged into a VRAM arena of --vram bytes)")
@@ -295,6 +317,8 @@ type stepper interface {
 	Profile() *experts.StepProfile
 	ExpertKeys() []tiers.Key
 	GPUTimes() map[string]time.Duration
+	StartGPUProfile() error
+	StopGPUProfile(ctx context.Context) (gpu.Profile, error)
 	Generate(ctx context.Context, prompt []int, n int, s experts.Sampling, emit func(int)) ([]int, error)
 }
 
@@ -305,9 +329,9 @@ func (a *app) gpuEngine(ctx context.Context, st *cas.Store, m *experts.Manifest,
 	// buffers as large as the VRAM budget, within the 2 GiB that wgpu
 	// binds (larger budgets degrade, with a warning, in NewGPUArena).
 	maxBuf := uint64(min(max(vram, 256<<20), 2<<30-4))
-	d, err := gpu.Open(ctx, gpu.Options{Logger: a.log, MaxBufferSize: maxBuf, MaxStorageBinding: maxBuf})
+	d, err := gpu.Open(ctx, gpu.Options{Logger: a.log, MaxBufferSize: maxBuf, MaxStorageBinding: maxBuf, Profile: profileGPU})
 	if err != nil {
-		d, err = gpu.Open(ctx, gpu.Options{Logger: a.log}) // the adapter offers less
+		d, err = gpu.Open(ctx, gpu.Options{Logger: a.log, Profile: profileGPU}) // the adapter offers less
 	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("generate: no GPU (try --engine ref): %w", err)
@@ -347,13 +371,21 @@ func (a *app) gpuEngine(ctx context.Context, st *cas.Store, m *experts.Manifest,
 	}
 	g.Trace = cfg.Trace
 	g.Prefetch = prefetch
-	g.ProfileGPU = profileGPU
-	return gpuStepper{g, cache}, func() { g.Close(); cache.Close(); arena.Release(); d.Close() }, nil
+	// With timestamps the dispatches are timed as they run; without, each
+	// part of a layer is waited for (GPUModel.ProfileGPU).
+	g.ProfileGPU = profileGPU && !d.Info().TimestampQuery
+	return gpuStepper{g, cache, d}, func() { g.Close(); cache.Close(); arena.Release(); d.Close() }, nil
 }
 
 type gpuStepper struct {
 	g     *experts.GPUModel
 	cache *tiers.Cache
+	d     *gpu.Device
+}
+
+func (s gpuStepper) StartGPUProfile() error { return s.d.StartProfile() }
+func (s gpuStepper) StopGPUProfile(ctx context.Context) (gpu.Profile, error) {
+	return s.d.StopProfile(ctx)
 }
 
 func (s gpuStepper) Cache() *tiers.Cache                  { return s.cache }
@@ -415,4 +447,25 @@ func (a *app) activeKernels(ctx context.Context, d *gpu.Device, st *cas.Store) (
 	}
 	defer reg.Close()
 	return lab.Activate(ctx, d, reg, st)
+}
+
+// printGPUProfile prints where the GPU's time went per decode step: busy
+// (the dispatches' own time), span (first dispatch's start to last one's
+// end, per submission) and the kernels that took most of it.
+func printGPUProfile(w io.Writer, p *gpu.Profile, steps int) {
+	per := func(d time.Duration) time.Duration { return d / time.Duration(steps) }
+	fmt.Fprintf(w, "  GPU time per step (--profile-gpu, timestamps): busy %s, span %s, %.0f dispatches in %.0f submits",
+		per(p.Busy).Round(time.Microsecond), per(p.Span).Round(time.Microsecond), float64(p.Dispatches)/float64(steps), float64(p.Submits)/float64(steps))
+	if p.Untimed > 0 {
+		fmt.Fprintf(w, " (%d untimed)", p.Untimed)
+	}
+	fmt.Fprintln(w)
+	for i, k := range p.Kernels {
+		if i == 20 {
+			fmt.Fprintf(w, "    ... %d more (--json: gpuProfile)\n", len(p.Kernels)-i)
+			break
+		}
+		fmt.Fprintf(w, "    %-22s %-16s %6.1f a step %8.1f us each %8.3f ms a step (%4.1f%%)\n", k.Kernel, fmt.Sprintf("%dx%dx%d", k.Groups[0], k.Groups[1], k.Groups[2]),
+			float64(k.Count)/float64(steps), float64(k.Total.Microseconds())/float64(k.Count), float64(per(k.Total).Microseconds())/1e3, 100*float64(k.Total)/float64(max(p.Busy, 1)))
+	}
 }

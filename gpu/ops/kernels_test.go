@@ -120,7 +120,9 @@ func TestQ4KMatMul(t *testing.T) {
 	for _, cfg := range []Q4KConfig{
 		DefaultQ4KConfig(4096, 14336, 1), DefaultQ4KConfig(14336, 4096, 1), DefaultQ4KConfig(7168, 2048, 1),
 		DefaultQ4KConfig(2048, 2048*5, 1), DefaultQ4KConfig(16384, 2048, 1),
-		{WG: 64, SPR: 2, Rows: 8, Pipeline: true},
+		DefaultQ4KConfig(6144, 4096, 1), DefaultQ4KConfig(4096, 4096, 1), DefaultQ4KConfig(2*14336, 4096, 1),
+		DefaultQ4KConfig(2*4096, 14336, 1), DefaultQ4KConfig(32000, 4096, 1), DefaultQ4KConfig(1536, 7168, 1),
+		{WG: 64, SPR: 2, Rows: 8, Pipeline: true}, {WG: 64, SPR: 4, Rows: 8, Pipeline: true},
 	} {
 		t.Run(fmt.Sprintf("default%+v", cfg), func(t *testing.T) {
 			checkQ4K(t, d, k, r, 37, 4608, 1, cfg)

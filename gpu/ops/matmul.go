@@ -53,35 +53,40 @@ type Q4KConfig struct {
 }
 
 // DefaultQ4KConfig is the shape policy the wrappers use, tuned on an H100
-// (see gpu/BENCHMARKS.md). Large matrices: 2 or 4 block slots and 8 rows
-// per thread with software pipelining, so each thread keeps many
-// independent loads in flight and reads x once for 8 rows. Smaller
-// matrices: more threads. Tiny matrices, few rows and small batches
-// (n > 1): the simple layout.
-//
-// With very long rows (>= 8192 columns) two slots gain little when many
-// independent products run back to back and halve the speed of a lone
-// product, so four are used there.
+// (see gpu/BENCHMARKS.md) for what a decode step runs: one product after
+// another, each waiting for the previous one, so that a product must fill
+// the GPU on its own. Long rows (16 blocks and more): 4 rows per thread (8
+// from 32 blocks, where each thread walks many blocks and x is read once
+// for 8 rows), software pipelining, and block slots doubled until the
+// product has about 48k threads (H100, BenchmarkQ4KDecode's sweep of 60
+// configurations per shape: qkv 6144x4096 23.5 -> 13.4 us, o 4096x4096
+// 15.7 -> 10.9, masked gate and up 85 -> 77, masked down 67 -> 49 against
+// the earlier policy, which was tuned on products that overlap). Short rows
+// in bulk (a group of expert products, at most 8 blocks): one block slot,
+// 8 rows per thread. Tiny matrices, few rows and small batches (n > 1): the
+// simple layout.
 func DefaultQ4KConfig(rows, cols, n int) Q4KConfig {
-	nb := uint64(cols / 256)
+	nb := cols / 256
 	switch {
 	case n > 1 || rows < 256 || rows*cols < 1<<20:
-		return Q4KConfig{SPR: int(min(32, floorPow2(nb))), Rows: 2}
-	case rows*cols <= 16<<20:
-		return Q4KConfig{WG: 256, SPR: int(min(4, floorPow2(nb))), Rows: 4}
+		return Q4KConfig{SPR: int(min(32, floorPow2(uint64(nb)))), Rows: 2}
 	case nb <= 8:
 		// Short rows in bulk (a group of expert down projections,
 		// 2048 columns): one block slot, each thread walks the whole
 		// row for 8 rows (H100, 8 x 7168x2048: 0.73x of copy against
 		// 0.39-0.64x for 2-8 slots).
 		return Q4KConfig{WG: 128, SPR: 1, Rows: 8, Pipeline: true}
-	case nb >= 32:
-		return Q4KConfig{WG: 64, SPR: 4, Rows: 8, Pipeline: true}
-	case nb >= 16:
-		return Q4KConfig{WG: 64, SPR: 2, Rows: 8, Pipeline: true}
-	default:
-		return Q4KConfig{WG: 128, SPR: int(min(4, floorPow2(nb))), Rows: 8}
 	}
+	const wg, threads = 128, 48 << 10
+	r := 4
+	if nb >= 32 {
+		r = 8
+	}
+	spr := 1
+	for spr < wg/8 && 2*spr <= nb && rows*8*spr/r < threads {
+		spr *= 2
+	}
+	return Q4KConfig{WG: wg, SPR: spr, Rows: r, Pipeline: true}
 }
 
 func (cfg Q4KConfig) wg() int {

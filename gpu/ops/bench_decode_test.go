@@ -1,0 +1,192 @@
+package ops
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/rdrr/peer/gpu"
+	"github.com/rdrr/peer/gpu/abi"
+)
+
+// BenchmarkQ4KDecode times the Q4_K products of one Mixtral-8x7B decode
+// step as the step runs them: each dispatch waits for the one before it
+// (a decode step is a chain: every product reads what the previous
+// dispatch wrote), so the ratio is x-of-copy-serial against the copy
+// bandwidth measured in the same run. Shapes: the layer's stacked q, k
+// and v (6144x4096), o (4096x4096), the masked gate and up products of 8
+// experts with the router's 2 chosen (16 products of 14336x4096 in one
+// dispatch, 4 of them run) and the masked down products straight from
+// SwiGLU of those (8 of 4096x14336, 2 run), the LM head (32000x4096).
+//
+// RDRR_BENCH_SWEEP=1 also times every configuration of the kernel at each
+// shape (what DefaultQ4KConfig was chosen from for decode).
+func BenchmarkQ4KDecode(b *testing.B) {
+	ctx := context.Background()
+	d, k := shared.d, shared.k
+	if err := k.Prepare(ctx); err != nil {
+		b.Fatal(err)
+	}
+	m := &meter{d: d, k: k, cpu: d.Info().Type == "cpu"}
+	m.warm(b, 500*time.Millisecond)
+	var copyBW float64
+	b.Run("copy", func(b *testing.B) {
+		copyBW = m.copyBandwidth(b).best()
+		b.ReportMetric(copyBW/1e9, "GB/s")
+	})
+	if copyBW == 0 {
+		copyBW = m.copyBandwidth(b).best()
+	}
+	report := func(b *testing.B, bytes float64, per time.Duration) {
+		b.ReportMetric(bytes/per.Seconds()/copyBW, "x-of-copy-serial")
+		b.ReportMetric(float64(per.Nanoseconds())/1e3, "us/dispatch")
+	}
+	type shape struct {
+		name       string
+		rows, cols int
+		experts    int  // 0: one plain product; else masked, 8 experts
+		gateUp     bool // masked gate and up (else down from SwiGLU)
+	}
+	shapes := []shape{
+		{"qkv", 6144, 4096, 0, false},
+		{"o", 4096, 4096, 0, false},
+		{"gate_up", 14336, 4096, 8, true},
+		{"down", 4096, 14336, 8, false},
+		{"head", 32000, 4096, 0, false},
+	}
+	if m.cpu { // lavapipe: one small shape of each kind
+		shapes = []shape{{"qkv", 768, 512, 0, false}, {"gate_up", 512, 512, 4, true}, {"down", 512, 512, 4, false}}
+	}
+	sweep := os.Getenv("RDRR_BENCH_SWEEP") == "1"
+	for _, s := range shapes {
+		const kSel = 2
+		time1 := func(b *testing.B, cfg *Q4KConfig) {
+			var bytes float64
+			var per time.Duration
+			if s.experts == 0 {
+				bytes, per = m.q4kSerial(b, s.rows, s.cols, cfg)
+			} else {
+				bytes, per = m.q4kMaskedSerial(b, s.rows, s.cols, s.experts, kSel, s.gateUp, cfg)
+			}
+			report(b, bytes, per)
+		}
+		b.Run(fmt.Sprintf("%s/%dx%d", s.name, s.rows, s.cols), func(b *testing.B) { time1(b, nil) })
+		if !sweep {
+			continue
+		}
+		for _, wg := range []int{64, 128, 256} {
+			for spr := 1; spr <= wg/8 && spr <= 32; spr *= 2 {
+				for _, rw := range []int{1, 2, 4, 8} {
+					cfg := Q4KConfig{WG: wg, SPR: spr, Rows: rw, Pipeline: true}
+					if uint64(spr) > uint64(s.cols/256) {
+						continue
+					}
+					b.Run(fmt.Sprintf("%s_sweep/%dx%d/wg%d-spr%d-rows%d", s.name, s.rows, s.cols, wg, spr, rw), func(b *testing.B) { time1(b, &cfg) })
+				}
+			}
+		}
+	}
+}
+
+// q4kSerial times a rows x cols product (cfg nil: the default
+// configuration) one dispatch after another; it returns the bytes one
+// dispatch must move and its time.
+func (m *meter) q4kSerial(b *testing.B, rows, cols int, cfg *Q4KConfig) (float64, time.Duration) {
+	ctx := context.Background()
+	wBytes := abi.Q4K.Bytes(rows * cols)
+	nw := m.rotation(wBytes)
+	ws := make([]*gpu.Buffer, nw)
+	blocks := benchQ4K(rows * cols / 256)
+	for i := range ws {
+		ws[i] = m.alloc(b, wBytes)
+		if err := m.d.Upload(ctx, ws[i], blocks); err != nil {
+			b.Fatal(err)
+		}
+	}
+	x, y := m.alloc(b, uint64(cols*4)), m.alloc(b, uint64(rows*4))
+	m.fill(b, x, uint64(cols*4))
+	c := DefaultQ4KConfig(rows, cols, 1)
+	if cfg != nil {
+		c = *cfg
+	}
+	s := MatShape{Rows: rows, Cols: cols, Tokens: 1}
+	per := m.timeDispatches(b, func(bt *gpu.Batch, i int) error {
+		return m.k.Q4KMatMulWith(ctx, bt, c, ws[i%nw], x, y, s)
+	})
+	return float64(wBytes) + float64(cols*4) + float64(rows*4), per
+}
+
+// q4kMaskedSerial times one MoE layer's masked expert products as
+// Q4KMatVecMasked records them (cfg nil: its default configuration), one
+// dispatch after another: experts experts, kSel of them chosen. gateUp:
+// each expert's gate and up matrices (rows x cols) in one dispatch with a
+// shared x; else its down matrix, x SwiGLU of kSel gate and up rows.
+// Weights alternate between two arenas so that a dispatch never reads
+// what the previous one left in the L2.
+func (m *meter) q4kMaskedSerial(b *testing.B, rows, cols, experts, kSel int, gateUp bool, cfg *Q4KConfig) (float64, time.Duration) {
+	ctx := context.Background()
+	wBytes := abi.Q4K.Bytes(rows * cols)
+	products := experts
+	if gateUp {
+		products = 2 * experts
+	}
+	if uint64(products)*wBytes > m.d.Limits().MaxStorageBufferBindingSize {
+		b.Skipf("%d products of %d bytes pass the storage binding limit", products, wBytes)
+	}
+	blocks := benchQ4K(rows * cols / 256)
+	var arenas [2]*gpu.Buffer
+	for i := range arenas {
+		arenas[i] = m.alloc(b, uint64(products)*wBytes)
+		for s := range products {
+			if err := m.d.Upload(ctx, arenas[i].Sub(uint64(s)*wBytes, wBytes), blocks); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	slots, ids := make([]int, products), make([]int, products)
+	for e := range products {
+		slots[e], ids[e] = e, e
+		if gateUp {
+			ids[e] = e / 2
+			if e%2 == 1 {
+				ids[e] |= MaskedUpper
+			}
+		}
+	}
+	sel := m.alloc(b, uint64(kSel*4))
+	chosen := make([]uint32, kSel)
+	for j := range chosen {
+		chosen[j] = uint32((3 + 5*j) % experts) // spread over the arena
+	}
+	if err := m.d.Write(sel, gpu.Bytes(chosen)); err != nil {
+		b.Fatal(err)
+	}
+	g := groupCall{slots: slots, experts: ids, kSel: kSel, xUpper: -1, rows: rows, cols: cols}
+	nx := kSel * 2 // SwiGLU's gate and up rows
+	ySize := uint64(2 * kSel * rows * 4)
+	if gateUp {
+		g.sharedX, g.yUpper, nx = true, kSel*rows*4, 1
+	} else {
+		g.xUpper = kSel * cols * 4
+	}
+	x, y := m.alloc(b, uint64(nx*cols*4)), m.alloc(b, ySize)
+	m.fill(b, x, uint64(nx*cols*4))
+	c := DefaultQ4KConfig(rows*kSel, cols, 1)
+	if cfg != nil {
+		c = *cfg
+	}
+	l, err := groupLaunch(c, g)
+	if err != nil {
+		b.Fatal(err)
+	}
+	per := m.timeDispatches(b, func(bt *gpu.Batch, i int) error {
+		return m.k.launch(ctx, bt, l, nil, arenas[i%2], x, y, sel)
+	})
+	run := kSel
+	if gateUp {
+		run = 2 * kSel
+	}
+	return float64(run)*float64(wBytes) + float64(nx*cols*4) + float64(ySize), per
+}

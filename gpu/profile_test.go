@@ -1,0 +1,121 @@
+package gpu
+
+import (
+	"context"
+	"errors"
+	"os"
+	"testing"
+	"time"
+)
+
+// TestProfile times dispatches of two grids over two submissions and
+// checks the profile's counts, its kernels and their grids, and that its
+// times are nanoseconds: the span lies between a twentieth of the wall
+// time (the spin kernel dominates it) and the wall time.
+func TestProfile(t *testing.T) {
+	if err := shared.d.StartProfile(); !errors.Is(err, ErrNoTimestamps) {
+		t.Fatalf("StartProfile on a device opened without Options.Profile: %v; want ErrNoTimestamps", err)
+	}
+	o := testOptions()
+	o.Profile = true
+	d, err := Open(ctxT(t), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if !d.Info().TimestampQuery {
+		t.Skipf("%s has no timestamp-query feature", d.Info())
+	}
+	src, err := os.ReadFile("testdata/spin.wgsl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := d.Compile(ctxT(t), Kernel{Name: "spin", Source: string(src), Bindings: []Access{ReadWrite}, Params: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Release()
+	out, err := d.Alloc(4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Release()
+	const iters = 20000
+	spin := func(b *Batch, gx uint32) {
+		if err := b.Dispatch(p, [3]uint32{gx, 1, 1}, Params{}.U32(iters).U32(gx), out); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := d.StartProfile(); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	b := d.Batch()
+	spin(b, 4)
+	spin(b, 8)
+	if err := b.Clear(out); err != nil { // a copy command between passes
+		t.Fatal(err)
+	}
+	spin(b, 4)
+	spin(b, 8)
+	spin(b, 4)
+	if err := b.Submit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	b = d.Batch()
+	spin(b, 4)
+	if err := b.Submit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wall := time.Since(start)
+	prof, err := d.StopProfile(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("wall %v; profile %+v", wall, prof)
+	if prof.Submits != 2 || prof.Dispatches != 6 || prof.Untimed != 0 {
+		t.Fatalf("%d submits, %d dispatches timed, %d untimed; want 2, 6, 0", prof.Submits, prof.Dispatches, prof.Untimed)
+	}
+	counts := map[[3]uint32]int{}
+	var sum time.Duration
+	for _, k := range prof.Kernels {
+		if k.Kernel != "spin" || k.Total <= 0 {
+			t.Fatalf("kernel entry %+v", k)
+		}
+		counts[k.Groups] += k.Count
+		sum += k.Total
+	}
+	if len(prof.Kernels) != 2 || counts[[3]uint32{4, 1, 1}] != 4 || counts[[3]uint32{8, 1, 1}] != 2 {
+		t.Fatalf("kernels %+v; want spin at 4 workgroups 4 times and at 8 twice", prof.Kernels)
+	}
+	if prof.Kernels[0].Total < prof.Kernels[1].Total {
+		t.Fatalf("kernels not sorted by time: %+v", prof.Kernels)
+	}
+	if sum != prof.Busy {
+		t.Fatalf("kernels sum to %v; busy %v", sum, prof.Busy)
+	}
+	if prof.Span > wall || prof.Span < wall/20 {
+		t.Fatalf("span %v for a wall time of %v: timestamps are not nanoseconds", prof.Span, wall)
+	}
+	// Stopped: nothing is timed until the next StartProfile.
+	if _, err := d.StopProfile(ctx); err == nil {
+		t.Fatal("StopProfile twice: no error")
+	}
+	b = d.Batch()
+	spin(b, 4)
+	if err := b.Submit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.StartProfile(); err != nil {
+		t.Fatal(err)
+	}
+	prof, err = d.StopProfile(ctx)
+	if err != nil || prof.Submits != 0 || prof.Dispatches != 0 {
+		t.Fatalf("a profile over no submission: %+v, %v", prof, err)
+	}
+}
