@@ -106,6 +106,7 @@ func NewGPUModel(ctx context.Context, m *Manifest, d *gpu.Device, cache *tiers.C
 	}
 	g := &GPUModel{m: m, d: d, k: ops.NewKernels(d), cache: cache, arena: arena, dense: map[string]*gpu.Buffer{}, buf: map[string]*gpu.Buffer{}, MaxPos: maxPos,
 		noFuse: os.Getenv("RDRR_GPU_FUSE") != "1"}
+	g.groupExperts()
 	rm := &RefModel{m: m, cache: cache}
 	inExpert := map[string]bool{}
 	for _, e := range m.Experts {
@@ -803,6 +804,36 @@ func (g *GPUModel) recordPaged(ctx context.Context, b *gpu.Batch, slots [3][]int
 	g.k.SwiGLU(ctx, b, B["gu"].Sub(0, uint64(k*ffn*4)), B["gu"].Sub(up, uint64(k*ffn*4)), B["act"], k*ffn)
 	g.group(ctx, b, slots[2], B["act"], false, B["y"], 0, h, ffn)
 	g.k.Accumulate(ctx, b, B["y"], B["w"], B["x"], ops.AccumShape{Experts: k, Dim: h})
+}
+
+// groupExperts declares to the cache the matrices that one masked
+// dispatch reads (recordMasked): per MoE layer, its experts' gate and up
+// matrices (gate of every expert, then up) and their down matrices, in
+// runs of ops.MaxGroup. The VRAM level then keeps each run in one arena
+// buffer when it can, so that a resident layer takes one dispatch per run
+// instead of one per buffer its matrices straddle.
+func (g *GPUModel) groupExperts() {
+	c := &g.m.Config
+	for l := 0; l < c.NumHiddenLayers; l++ {
+		if !c.IsMoE(l) {
+			continue
+		}
+		var kinds [3][]tiers.Key
+		for e := 0; e < c.Experts(); e++ {
+			ex, ok := g.m.Expert(l, e)
+			if !ok || len(ex.Tensors) != 3 {
+				return
+			}
+			for j, name := range ex.Tensors {
+				kinds[j] = append(kinds[j], g.matrixKey(name))
+			}
+		}
+		for _, run := range [][]tiers.Key{append(kinds[0], kinds[1]...), kinds[2]} {
+			for i := 0; i < len(run); i += ops.MaxGroup {
+				g.cache.Group(run[i:min(i+ops.MaxGroup, len(run))])
+			}
+		}
+	}
 }
 
 // holdLayer holds every matrix of every expert of MoE layer l in VRAM and

@@ -179,7 +179,7 @@ type cacheLevel struct {
 	policy  Policy
 	heap    evictHeap
 	ver     map[int]uint64
-	free    []int // free VRAM slots
+	place   *placer // VRAM: which slots are free (place.go)
 }
 
 // entry is one key at one level.
@@ -222,9 +222,7 @@ func New(cfg Config) (*Cache, error) {
 			cl.budget = cfg.RAM
 		} else if cfg.Arena != nil {
 			cl.budget = int64(cfg.Arena.Slots()) * cfg.Arena.SlotSize()
-			for s := cfg.Arena.Slots() - 1; s >= 0; s-- {
-				cl.free = append(cl.free, s)
-			}
+			cl.place = newPlacer(cfg.Arena)
 		}
 		c.lv[i] = cl
 	}
@@ -498,6 +496,26 @@ func (c *Cache) ForVRAM(keys []Key) {
 	}
 }
 
+// Group declares keys that a kernel reads together from one arena bank
+// (BankedArena: one GPU buffer), such as the gate and up matrices of an
+// MoE layer's experts: the VRAM level keeps them in one bank when it can
+// (place.go). Declare a group before its keys are loaded.
+func (c *Cache) Group(keys []Key) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	lv := c.lv[0]
+	if lv.place == nil {
+		return
+	}
+	ids := make([]int, 0, len(keys))
+	for _, k := range keys {
+		if k.check() == nil {
+			ids = append(ids, c.idLocked(k))
+		}
+	}
+	lv.place.group(ids)
+}
+
 // readSource reads k from the disk source if it has k, else the swarm.
 func (c *Cache) readSource(ctx context.Context, k Key, dst []byte) error {
 	for _, s := range []struct {
@@ -551,7 +569,7 @@ func (lv *cacheLevel) reserveLocked(c *Cache, e *entry, askedAt int64) error {
 			heap.Push(&lv.heap, it)
 		}
 	}()
-	for lv.used+e.size > lv.budget || (lv.level == VRAM && len(lv.free) == 0) {
+	for lv.used+e.size > lv.budget || (lv.level == VRAM && lv.place.nfree == 0) {
 		if lv.heap.Len() == 0 {
 			return fmt.Errorf("%w (%s: %d of %d bytes)", ErrFull, lv.level, lv.used, lv.budget)
 		}
@@ -571,8 +589,7 @@ func (lv *cacheLevel) reserveLocked(c *Cache, e *entry, askedAt int64) error {
 	}
 	lv.used += e.size
 	if lv.level == VRAM {
-		e.slot = lv.free[len(lv.free)-1]
-		lv.free = lv.free[:len(lv.free)-1]
+		e.slot = lv.place.take(e.id)
 	}
 	return nil
 }
@@ -584,7 +601,7 @@ func (lv *cacheLevel) dropLocked(e *entry) {
 	}
 	lv.used -= e.size
 	if lv.level == VRAM {
-		lv.free = append(lv.free, e.slot)
+		lv.place.put(e.id, e.slot)
 	}
 	e.data = nil
 	if e.host != nil {
@@ -639,8 +656,10 @@ func (c *Cache) check() error {
 		if lv.used > lv.budget {
 			return fmt.Errorf("%s: %d bytes used of a %d budget", lv.level, lv.used, lv.budget)
 		}
-		if lv.level == VRAM && c.cfg.Arena != nil && len(slots)+len(lv.free) != c.cfg.Arena.Slots() {
-			return fmt.Errorf("vram: %d slots used + %d free != %d", len(slots), len(lv.free), c.cfg.Arena.Slots())
+		if lv.level == VRAM && c.cfg.Arena != nil {
+			if err := lv.place.check(slots, c.cfg.Arena.Slots()); err != nil {
+				return err
+			}
 		}
 	}
 	return nil

@@ -385,12 +385,42 @@ func TestPrefetchPriority(t *testing.T) {
 
 // A randomized workload from several goroutines: demands, leases held a
 // while, prefetches and cancels. The invariants hold after every step.
+//
+// The VRAM cases run twice: as they are, and over an arena of two banks
+// of 3 slots with the keys declared in groups of 4 (Cache.Group), so that
+// groups contend for banks while evictions free and take slots; check
+// verifies the placer's books after every operation.
 func TestRandomWorkload(t *testing.T) {
 	for _, lc := range conformance {
-		t.Run(lc.name, func(t *testing.T) {
+		for _, grouped := range []bool{false, true} {
+			if grouped && lc.target != VRAM {
+				continue
+			}
+			name := lc.name
+			if grouped {
+				name += ", grouped in banks"
+			}
+			t.Run(name, func(t *testing.T) { randomWorkload(t, lc, grouped) })
+		}
+	}
+}
+
+func randomWorkload(t *testing.T, lc levelCase, grouped bool) {
+	{
+		{
 			w := newWorld(t, 12)
-			arena := newMemArena(4, keyLen)
+			mem := newMemArena(4, keyLen)
+			arena := Arena(mem)
+			if grouped {
+				mem = newMemArena(6, keyLen)
+				arena = bankedArena{mem, 3}
+			}
 			c, _ := lc.cache(t, w, 4, arena)
+			if grouped {
+				for i := 0; i < len(w.keys); i += 4 {
+					c.Group(w.keys[i : i+4])
+				}
+			}
 			if lc.target == RAM {
 				c.Close()
 				c, _ = New(Config{RAM: 4 * keyLen, Disk: DiskSource{w.st}, Swarm: SwarmSource{&storeFetcher{st: w.st}}, Now: fakeNow()})
@@ -416,7 +446,7 @@ func TestRandomWorkload(t *testing.T) {
 								bad.Store(err)
 								return
 							}
-							if !bytes.Equal(leaseBytes(l, arena), w.want(k)) {
+							if !bytes.Equal(leaseBytes(l, mem), w.want(k)) {
 								bad.Store(fmt.Errorf("%v: wrong bytes", k))
 								return
 							}
@@ -453,7 +483,7 @@ func TestRandomWorkload(t *testing.T) {
 			if err := c.check(); err != nil {
 				t.Fatal(err)
 			}
-		})
+		}
 	}
 }
 

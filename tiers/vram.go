@@ -63,6 +63,10 @@ func NewGPUArena(d *gpu.Device, slotSize int64, slots int, log *slog.Logger) (*G
 	return a, nil
 }
 
+// BankSlots is the slots of one buffer: a kernel binds one buffer, so
+// matrices that one dispatch reads must lie in one bank (BankedArena).
+func (a *GPUArena) BankSlots() int { return a.perBuf }
+
 func (a *GPUArena) Slots() int      { return a.slots }
 func (a *GPUArena) SlotSize() int64 { return a.slotSize }
 

@@ -22,12 +22,28 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     return;
   }
   let base = row * p.d;
-  var ss = 0.0;
-  for (var i = tid; i < p.d; i += WG) {
-    let v = x[base + i];
-    ss += v * v;
+  // Four loads in flight per thread: a row of a decode step is one
+  // workgroup's whole work, so its time is the loads' latency.
+  var s0 = 0.0;
+  var s1 = 0.0;
+  var s2 = 0.0;
+  var s3 = 0.0;
+  var i = tid;
+  for (; i + 3u * WG < p.d; i += 4u * WG) {
+    let a = x[base + i];
+    let b = x[base + i + WG];
+    let c = x[base + i + 2u * WG];
+    let e = x[base + i + 3u * WG];
+    s0 += a * a;
+    s1 += b * b;
+    s2 += c * c;
+    s3 += e * e;
   }
-  red[tid] = ss;
+  for (; i < p.d; i += WG) {
+    let v = x[base + i];
+    s0 += v * v;
+  }
+  red[tid] = (s0 + s1) + (s2 + s3);
   for (var s = WG >> 1u; s > 0u; s >>= 1u) {
     workgroupBarrier();
     if (tid < s) {
@@ -36,7 +52,22 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   }
   workgroupBarrier();
   let inv = 1.0 / sqrt(red[0] / f32(p.d) + p.eps);
-  for (var i = tid; i < p.d; i += WG) {
-    y[base + i] = x[base + i] * inv * w[i];
+  var j = tid;
+  for (; j + 3u * WG < p.d; j += 4u * WG) {
+    let a = x[base + j];
+    let b = x[base + j + WG];
+    let c = x[base + j + 2u * WG];
+    let e = x[base + j + 3u * WG];
+    let wa = w[j];
+    let wb = w[j + WG];
+    let wc = w[j + 2u * WG];
+    let we = w[j + 3u * WG];
+    y[base + j] = a * inv * wa;
+    y[base + j + WG] = b * inv * wb;
+    y[base + j + 2u * WG] = c * inv * wc;
+    y[base + j + 3u * WG] = e * inv * we;
+  }
+  for (; j < p.d; j += WG) {
+    y[base + j] = x[base + j] * inv * w[j];
   }
 }
