@@ -48,12 +48,14 @@ type GPUModel struct {
 	predicted          map[int][]*tiers.Prefetch // expert -> its matrices' prefetches
 	// Profile is where the steps' wall time went.
 	Profile StepProfile
-	// noFuse runs the o product and its residual add, and SwiGLU and the
-	// down products, as separate dispatches: the default, because on the
-	// H100 the fused forms (one dispatch each) were 4-5% slower in an A/B
-	// on one machine (the fused down product recomputes SwiGLU in every
-	// workgroup). RDRR_GPU_FUSE=1 fuses, for measurements.
-	noFuse bool
+	// fuseO adds the o product into the residual in one dispatch (instead
+	// of a product and an Accumulate); fuseSwiGLU has the down products
+	// compute SwiGLU of the gate and up halves themselves (instead of a
+	// SwiGLU dispatch). Both were off when, on the H100, fusing both was
+	// 4-5% slower in an A/B (the fused down product recomputes SwiGLU in
+	// every workgroup). RDRR_GPU_FUSE picks them for measurements: o,
+	// swiglu, 1 (both) or 0 (neither); see fusions.
+	fuseO, fuseSwiGLU bool
 	// ProfileGPU and GPUTimes: see StepProfile's note.
 	ProfileGPU bool
 	GPUTimes   map[string]time.Duration
@@ -105,7 +107,8 @@ func NewGPUModel(ctx context.Context, m *Manifest, d *gpu.Device, cache *tiers.C
 		}
 	}
 	g := &GPUModel{m: m, d: d, k: ops.NewKernels(d), cache: cache, arena: arena, dense: map[string]*gpu.Buffer{}, buf: map[string]*gpu.Buffer{}, MaxPos: maxPos,
-		noFuse: os.Getenv("RDRR_GPU_FUSE") != "1"}
+	}
+	g.fuseO, g.fuseSwiGLU = fusions(os.Getenv("RDRR_GPU_FUSE"))
 	g.groupExperts()
 	rm := &RefModel{m: m, cache: cache}
 	inExpert := map[string]bool{}
@@ -765,12 +768,12 @@ func (g *GPUModel) recordAttention(ctx context.Context, b *gpu.Batch, l int) {
 	g.k.RMSNorm(ctx, b, B["x"], g.dense[p+"input_layernorm.weight"], B["xn"], ops.NormShape{Rows: 1, Dim: h, Eps: float32(c.RMSNormEps)})
 	q := gpu.Region(B["q"])
 	if w := g.qkv[l]; w != nil {
-		// q, k and v in one product, RoPE on q and k at once, then k and
-		// v into the cache at this position.
+		// q, k and v in one product, then RoPE on q and k and k and v
+		// into the cache at this position in one dispatch.
 		qkv := B["qkv"]
 		g.k.Q4KMatVec(ctx, b, w, B["xn"], qkv, (nq+2*nkv)*hd, h)
-		g.k.Rope(ctx, b, qkv.Sub(0, uint64((nq+nkv)*hd*4)), B["freqs"], ops.RopeShape{Tokens: 1, Heads: nq + nkv, HeadDim: hd, RotDim: hd, Pos0: g.pos, Style: abi.RopeNeoX})
-		g.k.KVStore(ctx, b, qkv, g.kc[l], g.vc[l], ops.KVShape{Dim: nkv * hd, KOff: nq * hd, VOff: (nq + nkv) * hd, Pos: g.pos})
+		g.k.RopeKV(ctx, b, qkv, B["freqs"], g.kc[l], g.vc[l], ops.RopeShape{Tokens: 1, Heads: nq + nkv, HeadDim: hd, RotDim: hd, Pos0: g.pos, Style: abi.RopeNeoX},
+			ops.KVShape{Dim: nkv * hd, KOff: nq * hd, VOff: (nq + nkv) * hd, Pos: g.pos})
 		q = qkv.Sub(0, uint64(nq*hd*4))
 	} else {
 		kvRow := uint64(nkv * hd * 4)
@@ -783,7 +786,7 @@ func (g *GPUModel) recordAttention(ctx context.Context, b *gpu.Batch, l int) {
 		g.k.Rope(ctx, b, ks, B["freqs"], ops.RopeShape{Tokens: 1, Heads: nkv, HeadDim: hd, RotDim: hd, Pos0: g.pos, Style: abi.RopeNeoX})
 	}
 	g.k.Attention(ctx, b, q, g.kc[l], g.vc[l], B["att"], ops.AttnShape{Heads: nq, KVHeads: nkv, HeadDim: hd, KVLen: g.pos + 1, Scale: float32(1 / math.Sqrt(float64(hd)))})
-	if g.noFuse {
+	if !g.fuseO {
 		g.k.Q4KMatVec(ctx, b, g.dense[p+"self_attn.o_proj.weight"], B["att"], B["o"], h, nq*hd)
 		g.k.Accumulate(ctx, b, B["o"], B["ones"], B["x"], ops.AccumShape{Experts: 1, Dim: h})
 	} else {
@@ -804,6 +807,21 @@ func (g *GPUModel) recordPaged(ctx context.Context, b *gpu.Batch, slots [3][]int
 	g.k.SwiGLU(ctx, b, B["gu"].Sub(0, uint64(k*ffn*4)), B["gu"].Sub(up, uint64(k*ffn*4)), B["act"], k*ffn)
 	g.group(ctx, b, slots[2], B["act"], false, B["y"], 0, h, ffn)
 	g.k.Accumulate(ctx, b, B["y"], B["w"], B["x"], ops.AccumShape{Experts: k, Dim: h})
+}
+
+// fusions reads RDRR_GPU_FUSE: which fused forms the decode step uses
+// (the o product adding into the residual; the down products computing
+// SwiGLU themselves).
+func fusions(env string) (o, swiglu bool) {
+	switch env {
+	case "1", "all":
+		return true, true
+	case "o":
+		return true, false
+	case "swiglu":
+		return false, true
+	}
+	return false, false
 }
 
 // groupExperts declares to the cache the matrices that one masked
@@ -933,7 +951,7 @@ func (g *GPUModel) recordMasked(ctx context.Context, b *gpu.Batch, l int, layer 
 	}
 	upper := g.upOff()
 	products([]int{0, 1}, B["xn"], true, B["gu"], upper, ffn, h, false)
-	if g.noFuse {
+	if !g.fuseSwiGLU {
 		g.k.SwiGLU(ctx, b, B["gu"].Sub(0, uint64(k*ffn*4)), B["gu"].Sub(uint64(upper), uint64(k*ffn*4)), B["act"], k*ffn)
 		products([]int{2}, B["act"], false, B["y"], 0, h, ffn, false)
 	} else {

@@ -26,7 +26,7 @@ func TestGPUModelMatchesReference(t *testing.T) {
 	t.Run("fused forms", func(t *testing.T) {
 		long(t)
 		// The o product adding into the residual and the down products
-		// reading SwiGLU themselves (off by default; see noFuse).
+		// reading SwiGLU themselves (off by default; see fuseO).
 		t.Setenv("RDRR_GPU_FUSE", "1")
 		testGPUModelMatches(t, "tiny-moe", 0, true)
 	})

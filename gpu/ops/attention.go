@@ -130,6 +130,41 @@ type KVShape struct {
 	Dim, KOff, VOff, Pos int
 }
 
+// RopeKVLaunch is the dispatch rule of RopeKV: rope_kv, the rule of Rope
+// for one token plus a thread per cache element that no pair writes.
+// Bindings: x, freqs, k cache, v cache.
+func RopeKVLaunch(s RopeShape, kv KVShape) (Launch, error) {
+	const name = "rope_kv"
+	l, err := RopeLaunch(s)
+	if err != nil {
+		return Launch{}, &gpu.KernelError{Kernel: name, Op: "shape", Err: err}
+	}
+	hd := s.HeadDim
+	if s.Tokens != 1 || kv.Dim <= 0 || kv.Dim%hd != 0 || kv.KOff%hd != 0 || kv.KOff/hd+kv.Dim/hd != s.Heads ||
+		kv.VOff < kv.KOff+kv.Dim || kv.Pos < 0 || uint64(kv.Pos+1)*uint64(kv.Dim) > math.MaxUint32 {
+		return Launch{}, shapeErr(name, "%+v with k heads at %d (%d floats, the last heads of %d) and v at %d, position %d (one token)",
+			s, kv.KOff, kv.Dim, s.Heads, kv.VOff, kv.Pos)
+	}
+	pairs := uint64(s.Heads * s.RotDim / 2)
+	gx, gy := grid(ceilDiv(pairs+2*uint64(kv.Dim), 256))
+	cache := uint64(kv.Pos+1) * uint64(kv.Dim) * 4
+	return Launch{Kernel: name, Groups: [3]uint32{gx, gy, 1},
+		Params: gpu.Params{}.U32(1).U32(uint32(s.Heads)).U32(uint32(hd)).U32(uint32(s.RotDim)).
+			U32(uint32(s.Pos0)).U32(uint32(s.Style)).U32(gx).
+			U32(uint32(kv.KOff / hd)).U32(uint32(kv.Dim)).U32(uint32(kv.VOff)).U32(uint32(kv.Pos)),
+		Bindings: []Binding{{"x", uint64(kv.VOff+kv.Dim) * 4}, l.Bindings[1], {"k cache", cache}, {"v cache", cache}}}, nil
+}
+
+// RopeKV records a decode step's RoPE and cache store in one dispatch:
+// Rope of x's s.Heads heads (q heads, then k heads: x as a stacked q, k
+// and v product writes it), then kc[kv.Pos] = the rotated k heads
+// (x[kv.KOff:kv.KOff+kv.Dim]) and vc[kv.Pos] = x[kv.VOff:kv.VOff+kv.Dim].
+// The same as Rope and then KVStore, one fixed dispatch cost less.
+func (k *Kernels) RopeKV(ctx context.Context, b *gpu.Batch, x, freqs, kc, vc gpu.Region, s RopeShape, kv KVShape) error {
+	l, err := RopeKVLaunch(s, kv)
+	return k.launch(ctx, b, l, err, x, freqs, kc, vc)
+}
+
 // KVStoreLaunch is the dispatch rule of KVStore. Bindings: src, k cache,
 // v cache.
 func KVStoreLaunch(s KVShape) (Launch, error) {

@@ -59,6 +59,15 @@ func BenchmarkQ4KDecode(b *testing.B) {
 	if m.cpu { // lavapipe: one small shape of each kind
 		shapes = []shape{{"qkv", 768, 512, 0, false}, {"gate_up", 512, 512, 4, true}, {"down", 512, 512, 4, false}}
 	}
+	if !m.cpu {
+		// What the mask costs: the 4 gate and up products the router
+		// chose as a plain group (no products that return at once).
+		b.Run("gate_up_group4/14336x4096", func(b *testing.B) {
+			r := m.q4kGroup(b, 14336, 4096, 4, true, DefaultQ4KConfig(4*14336, 4096, 1))
+			b.ReportMetric(r.serial/copyBW, "x-of-copy-serial")
+			b.ReportMetric(float64(4*abi.Q4K.Bytes(14336*4096))/r.serial*1e6, "us/dispatch")
+		})
+	}
 	sweep := os.Getenv("RDRR_BENCH_SWEEP") == "1"
 	for _, s := range shapes {
 		const kSel = 2

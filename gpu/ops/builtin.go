@@ -37,6 +37,7 @@ var builtins = map[string]builtin{
 	"rmsnorm":           {"rmsnorm.wgsl", []gpu.Access{ro, ro, rw}, 16, ""},
 	"softmax":           {"softmax.wgsl", []gpu.Access{ro, rw}, 12, ""},
 	"rope":              {"rope.wgsl", []gpu.Access{rw, ro}, 28, ""},
+	"rope_kv":           {"rope.wgsl", []gpu.Access{rw, ro, rw, rw}, 44, "KV"},
 	"attention_split":   {"attention_split.wgsl", []gpu.Access{ro, ro, ro, rw}, 32, ""},
 	"attention_merge":   {"attention_merge.wgsl", []gpu.Access{ro, rw}, 16, ""},
 	"route":             {"route.wgsl", []gpu.Access{ro, ro, rw, rw}, 32, ""},

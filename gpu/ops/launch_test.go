@@ -57,6 +57,8 @@ func TestLaunchesMatchABI(t *testing.T) {
 	add("copy", l, err)
 	l, err = RopeLaunch(RopeShape{Tokens: 1, Heads: 8, HeadDim: 128, RotDim: 128, Pos0: 7, Style: abi.RopeGPTJ})
 	add("rope", l, err)
+	l, err = RopeKVLaunch(RopeShape{Tokens: 1, Heads: 40, HeadDim: 128, RotDim: 64, Pos0: 7}, KVShape{Dim: 1024, KOff: 4096, VOff: 5120, Pos: 9})
+	add("rope_kv", l, err)
 	split, merge, _, err := AttentionLaunches(AttnShape{Heads: 32, KVHeads: 8, HeadDim: 128, KVLen: 100, Scale: 0.1})
 	add("attention_split", split, err)
 	add("attention_merge", merge, err)

@@ -2,10 +2,12 @@ package ops
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"testing"
 
 	"github.com/rdrr/peer/gpu"
+	"github.com/rdrr/peer/gpu/abi"
 	"github.com/rdrr/peer/gpu/ref"
 )
 
@@ -252,5 +254,60 @@ func TestQ4KFusedForms(t *testing.T) {
 	}
 	if err := ref.Compare(readF32(t, d, y, 2*rows), want, wmag, ref.Tolerance(ref.OpMatMul)); err != nil {
 		t.Fatalf("masked SwiGLU down: %v", err)
+	}
+}
+
+// RopeKV is Rope and then KVStore in one dispatch: the same x, k cache
+// and v cache, bit for bit (the pairs are rotated by the same code), with
+// rows other than the position's untouched; NeoX and GPT-J, whole and
+// partial rotation, a stacked q, k and v row as the decode step has it.
+func TestRopeKV(t *testing.T) {
+	d, k := shared.d, shared.k
+	r := rng(t)
+	for _, c := range []struct{ nq, nkv, hd, rot, pos int }{
+		{4, 2, 8, 8, 3}, {32, 8, 128, 128, 4095}, {3, 1, 10, 6, 9}, {2, 2, 64, 32, 0},
+	} {
+		for _, style := range []abi.RopeStyle{abi.RopeNeoX, abi.RopeGPTJ} {
+			t.Run(fmt.Sprintf("%+v/%v", c, style), func(t *testing.T) {
+				n := (c.nq + 2*c.nkv) * c.hd
+				kvn := c.nkv * c.hd
+				rows := c.pos + 2
+				x := randF32(r, n, 1)
+				freqs := uploadF32(t, d, RopeFreqs(10000, c.rot))
+				rs := RopeShape{Tokens: 1, Heads: c.nq + c.nkv, HeadDim: c.hd, RotDim: c.rot, Pos0: c.pos, Style: style}
+				kv := KVShape{Dim: kvn, KOff: c.nq * c.hd, VOff: (c.nq + c.nkv) * c.hd, Pos: c.pos}
+				var got, want [3][]float32
+				for i, fused := range []bool{true, false} {
+					xb := uploadF32(t, d, x)
+					kc, vc := poisoned(t, d, rows*kvn*4), poisoned(t, d, rows*kvn*4)
+					run(t, d, func(b *gpu.Batch) error {
+						if fused {
+							return k.RopeKV(ctxT(t), b, xb, freqs, kc, vc, rs, kv)
+						}
+						if err := k.Rope(ctxT(t), b, xb.Sub(0, uint64(kv.VOff*4)), freqs, rs); err != nil {
+							return err
+						}
+						return k.KVStore(ctxT(t), b, xb, kc, vc, kv)
+					})
+					out := &got
+					if i == 1 {
+						out = &want
+					}
+					*out = [3][]float32{readF32(t, d, xb, n), readF32(t, d, kc, rows*kvn), readF32(t, d, vc, rows*kvn)}
+				}
+				for j, name := range []string{"x", "k cache", "v cache"} {
+					for i := range want[j] {
+						g, w := got[j][i], want[j][i]
+						if g != w && !(math.IsNaN(float64(g)) && math.IsNaN(float64(w))) {
+							t.Fatalf("%s[%d] = %v; Rope and KVStore give %v", name, i, g, w)
+						}
+					}
+				}
+			})
+		}
+	}
+	// A shape whose k heads are not x's last heads is refused.
+	if _, err := RopeKVLaunch(RopeShape{Tokens: 1, Heads: 6, HeadDim: 8, RotDim: 8}, KVShape{Dim: 16, KOff: 8, VOff: 48}); !errors.Is(err, gpu.ErrShape) {
+		t.Fatalf("k heads in the middle: %v; want gpu.ErrShape", err)
 	}
 }

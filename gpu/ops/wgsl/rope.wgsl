@@ -3,6 +3,13 @@
 // style 0 (NeoX) pairs i with i + rot/2; style 1 (GPT-J) pairs 2i with 2i+1.
 // freqs come from the CPU (float64 rounded to f32), so scaled variants
 // (YaRN, Llama 3) need no kernel change.
+//
+// The KV flavor (kernel rope_kv; lines marked //+KV) is a decode step's
+// RoPE and cache store in one dispatch, for one token: heads kh0.. of x
+// are its k heads, whose rotated pairs also go to row kpos of the k cache
+// kc; threads past the pairs copy the k heads' unrotated elements (rot <
+// head_dim) and the v row (kvn floats at v_off of x) to row kpos of kc
+// and vc.
 
 struct Params {
   n_tok: u32,
@@ -12,11 +19,17 @@ struct Params {
   pos0: u32,
   style: u32,
   gx: u32,
+//+KV  kh0: u32,   // first k head
+//+KV  kvn: u32,   // floats of a cache row: the k heads', and v's
+//+KV  v_off: u32, // where v starts in x
+//+KV  kpos: u32,  // the cache row
 }
 
 @group(0) @binding(0) var<storage, read_write> x: array<f32>;
 @group(0) @binding(1) var<storage, read> freqs: array<f32>;
 @group(1) @binding(0) var<uniform> p: Params;
+//+KV @group(0) @binding(2) var<storage, read_write> kc: array<f32>;
+//+KV @group(0) @binding(3) var<storage, read_write> vc: array<f32>;
 
 // 2*pi split so that k*TWO_PI_HI is exact for k < 2^16.
 const TWO_PI_HI: f32 = 6.28125;
@@ -29,6 +42,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let half = p.rot / 2u;
   let per_tok = p.n_heads * half;
   if (g >= p.n_tok * per_tok) {
+//+KV    store(g - p.n_tok * per_tok);
     return;
   }
   let t = g / per_tok;
@@ -53,4 +67,21 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let b = x[ib];
   x[ia] = a * c - b * s;
   x[ib] = a * s + b * c;
+//+KV  if (h >= p.kh0) {
+//+KV    let row = p.kpos * p.kvn + (h - p.kh0) * p.head_dim;
+//+KV    kc[row + ia - base] = a * c - b * s;
+//+KV    kc[row + ib - base] = a * s + b * c;
+//+KV  }
 }
+//+KV
+//+KV // store copies element j of the cache rows that no pair thread wrote:
+//+KV // the k heads' elements past rot (j < kvn), then v (j - kvn < kvn).
+//+KV fn store(j: u32) {
+//+KV   if (j < p.kvn) {
+//+KV     if (j % p.head_dim >= p.rot) {
+//+KV       kc[p.kpos * p.kvn + j] = x[p.kh0 * p.head_dim + j];
+//+KV     }
+//+KV   } else if (j < 2u * p.kvn) {
+//+KV     vc[p.kpos * p.kvn + j - p.kvn] = x[p.v_off + j - p.kvn];
+//+KV   }
+//+KV }
