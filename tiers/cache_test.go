@@ -406,84 +406,80 @@ func TestRandomWorkload(t *testing.T) {
 }
 
 func randomWorkload(t *testing.T, lc levelCase, grouped bool) {
-	{
-		{
-			w := newWorld(t, 12)
-			mem := newMemArena(4, keyLen)
-			arena := Arena(mem)
-			if grouped {
-				mem = newMemArena(6, keyLen)
-				arena = bankedArena{mem, 3}
-			}
-			c, _ := lc.cache(t, w, 4, arena)
-			if grouped {
-				for i := 0; i < len(w.keys); i += 4 {
-					c.Group(w.keys[i : i+4])
+	w := newWorld(t, 12)
+	mem := newMemArena(4, keyLen)
+	arena := Arena(mem)
+	if grouped {
+		mem = newMemArena(6, keyLen)
+		arena = bankedArena{mem, 3}
+	}
+	c, _ := lc.cache(t, w, 4, arena)
+	if grouped {
+		for i := 0; i < len(w.keys); i += 4 {
+			c.Group(w.keys[i : i+4])
+		}
+	}
+	if lc.target == RAM {
+		c.Close()
+		c, _ = New(Config{RAM: 4 * keyLen, Disk: DiskSource{w.st}, Swarm: SwarmSource{&storeFetcher{st: w.st}}, Now: fakeNow()})
+		defer c.Close()
+	}
+	var wg sync.WaitGroup
+	var bad atomic.Value
+	for g := 0; g < 4; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(uint64(g), 7))
+			var held []*Lease
+			for i := 0; i < 150; i++ {
+				k := w.keys[int(float64(len(w.keys))*r.Float64()*r.Float64())]
+				switch op := r.IntN(10); {
+				case op < 6:
+					l, err := c.Get(context.Background(), k, lc.target)
+					if errors.Is(err, ErrFull) {
+						break
+					}
+					if err != nil {
+						bad.Store(err)
+						return
+					}
+					if !bytes.Equal(leaseBytes(l, mem), w.want(k)) {
+						bad.Store(fmt.Errorf("%v: wrong bytes", k))
+						return
+					}
+					held = append(held, l)
+				case op < 8:
+					p := c.Prefetch(k, lc.target, Priority(r.IntN(3)))
+					if r.IntN(2) == 0 {
+						p.Cancel()
+					}
+				default:
+					if len(held) > 0 {
+						held[0].Release()
+						held = held[1:]
+					}
+				}
+				if len(held) > 1 {
+					held[0].Release()
+					held = held[1:]
+				}
+				if err := c.check(); err != nil {
+					bad.Store(err)
+					return
 				}
 			}
-			if lc.target == RAM {
-				c.Close()
-				c, _ = New(Config{RAM: 4 * keyLen, Disk: DiskSource{w.st}, Swarm: SwarmSource{&storeFetcher{st: w.st}}, Now: fakeNow()})
-				defer c.Close()
+			for _, l := range held {
+				l.Release()
 			}
-			var wg sync.WaitGroup
-			var bad atomic.Value
-			for g := 0; g < 4; g++ {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					r := rand.New(rand.NewPCG(uint64(g), 7))
-					var held []*Lease
-					for i := 0; i < 150; i++ {
-						k := w.keys[int(float64(len(w.keys))*r.Float64()*r.Float64())]
-						switch op := r.IntN(10); {
-						case op < 6:
-							l, err := c.Get(context.Background(), k, lc.target)
-							if errors.Is(err, ErrFull) {
-								break
-							}
-							if err != nil {
-								bad.Store(err)
-								return
-							}
-							if !bytes.Equal(leaseBytes(l, mem), w.want(k)) {
-								bad.Store(fmt.Errorf("%v: wrong bytes", k))
-								return
-							}
-							held = append(held, l)
-						case op < 8:
-							p := c.Prefetch(k, lc.target, Priority(r.IntN(3)))
-							if r.IntN(2) == 0 {
-								p.Cancel()
-							}
-						default:
-							if len(held) > 0 {
-								held[0].Release()
-								held = held[1:]
-							}
-						}
-						if len(held) > 1 {
-							held[0].Release()
-							held = held[1:]
-						}
-						if err := c.check(); err != nil {
-							bad.Store(err)
-							return
-						}
-					}
-					for _, l := range held {
-						l.Release()
-					}
-				}()
-			}
-			wg.Wait()
-			if err, _ := bad.Load().(error); err != nil {
-				t.Fatal(err)
-			}
-			if err := c.check(); err != nil {
-				t.Fatal(err)
-			}
-		}
+		}()
+	}
+	wg.Wait()
+	if err, _ := bad.Load().(error); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.check(); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -21,8 +21,9 @@ import (
 // dispatch, 4 of them run) and the masked down products straight from
 // SwiGLU of those (8 of 4096x14336, 2 run), the LM head (32000x4096).
 //
-// RDRR_BENCH_SWEEP=1 also times every configuration of the kernel at each
-// shape (what DefaultQ4KConfig was chosen from for decode).
+// Attention follows, at three cache lengths and three chunk sizes.
+// RDRR_BENCH_SWEEP=1 also times every configuration of the Q4_K kernel at
+// each shape (what DefaultQ4KConfig was chosen from for decode).
 func BenchmarkQ4KDecode(b *testing.B) {
 	ctx := context.Background()
 	d, k := shared.d, shared.k
@@ -67,6 +68,26 @@ func BenchmarkQ4KDecode(b *testing.B) {
 			b.ReportMetric(r.serial/copyBW, "x-of-copy-serial")
 			b.ReportMetric(float64(4*abi.Q4K.Bytes(14336*4096))/r.serial*1e6, "us/dispatch")
 		})
+	}
+	// Attention (split and merge) at the positions of a short, a medium
+	// and a long decode, in chunks of 16, 32 and 64 positions (* marks
+	// attnChunk, the rule's).
+	if !m.cpu {
+		for _, kvLen := range []int{200, 1000, 4096} {
+			for _, ch := range []int{16, 32, 64} {
+				mark := ""
+				if ch == attnChunk {
+					mark = "*"
+				}
+				b.Run(fmt.Sprintf("attention/%d/ch%d%s", kvLen, ch, mark), func(b *testing.B) {
+					defer func(c int) { attnChunk = c }(attnChunk)
+					attnChunk = ch
+					r := m.attention(b, 32, 8, 128, kvLen)
+					b.ReportMetric(r.bw/copyBW, "x-of-copy")
+					b.ReportMetric(float64(r.per.Nanoseconds())/1e3, "us/dispatch")
+				})
+			}
+		}
 	}
 	sweep := os.Getenv("RDRR_BENCH_SWEEP") == "1"
 	for _, s := range shapes {

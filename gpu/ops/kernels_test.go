@@ -375,8 +375,6 @@ func TestRope(t *testing.T) {
 }
 
 func TestAttention(t *testing.T) {
-	d, k := shared.d, shared.k
-	r := rng(t)
 	for _, s := range []AttnShape{
 		{Heads: 1, KVHeads: 1, HeadDim: 4, KVLen: 1},
 		{Heads: 8, KVHeads: 2, HeadDim: 64, KVLen: 7},
@@ -385,8 +383,14 @@ func TestAttention(t *testing.T) {
 		{Heads: 6, KVHeads: 1, HeadDim: 100, KVLen: 513},
 		{Heads: 2, KVHeads: 1, HeadDim: 256, KVLen: 1000},
 		{Heads: 32, KVHeads: 8, HeadDim: 128, KVLen: 256},
-		// Chunk edges (64 positions a chunk), eight query heads a cache
-		// head, and a long cache.
+		// Chunk edges (32 positions a chunk; 16 and 64 below), eight query
+		// heads a cache head, and a long cache.
+		{Heads: 8, KVHeads: 2, HeadDim: 128, KVLen: 16},
+		{Heads: 8, KVHeads: 2, HeadDim: 128, KVLen: 17},
+		{Heads: 4, KVHeads: 1, HeadDim: 64, KVLen: 256},
+		{Heads: 4, KVHeads: 1, HeadDim: 64, KVLen: 257},
+		{Heads: 4, KVHeads: 2, HeadDim: 32, KVLen: 1024},
+		{Heads: 4, KVHeads: 2, HeadDim: 32, KVLen: 1025},
 		{Heads: 8, KVHeads: 1, HeadDim: 128, KVLen: 64},
 		{Heads: 8, KVHeads: 1, HeadDim: 128, KVLen: 65},
 		{Heads: 3, KVHeads: 3, HeadDim: 36, KVLen: 127},
@@ -396,23 +400,34 @@ func TestAttention(t *testing.T) {
 		{Heads: 128, KVHeads: 8, HeadDim: 128, KVLen: 70},
 		{Heads: 12, KVHeads: 1, HeadDim: 64, KVLen: 200},
 	} {
-		s.Scale = float32(1 / math.Sqrt(float64(s.HeadDim)))
-		t.Run(fmt.Sprintf("%+v", s), func(t *testing.T) {
-			q := randF32(r, s.Heads*s.HeadDim, 1)
-			kc := randF32(r, s.KVLen*s.KVHeads*s.HeadDim, 1)
-			vc := randF32(r, s.KVLen*s.KVHeads*s.HeadDim, 1)
-			want := ref.Attention(ref.F32(q), ref.F32(kc), ref.F32(vc), s.Heads, s.KVHeads, s.HeadDim, s.KVLen, float64(s.Scale))
-			qb, kb, vb := uploadF32(t, d, q), uploadF32(t, d, kc), uploadF32(t, d, vc)
-			out := poisoned(t, d, s.Heads*s.HeadDim*4)
-			live := d.Stats().LiveBuffers
-			run(t, d, func(b *gpu.Batch) error { return k.Attention(ctxT(t), b, qb, kb, vb, out, s) })
-			if n := d.Stats().LiveBuffers; n != live {
-				t.Fatalf("%d buffers live after the batch, %d before: its scratch was not handed back", n, live)
-			}
-			if err := ref.Compare(readF32(t, d, out, s.Heads*s.HeadDim), want, nil, ref.Tolerance(ref.OpAttention)); err != nil {
-				t.Fatal(err)
-			}
-		})
+		// Every chunk size the kernel takes (attnChunk, the rule's, first).
+		for _, ch := range []int{attnChunk, 16, 64} {
+			s.Scale = float32(1 / math.Sqrt(float64(s.HeadDim)))
+			t.Run(fmt.Sprintf("%+v/ch%d", s, ch), func(t *testing.T) {
+				defer func(c int) { attnChunk = c }(attnChunk)
+				attnChunk = ch
+				testAttention(t, s)
+			})
+		}
+	}
+}
+
+func testAttention(t *testing.T, s AttnShape) {
+	d, k := shared.d, shared.k
+	r := rng(t)
+	q := randF32(r, s.Heads*s.HeadDim, 1)
+	kc := randF32(r, s.KVLen*s.KVHeads*s.HeadDim, 1)
+	vc := randF32(r, s.KVLen*s.KVHeads*s.HeadDim, 1)
+	want := ref.Attention(ref.F32(q), ref.F32(kc), ref.F32(vc), s.Heads, s.KVHeads, s.HeadDim, s.KVLen, float64(s.Scale))
+	qb, kb, vb := uploadF32(t, d, q), uploadF32(t, d, kc), uploadF32(t, d, vc)
+	out := poisoned(t, d, s.Heads*s.HeadDim*4)
+	live := d.Stats().LiveBuffers
+	run(t, d, func(b *gpu.Batch) error { return k.Attention(ctxT(t), b, qb, kb, vb, out, s) })
+	if n := d.Stats().LiveBuffers; n != live {
+		t.Fatalf("%d buffers live after the batch, %d before: its scratch was not handed back", n, live)
+	}
+	if err := ref.Compare(readF32(t, d, out, s.Heads*s.HeadDim), want, nil, ref.Tolerance(ref.OpAttention)); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -12,7 +12,8 @@ import (
 
 // The harness of attention_decode. The op runs as the runtime's Attention
 // does (the rules ops.AttentionLaunches): attention_split over chunks of
-// 64 positions into a scratch binding of partials (flash-decoding), then
+// positions (the override constant CH, which the rule sets: ABI 3) into a
+// scratch binding of partials (flash-decoding), then
 // attention_merge. A variant replaces attention_split, the op's built-in;
 // the merge stays the built-in's. The shapes are
 // limited as gpu/ops's Attention limits them (HeadDim <= 256 and a multiple of

@@ -1,5 +1,6 @@
 // Decode attention, split over positions (flash-decoding), pass 1 of 2:
-// workgroup (c, j) takes chunk c of CH cached positions of KV head j for
+// workgroup (c, j) takes chunk c of CH (the override constant, 16, 32 or
+// 64) cached positions of KV head j for
 // the G = n_heads / n_kv query heads that share it, MAXG at a time
 // (workgroup z; K and V are read once for each group of them) and writes, per query head h, its chunk's softmax
 // partials to part[h][c]: the chunk's max score m, its sum of exp(s - m),
@@ -31,7 +32,8 @@ struct Params {
 @group(1) @binding(0) var<uniform> p: Params;
 
 const WG: u32 = 256u;
-const CH: u32 = 64u;   // positions per chunk
+// Positions per chunk: 16, 32 or 64, set by the rule (attnChunk).
+override CH: u32 = 32u;
 const MAXG: u32 = 8u;  // query heads per KV head
 const LANES: u32 = 8u; // threads per position for the scores
 const PP: u32 = WG / LANES;
@@ -67,12 +69,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 
   // Scores: LANES threads per position, lane i reading dimensions i, i +
   // LANES, ... so that the lanes of a position read consecutive floats;
-  // PP positions a pass, CH / PP passes.
+  // PP positions a pass, CH / PP passes (one, half idle, for CH 16).
   let lane = tid % LANES;
   let pp = tid / LANES;
   for (var p0 = 0u; p0 < CH; p0 += PP) {
     let pos = p0 + pp;
-    let t = t0 + pos;
+    let inside = pos < CH;
+    let t = select(p.kv_len, t0 + pos, inside); // past the cache: no score
     var dots: array<f32, MAXG>;
     for (var g = 0u; g < MAXG; g++) {
       dots[g] = 0.0;
@@ -102,7 +105,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       red[g * WG + tid] = dots[g];
     }
     workgroupBarrier();
-    if (lane == 0u) {
+    if (lane == 0u && inside) {
       for (var g = 0u; g < g_n; g++) {
         var s = NEG;
         if (t < p.kv_len) {
@@ -118,7 +121,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     workgroupBarrier();
   }
 
-  // The chunk's softmax: 64 threads a head, 4 heads a round.
+  // The chunk's softmax: CH threads a head, WG / CH heads a round.
   let pi = tid % CH;
   for (var g0 = 0u; g0 < g_n; g0 += WG / CH) {
     let g = g0 + tid / CH;
