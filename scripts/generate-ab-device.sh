@@ -10,12 +10,7 @@
 set -uo pipefail
 out=${OUT:-/tmp/out}
 mkdir -p "$out" /tmp/ab
-for f in .gl/*.deb; do dpkg -x "$f" /; done
-ldconfig
-icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-[ -f "$icd" ] && export VK_DRIVER_FILES=$icd
-export XDG_RUNTIME_DIR=/tmp/rdrr-xdg
-mkdir -p -m 0700 "$XDG_RUNTIME_DIR"
+. "$(dirname "$0")/device-env.sh"
 peers=()
 for p in ${PEERS:?}; do
   if [[ $p == *.gz ]]; then gunzip -kf "$p"; p=${p%.gz}; fi

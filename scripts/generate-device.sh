@@ -10,12 +10,7 @@
 set -uo pipefail
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
-for f in .gl/*.deb; do dpkg -x "$f" /; done
-ldconfig
-icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-[ -f "$icd" ] && export VK_DRIVER_FILES=$icd
-export XDG_RUNTIME_DIR=/tmp/rdrr-xdg
-mkdir -p -m 0700 "$XDG_RUNTIME_DIR"
+. "$(dirname "$0")/device-env.sh"
 peer=${PEER:-$PWD/bin/peer}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/machine.txt"
 nproc | tee -a "$out/machine.txt"

@@ -12,14 +12,7 @@
 set -uo pipefail
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
-if [ -d /usr/local/nvidia ]; then # the lent machine: its Vulkan loader and glvnd
-  for f in .gl/*.deb; do dpkg -x "$f" /; done
-  ldconfig
-fi
-icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-[ -f "$icd" ] && export VK_DRIVER_FILES=$icd
-export XDG_RUNTIME_DIR=/tmp/rdrr-xdg
-mkdir -p -m 0700 "$XDG_RUNTIME_DIR"
+. "$(dirname "$0")/device-env.sh"
 peer=${PEER:-$PWD/bin/peer}
 preset=${PRESET:-deepseek-v3-671b}
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>/dev/null; nproc; } | tee "$out/machine.txt"

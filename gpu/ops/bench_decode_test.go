@@ -25,13 +25,7 @@ import (
 // RDRR_BENCH_SWEEP=1 also times every configuration of the Q4_K kernel at
 // each shape (what DefaultQ4KConfig was chosen from for decode).
 func BenchmarkQ4KDecode(b *testing.B) {
-	ctx := context.Background()
-	d, k := shared.d, shared.k
-	if err := k.Prepare(ctx); err != nil {
-		b.Fatal(err)
-	}
-	m := &meter{d: d, k: k, cpu: d.Info().Type == "cpu"}
-	m.warm(b, 500*time.Millisecond)
+	m := newMeter(b)
 	var copyBW float64
 	b.Run("copy", func(b *testing.B) {
 		copyBW = m.copyBandwidth(b).best()
@@ -126,15 +120,8 @@ func BenchmarkQ4KDecode(b *testing.B) {
 func (m *meter) q4kSerial(b *testing.B, rows, cols int, cfg *Q4KConfig) (float64, time.Duration) {
 	ctx := context.Background()
 	wBytes := abi.Q4K.Bytes(rows * cols)
-	nw := m.rotation(wBytes)
-	ws := make([]*gpu.Buffer, nw)
-	blocks := benchQ4K(rows * cols / 256)
-	for i := range ws {
-		ws[i] = m.alloc(b, wBytes)
-		if err := m.d.Upload(ctx, ws[i], blocks); err != nil {
-			b.Fatal(err)
-		}
-	}
+	ws := m.q4kWeights(b, rows, cols)
+	nw := len(ws)
 	x, y := m.alloc(b, uint64(cols*4)), m.alloc(b, uint64(rows*4))
 	m.fill(b, x, uint64(cols*4))
 	c := DefaultQ4KConfig(rows, cols, 1)

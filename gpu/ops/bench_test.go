@@ -39,15 +39,8 @@ import (
 //
 //	go test -run '^$' -bench . -benchtime 1x -count 5 ./gpu/ops/ | sh gpu/bench-median.sh
 func BenchmarkGPU(b *testing.B) {
-	ctx := context.Background()
-	d, k := shared.d, shared.k
-	if err := k.Prepare(ctx); err != nil {
-		b.Fatal(err)
-	}
-	m := &meter{d: d, k: k, cpu: d.Info().Type == "cpu"}
-	// GPUs idle at a low clock and take a while under load to raise it:
-	// run copies for a while before measuring anything.
-	m.warm(b, 500*time.Millisecond)
+	m := newMeter(b)
+	d := m.d
 	// -count N runs each sub-benchmark N times in a row (this body runs
 	// once), so every repetition of "copy" measures again, and the ratios
 	// below divide by the median of those measurements.
@@ -163,6 +156,19 @@ func median(xs []float64) float64 {
 
 // maxReps bounds the dispatches per timed batch.
 const maxReps = 256
+
+// newMeter prepares the shared device's kernels and warms the GPU up:
+// GPUs idle at a low clock and take a while under load to raise it, so
+// copies run for a while before anything is measured.
+func newMeter(b *testing.B) *meter {
+	d, k := shared.d, shared.k
+	if err := k.Prepare(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	m := &meter{d: d, k: k, cpu: d.Info().Type == "cpu"}
+	m.warm(b, 500*time.Millisecond)
+	return m
+}
 
 type meter struct {
 	d   *gpu.Device
@@ -308,18 +314,26 @@ func (m *meter) rotation(size uint64) int {
 	return int(min(max(ceilDiv(256<<20, size), 2), 64))
 }
 
-func (m *meter) q4kMatVec(b *testing.B, rows, cols, n int, cfg Q4KConfig) result {
-	ctx := context.Background()
+// q4kWeights returns copies of a rows x cols Q4_K matrix, enough of
+// them to rotate over beyond the L2 (rotation).
+func (m *meter) q4kWeights(b *testing.B, rows, cols int) []*gpu.Buffer {
 	wBytes := abi.Q4K.Bytes(rows * cols)
-	nw := m.rotation(wBytes)
-	ws := make([]*gpu.Buffer, nw)
+	ws := make([]*gpu.Buffer, m.rotation(wBytes))
 	blocks := benchQ4K(rows * cols / 256)
 	for i := range ws {
 		ws[i] = m.alloc(b, wBytes)
-		if err := m.d.Upload(ctx, ws[i], blocks); err != nil {
+		if err := m.d.Upload(context.Background(), ws[i], blocks); err != nil {
 			b.Fatal(err)
 		}
 	}
+	return ws
+}
+
+func (m *meter) q4kMatVec(b *testing.B, rows, cols, n int, cfg Q4KConfig) result {
+	ctx := context.Background()
+	wBytes := abi.Q4K.Bytes(rows * cols)
+	ws := m.q4kWeights(b, rows, cols)
+	nw := len(ws)
 	x := m.alloc(b, uint64(n*cols*4))
 	m.fill(b, x, uint64(n*cols*4))
 	bytes := float64(wBytes) + float64(n*cols*4) + float64(n*rows*4)
@@ -397,15 +411,8 @@ func (m *meter) q4kProbe(b *testing.B, rows, cols, mode int, cfg Q4KConfig) resu
 	}
 	defer p.Release()
 	wBytes := abi.Q4K.Bytes(rows * cols)
-	nw := m.rotation(wBytes)
-	ws := make([]*gpu.Buffer, nw)
-	blocks := benchQ4K(rows * cols / 256)
-	for i := range ws {
-		ws[i] = m.alloc(b, wBytes)
-		if err := m.d.Upload(ctx, ws[i], blocks); err != nil {
-			b.Fatal(err)
-		}
-	}
+	ws := m.q4kWeights(b, rows, cols)
+	nw := len(ws)
 	x := m.alloc(b, uint64(cols*4))
 	m.fill(b, x, uint64(cols*4))
 	ys := m.outputs(b, uint64(rows*4))
