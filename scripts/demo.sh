@@ -46,8 +46,9 @@ echo "generate, the experts paged through a RAM budget of a quarter of them (flo
 run $peer generate "$model" --prompt "The swarm is" --max-tokens 16 --ram 2MiB
 echo "the same on the GPU (wgpu kernels; lavapipe without a GPU): experts paged into a 1 MiB VRAM arena, the next layer's prefetched; same tokens"
 run $peer generate "$model" --prompt "The swarm is" --max-tokens 16 --ram 2MiB --engine gpu --vram 1MiB
-echo "every expert resident (--warm fills VRAM first): the router's choice stays on the GPU, one read-back a token; same tokens"
-run $peer generate "$model" --prompt "The swarm is" --max-tokens 16 --ram 16MiB --engine gpu --vram 16MiB --warm
+echo "every expert resident (--warm fills VRAM first): the router's choice stays on the GPU, one read-back a token; same tokens;"
+echo "--profile-gpu times every dispatch on the GPU (timestamp queries) and lists the kernels that take a step's time"
+run $peer generate "$model" --prompt "The swarm is" --max-tokens 16 --ram 16MiB --engine gpu --vram 16MiB --warm --profile-gpu
 
 step "7. A swarm on loopback: this peer seeds (daemon with an embedded signaling server), a second peer fetches over WebRTC"
 port=$((20000 + RANDOM % 20000))
