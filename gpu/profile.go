@@ -28,9 +28,11 @@ import (
 // the wall clock.
 
 // maxProfiled bounds the dispatches of one batch that get timestamps
-// (two queries each; wgpu's limit is 8192 queries a set); later ones run
-// untimed and are counted.
-const maxProfiled = 4096
+// (two queries each; wgpu's limit is 8192 queries a set), and
+// maxProfiledBatches the submissions of one profile whose timestamps wait
+// for StopProfile (a query set and a buffer each). Dispatches past either
+// run untimed and are counted.
+var maxProfiled, maxProfiledBatches = 4096, 8192 // variables for TestProfile
 
 // ErrNoTimestamps is returned by StartProfile when the adapter lacks the
 // timestamp-query feature or the device was opened without Options.Profile.
@@ -41,7 +43,7 @@ var ErrNoTimestamps = errors.New("gpu: timestamp queries unavailable")
 type Profile struct {
 	Submits    int `json:"submits"`
 	Dispatches int `json:"dispatches"` // timed ones
-	Untimed    int `json:"untimed"`    // past maxProfiled in one batch
+	Untimed    int `json:"untimed"`    // past maxProfiled or maxProfiledBatches
 	// Busy sums each dispatch's time, beginning to end of its pass.
 	Busy time.Duration `json:"busyNs"`
 	// Span sums, per submission, the first dispatch's beginning to the
@@ -170,6 +172,10 @@ type timedEncoder struct {
 // returns nil when no profile runs. Callers hold d.mu.
 func (d *Device) newTimedEncoder(n int) (*timedEncoder, error) {
 	if d.prof == nil || n == 0 {
+		return nil, nil
+	}
+	if len(d.prof.pending) >= maxProfiledBatches {
+		d.prof.prof.Untimed += n
 		return nil, nil
 	}
 	timed := min(n, maxProfiled)

@@ -118,4 +118,23 @@ func TestProfile(t *testing.T) {
 	if err != nil || prof.Submits != 0 || prof.Dispatches != 0 {
 		t.Fatalf("a profile over no submission: %+v, %v", prof, err)
 	}
+	// Bounded: 3 dispatches a batch and 2 batches a profile get timestamps.
+	defer func(a, b int) { maxProfiled, maxProfiledBatches = a, b }(maxProfiled, maxProfiledBatches)
+	maxProfiled, maxProfiledBatches = 3, 2
+	if err := d.StartProfile(); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		b = d.Batch()
+		for range 4 {
+			spin(b, 1)
+		}
+		if err := b.Submit(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	prof, err = d.StopProfile(ctx)
+	if err != nil || prof.Submits != 2 || prof.Dispatches != 6 || prof.Untimed != 6 {
+		t.Fatalf("bounded profile: %+v, %v; want 2 submits, 6 dispatches timed, 6 not", prof, err)
+	}
 }
