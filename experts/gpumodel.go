@@ -106,8 +106,7 @@ func NewGPUModel(ctx context.Context, m *Manifest, d *gpu.Device, cache *tiers.C
 			}
 		}
 	}
-	g := &GPUModel{m: m, d: d, k: ops.NewKernels(d), cache: cache, arena: arena, dense: map[string]*gpu.Buffer{}, buf: map[string]*gpu.Buffer{}, MaxPos: maxPos,
-	}
+	g := &GPUModel{m: m, d: d, k: ops.NewKernels(d), cache: cache, arena: arena, dense: map[string]*gpu.Buffer{}, buf: map[string]*gpu.Buffer{}, MaxPos: maxPos}
 	g.fuseO, g.fuseSwiGLU = fusions(os.Getenv("RDRR_GPU_FUSE"))
 	g.groupExperts()
 	rm := &RefModel{m: m, cache: cache}
