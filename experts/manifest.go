@@ -60,7 +60,8 @@ type Manifest struct {
 
 // Tokenizer is a GGUF tokenizer's data (tokenizer.ggml.*).
 type Tokenizer struct {
-	Model  string    `json:"model"` // llama (SentencePiece), gpt2 (BPE), ...
+	Model  string    `json:"model"`         // llama (SentencePiece), gpt2 (BPE), ...
+	Pre    string    `json:"pre,omitempty"` // tokenizer.ggml.pre, the pre-tokenizer's name, if any
 	Tokens []string  `json:"tokens"`
 	Scores []float32 `json:"scores,omitempty"`
 	Types  []int32   `json:"types,omitempty"`

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/pprof"
+	"strings"
 	"sync"
 	"time"
 
@@ -39,7 +40,9 @@ dense weights are read once and kept, experts are paged through the tiers
 cache (RAM under --ram, then this peer's store, then, with --signal, any peer
 of the swarm that holds the shard: one verified range per expert). The GPU
 engine (the same loop on wgpu kernels) is the paged-generation issue's next
-step. Synthetic models use bytes as tokens.`,
+step. A model converted from GGUF encodes the prompt and decodes its tokens
+with its own tokenizer (SentencePiece for llama, byte-level BPE for gpt2;
+experts.TokenCodec); synthetic models use bytes as tokens.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
@@ -92,6 +95,10 @@ step. Synthetic models use bytes as tokens.`,
 						return err
 					}
 				}
+				codec, promptToks, err := promptTokens(m, prompt)
+				if err != nil {
+					return err
+				}
 				b := tiers.Clamp(tiers.Budgets{RAM: int64(budgets[1])}, "", 0, a.log)
 				rec := &tiers.TraceRecorder{}
 				cfg := tiers.Config{RAM: b.RAM, Disk: tiers.DiskSource{Store: st}, Policy: policy, Trace: rec, Logger: a.log, HostRAM: hostRAM}
@@ -108,7 +115,7 @@ step. Synthetic models use bytes as tokens.`,
 				var step stepper
 				var closeEngine func()
 				if engine == "gpu" {
-					step, closeEngine, err = a.gpuEngine(ctx, st, m, &cfg, int64(budgets[0]), len(prompt)+maxTokens, prefetch, profileGPU)
+					step, closeEngine, err = a.gpuEngine(ctx, st, m, &cfg, int64(budgets[0]), len(promptToks)+maxTokens, prefetch, profileGPU)
 					if err != nil {
 						return err
 					}
@@ -138,9 +145,6 @@ step. Synthetic models use bytes as tokens.`,
 						return err
 					}
 				}
-				if m.Config.VocabSize < 256 {
-					return errors.New("generate: this model's vocabulary is not byte-level and its tokenizer is not supported yet")
-				}
 				if cpuProfile != "" {
 					f, err := os.Create(cpuProfile)
 					if err != nil {
@@ -167,11 +171,29 @@ step. Synthetic models use bytes as tokens.`,
 					}
 					return step.Generate(ctx, p, n, s, emit)
 				}
-				toks, err := gen(experts.ByteTokens(prompt), maxTokens, s, func(t int) {
+				// The generated text: the tokenizer's, a character held back
+				// until its last byte comes; a synthetic model's bytes.
+				var text strings.Builder
+				var dec *experts.TokenDecoder
+				if codec != nil {
+					dec = codec.NewDecoder()
+				}
+				show := func(s string) {
+					text.WriteString(s)
 					if !a.jsonOut {
-						fmt.Fprint(a.out, experts.TokenText(t))
+						fmt.Fprint(a.out, s)
+					}
+				}
+				toks, err := gen(promptToks, maxTokens, s, func(t int) {
+					if dec != nil {
+						show(dec.Next(t))
+					} else {
+						show(experts.TokenText(t))
 					}
 				})
+				if dec != nil {
+					show(dec.Flush())
+				}
 				if err != nil {
 					return err
 				}
@@ -213,9 +235,9 @@ step. Synthetic models use bytes as tokens.`,
 					predicted, correct = step.Prefetched()
 					prof = step.Profile()
 				}
-				res := map[string]any{"model": m.ModelID, "engine": engineName, "tokens": toks,
+				res := map[string]any{"model": m.ModelID, "engine": engineName, "tokens": toks, "text": text.String(),
 					"prefetchPredicted": predicted, "prefetchCorrect": correct,
-					"promptTokens": len(prompt), "seconds": secs, "tokPerSec": float64(len(prompt)+len(toks)) / secs,
+					"promptTokens": len(promptToks), "seconds": secs, "tokPerSec": float64(len(promptToks)+len(toks)) / secs,
 					"loadSeconds": load.Seconds(), "levels": stats}
 				if prof != nil {
 					res["profile"] = prof
@@ -233,7 +255,7 @@ step. Synthetic models use bytes as tokens.`,
 				}
 				return a.print(res, func(w io.Writer) {
 					fmt.Fprintf(w, "\n%d prompt + %d generated tokens in %.2f s: %.1f tok/s (engine %s; dense weights loaded in %.2f s)\n",
-						len(prompt), len(toks), secs, float64(len(prompt)+len(toks))/secs, engineName, load.Seconds())
+						len(promptToks), len(toks), secs, float64(len(promptToks)+len(toks))/secs, engineName, load.Seconds())
 					if predicted > 0 {
 						fmt.Fprintf(w, "  next-layer prefetch: %d of %d guesses right (%.2f)\n", correct, predicted, float64(correct)/float64(predicted))
 					}
@@ -279,6 +301,40 @@ step. Synthetic models use bytes as tokens.`,
 	budgetFlags(cmd, &budgets)
 	nf.add(cmd)
 	return cmd
+}
+
+// promptTokens encodes the prompt with the model's tokenizer, or as bytes
+// for a model without one (synthetic: ids 0-255 are the bytes, so its
+// vocabulary must hold 256). The codec is nil for bytes.
+func promptTokens(m *experts.Manifest, prompt string) (*experts.TokenCodec, []int, error) {
+	var codec *experts.TokenCodec
+	var toks []int
+	if m.Tokenizer != nil {
+		var err error
+		if codec, err = experts.NewTokenCodec(m.Tokenizer); err != nil {
+			return nil, nil, fmt.Errorf("generate: %w", err)
+		}
+		if toks, err = codec.Encode(prompt); err != nil {
+			return nil, nil, fmt.Errorf("generate: the prompt: %w", err)
+		}
+	} else {
+		if m.Config.VocabSize < 256 {
+			return nil, nil, fmt.Errorf("generate: this model has no tokenizer and a vocabulary of %d, too small for bytes as tokens", m.Config.VocabSize)
+		}
+		if len(prompt) > experts.MaxPromptBytes {
+			return nil, nil, fmt.Errorf("generate: the prompt: %w: %d bytes (the limit is %d)", experts.ErrPromptTooLong, len(prompt), experts.MaxPromptBytes)
+		}
+		toks = experts.ByteTokens(prompt)
+	}
+	if len(toks) == 0 {
+		return nil, nil, errors.New("generate: the prompt has no tokens (give some text)")
+	}
+	for _, t := range toks {
+		if t >= m.Config.VocabSize {
+			return nil, nil, fmt.Errorf("generate: the prompt's token %d is outside the model's vocabulary of %d", t, m.Config.VocabSize)
+		}
+	}
+	return codec, toks, nil
 }
 
 // fetchManifest fetches a model's collection blob and its manifest (not

@@ -119,7 +119,7 @@ func ggufManifest(g *gguf.File) (*experts.Manifest, error) {
 		return nil, err
 	}
 	if tk != nil {
-		m.Tokenizer = &experts.Tokenizer{Model: tk.Model, Tokens: tk.Tokens, Scores: tk.Scores, Types: tk.Types,
+		m.Tokenizer = &experts.Tokenizer{Model: tk.Model, Pre: tk.Pre, Tokens: tk.Tokens, Scores: tk.Scores, Types: tk.Types,
 			Merges: tk.Merges, BOS: tk.BOS, EOS: tk.EOS}
 		m.Config.VocabSize = len(tk.Tokens)
 	}
