@@ -81,6 +81,22 @@ type Config struct {
 	// at most a quarter of it. A REQUEST that finds no room for its first
 	// chunk in min(5s, RequestTimeout/2) is refused with REJECT busy.
 	ServeBudget int
+	// FetchBudget bounds the bytes the node holds for the answers to its
+	// own requests, over all fetches and range fetches: each request's
+	// slice buffer, allocated before its REQUEST is sent and held until
+	// the slice is verified and written or dropped (default 128 MiB, at
+	// least four slices of PieceSize). MaxFetchRequests bounds the
+	// requests in flight the same way (default 256). One peer holds at
+	// most a quarter of each, so that a peer that answers slowly, or not
+	// at all, holds no more however many fetches ask it; a request larger
+	// than a peer's share goes alone. A request waits (within its
+	// context) for room before it is sent.
+	FetchBudget, MaxFetchRequests int
+	// MaxOpenBlobs bounds the downloads open at once over all fetches
+	// (default 64): each holds a file and its outboard (1/256 of its
+	// size) in memory. A fetch opens at most FetchOptions.OpenBlobs of
+	// them; one that finds no slot waits for another fetch's to close.
+	MaxOpenBlobs int
 	// ServeRate caps the bytes a second the node serves, over all peers
 	// (0: no cap): an upload cap, so that a seeder on a slow uplink
 	// leaves its leechers to trade pieces among themselves.
@@ -136,11 +152,16 @@ func (c Config) withDefaults() (Config, error) {
 	def(&c.SocketBuffer, 4<<20)
 	def(&c.ServeBudget, 64<<20)
 	c.ServeBudget = max(c.ServeBudget, minServeBudget)
+	def(&c.FetchBudget, 128<<20)
+	def(&c.MaxFetchRequests, 256)
+	def(&c.MaxOpenBlobs, 64)
+	c.MaxFetchRequests = max(c.MaxFetchRequests, minFetchRequests)
 	c.BulkChannels = min(c.BulkChannels, maxBulk)
 	c.MaxOutstanding = min(c.MaxOutstanding, 1<<15)
 	if c.PieceSize > wire.MaxRequest || c.PieceSize%cas.GroupSize != 0 {
 		return c, errors.New("swarm: config: PieceSize must be a multiple of 16 KiB up to 4 MiB")
 	}
+	c.FetchBudget = max(c.FetchBudget, minFetchBudget(c.PieceSize))
 	defDur := func(v *time.Duration, d time.Duration) {
 		if *v <= 0 {
 			*v = d

@@ -707,6 +707,12 @@ func (f *fetcher) probe(ctx context.Context, w *want, size int64, p peer.ID, l *
 	if err := f.n.prio.enter(ctx, f.opt.Priority); err != nil {
 		return false
 	}
+	held, err := f.n.fetching.acquire(ctx, p, cas.SliceLen(size, off, n))
+	if err != nil {
+		f.n.prio.leave(f.opt.Priority)
+		return false
+	}
+	defer f.n.fetching.release(p, held)
 	rctx, cancel := context.WithTimeout(ctx, f.opt.RequestTimeout)
 	slice, err := l.request(rctx, w.cid, size, off, n, nil)
 	cancel()

@@ -98,6 +98,7 @@ type call struct {
 	total int       // REQUEST: slice length
 	ch    *channel  // REQUEST: the bulk channel its PIECEs arrive on
 	buf   []byte
+	first time.Time // REQUEST: when its first PIECE arrived
 	have  []wire.HaveEntry
 	err   error
 	done  chan struct{} // closed once, by whoever removes the call from link.calls
@@ -631,6 +632,9 @@ func (l *link) piece(ch *channel, f *wire.Frame) error {
 	}
 	c.ch = ch
 	ch.recvReq = f.Req
+	if len(c.buf) == 0 {
+		c.first = time.Now()
+	}
 	c.buf = append(c.buf, f.Data...)
 	complete := len(c.buf) == c.total
 	if complete {
@@ -718,22 +722,32 @@ func (l *link) wait(ctx context.Context, c *call, cancel bool) error {
 // verified here: the caller hands it to a cas.Partial. Errors are listed
 // in errors.go.
 func (l *link) request(ctx context.Context, c cas.CID, size, off, n int64, buf []byte) ([]byte, error) {
+	slice, _, err := l.requestTimed(ctx, c, size, off, n, buf)
+	return slice, err
+}
+
+// requestTimed is request that also returns how long the first byte of
+// the answer took from the moment the REQUEST was handed to the control
+// channel: the round trip, plus whatever the request waited in the
+// peer's queue.
+func (l *link) requestTimed(ctx context.Context, c cas.CID, size, off, n int64, buf []byte) ([]byte, time.Duration, error) {
 	total := int(cas.SliceLen(size, off, n))
 	if cap(buf) < total {
 		buf = make([]byte, 0, total)
 	}
 	cl, err := l.newCall(false, nil, total, buf)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
+	sent := time.Now()
 	if err := l.ctl.write(ctx, wire.AppendRequest(make([]byte, 0, 64), cl.req, c, uint64(off), uint32(n))); err != nil {
 		l.finishCall(cl.req, func(*call) {})
-		return nil, err
+		return nil, 0, err
 	}
 	if err := l.wait(ctx, cl, true); err != nil {
-		return nil, err
+		return nil, 0, err
 	}
-	return cl.buf, nil
+	return cl.buf, max(0, cl.first.Sub(sent)), nil
 }
 
 // want asks which of cids the peer holds whole. It sends as many WANTs as

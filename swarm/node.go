@@ -60,10 +60,15 @@ type Stats struct {
 	// downloads in progress (PartialSource).
 	ServedPartialBytes int64
 	ServingBytes       int64 // bytes held for serving now (at most Config.ServeBudget)
-	BadSlices          int64 // slices that failed verification
-	Bans               int64
-	LinksAccepted      int64
-	LinksDialed        int64
+	// FetchingBytes and FetchRequests are what the node's own requests
+	// in flight hold now (at most Config.FetchBudget and
+	// Config.MaxFetchRequests).
+	FetchingBytes int64
+	FetchRequests int
+	BadSlices     int64 // slices that failed verification
+	Bans          int64
+	LinksAccepted int64
+	LinksDialed   int64
 }
 
 type nodeStats struct {
@@ -90,6 +95,10 @@ type Node struct {
 	wg     sync.WaitGroup // dispatcher, setups, peer connection closers
 	stats  nodeStats
 	budget *serveBudget // bytes held for serving
+	// fetching bounds the requests in flight of the node's fetches and
+	// the bytes they hold; open bounds their open downloads.
+	fetching *fetchBudget
+	open     openSlots
 	// readSem bounds the Source reads in progress: each holds a read
 	// buffer of the store's, and reading is CPU-bound (verification).
 	readSem chan struct{}
@@ -182,6 +191,8 @@ func NewNode(cfg Config) (*Node, error) {
 		perPeer:   make(map[peer.ID]*PeerBytes),
 		fetches:   make(map[*fetcher]struct{}),
 		budget:    newServeBudget(cfg.ServeBudget),
+		fetching:  newFetchBudget(cfg.FetchBudget, cfg.MaxFetchRequests),
+		open:      make(openSlots, cfg.MaxOpenBlobs),
 		readSem:   make(chan struct{}, max(2, runtime.GOMAXPROCS(0))),
 		pace:      newPacer(cfg.ServeRate),
 		prio:      newPrioGate(),
@@ -281,12 +292,15 @@ func (n *Node) Stats() Stats {
 	nl := n.nlinks
 	n.mu.Unlock()
 	serving, _ := n.budget.held("")
+	fetching, _ := n.fetching.held("")
 	return Stats{
 		Links:              nl,
 		FetchedBytes:       n.stats.fetchedBytes.Load(),
 		ServedBytes:        n.stats.servedBytes.Load(),
 		ServedPartialBytes: n.stats.servedPartialBytes.Load(),
 		ServingBytes:       serving,
+		FetchingBytes:      fetching.bytes,
+		FetchRequests:      fetching.n,
 		BadSlices:          n.stats.badSlices.Load(),
 		Bans:               n.stats.bans.Load(),
 		LinksAccepted:      n.stats.accepted.Load(),

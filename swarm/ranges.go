@@ -83,7 +83,7 @@ func (r *Ranges) FetchSlice(ctx context.Context, c cas.CID, size, off, n int64) 
 		return nil, fmt.Errorf("swarm: no peer holds [%d, +%d) of %s: %w", off, n, c, cas.ErrNotFound)
 	}
 	start, end := bao.Cover(size, off, n)
-	cover := make([]byte, end-start)
+	var cover []byte // allocated within the fetch budget
 	var scratch [bao.GroupSize]byte
 	var errs []error
 	for _, p := range holders {
@@ -98,16 +98,30 @@ func (r *Ranges) FetchSlice(ctx context.Context, c cas.CID, size, off, n int64) 
 		if err := r.Node.prio.enter(ctx, r.Priority); err != nil {
 			return nil, err
 		}
+		// The slice and the decoded cover are held (and allocated)
+		// within the node's fetch budget; the slice returned is the
+		// caller's.
+		held, err := r.Node.fetching.acquire(ctx, p, cas.SliceLen(size, off, n)+end-start)
+		if err != nil {
+			r.Node.prio.leave(r.Priority)
+			return nil, err
+		}
+		if cover == nil {
+			cover = make([]byte, end-start)
+		}
 		rctx, cancel := context.WithTimeout(ctx, timeout)
 		slice, err := ls[0].request(rctx, c, size, off, n, nil)
 		cancel()
 		r.Node.prio.leave(r.Priority)
 		if err != nil {
+			r.Node.fetching.release(p, held)
 			errs = append(errs, fmt.Errorf("%s: %w", p, err))
 			r.forget(c, p)
 			continue
 		}
-		if err := bao.DecodeSlice(cover, slice, c.Digest(), size, off, n, &scratch); err != nil {
+		err = bao.DecodeSlice(cover, slice, c.Digest(), size, off, n, &scratch)
+		r.Node.fetching.release(p, held)
+		if err != nil {
 			var be *bao.Error
 			re := &cas.RangeError{CID: c, Off: off, Len: n, Reason: err.Error()}
 			if errors.As(err, &be) {
