@@ -223,6 +223,10 @@ func TestDaemonAPI(t *testing.T) {
 	var leechID struct{ Peer string }
 	_, body = leech.do(t, "GET", "/api/v1/status", "", nil)
 	json.Unmarshal(body, &leechID)
+	// Its fetches done, the leecher holds nothing of its fetch budget.
+	if _, m := leech.do(t, "GET", "/metrics", "", nil); !bytes.Contains(m, []byte("\nrdrr_swarm_fetching_bytes 0\n")) || !bytes.Contains(m, []byte("\nrdrr_swarm_fetch_requests 0\n")) {
+		t.Fatalf("the leecher's metrics after its fetches:\n%s", m)
+	}
 	if !bytes.Contains(page, []byte(leechID.Peer)) || !bytes.Contains(page, []byte(`http-equiv="refresh"`)) {
 		t.Fatalf("the status page does not list the leecher %s:\n%s", leechID.Peer, page)
 	}

@@ -501,6 +501,9 @@ var (
 	descPeers   = prometheus.NewDesc("rdrr_swarm_peers", "Connected peers.", nil, nil)
 	descBlobs   = prometheus.NewDesc("rdrr_store_blobs", "Blobs stored.", nil, nil)
 	descBytes   = prometheus.NewDesc("rdrr_store_bytes", "Bytes stored.", nil, nil)
+	descServing = prometheus.NewDesc("rdrr_swarm_serving_bytes", "Bytes held for serving now (at most the serve budget).", nil, nil)
+	descFetchB  = prometheus.NewDesc("rdrr_swarm_fetching_bytes", "Bytes the node's own requests in flight hold now (at most the fetch budget).", nil, nil)
+	descFetchN  = prometheus.NewDesc("rdrr_swarm_fetch_requests", "The node's own requests in flight now.", nil, nil)
 	descPeerB   = prometheus.NewDesc("rdrr_swarm_peer_bytes_total", "Verified blob bytes fetched from (in) and served to (out) a peer; the maxPeerMetrics peers that moved the most.", []string{"peer", "direction"}, nil)
 )
 
@@ -508,7 +511,7 @@ var (
 const maxPeerMetrics = 256
 
 func (collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descFetched, descServed, descBad, descBans, descLinks, descPeers, descBlobs, descBytes, descPeerB} {
+	for _, d := range []*prometheus.Desc{descFetched, descServed, descBad, descBans, descLinks, descPeers, descBlobs, descBytes, descServing, descFetchB, descFetchN, descPeerB} {
 		ch <- d
 	}
 }
@@ -526,6 +529,9 @@ func (k collector) Collect(ch chan<- prometheus.Metric) {
 	m(descPeers, prometheus.GaugeValue, float64(st.Peers))
 	m(descBlobs, prometheus.GaugeValue, float64(st.Blobs))
 	m(descBytes, prometheus.GaugeValue, float64(st.StoreBytes))
+	m(descServing, prometheus.GaugeValue, float64(st.Swarm.ServingBytes))
+	m(descFetchB, prometheus.GaugeValue, float64(st.Swarm.FetchingBytes))
+	m(descFetchN, prometheus.GaugeValue, float64(st.Swarm.FetchRequests))
 	if n := k.s.Node(); n != nil {
 		type row struct {
 			p  peer.ID
