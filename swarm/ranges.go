@@ -46,6 +46,35 @@ const MaxSlice = wire.MaxRequest
 // holdersTTL is how long the answers to a WANT are reused.
 const holdersTTL = 30 * time.Second
 
+// maxHolderBlobs bounds the blobs whose holders a Ranges remembers (each
+// with a HAVE bitmap per peer): past it, answers older than holdersTTL
+// are forgotten, then any, until there is room.
+var maxHolderBlobs = 4096
+
+// rememberLocked records got as c's holders, asked at now, within
+// maxHolderBlobs. r.mu is held.
+func (r *Ranges) rememberLocked(c cas.CID, got map[peer.ID]holder, now time.Time) {
+	if r.holders == nil {
+		r.holders, r.asked = map[cas.CID]map[peer.ID]holder{}, map[cas.CID]time.Time{}
+	}
+	if _, known := r.holders[c]; !known && len(r.holders) >= maxHolderBlobs {
+		for old, t := range r.asked {
+			if now.Sub(t) >= holdersTTL {
+				delete(r.holders, old)
+				delete(r.asked, old)
+			}
+		}
+		for old := range r.holders {
+			if len(r.holders) < maxHolderBlobs {
+				break
+			}
+			delete(r.holders, old)
+			delete(r.asked, old)
+		}
+	}
+	r.holders[c], r.asked[c] = got, now
+}
+
 // FetchSlice returns the bao slice encoding of [off, off+n) of blob c of
 // size bytes, verified against c, from a peer that holds the blob whole
 // or, as its HAVE bitmap says, the pieces of it that cover the range (a
@@ -179,7 +208,7 @@ func (r *Ranges) findHolders(ctx context.Context, c cas.CID, size int64, timeout
 		}
 		wg.Wait()
 		r.mu.Lock()
-		r.holders[c], r.asked[c] = got, time.Now()
+		r.rememberLocked(c, got, time.Now())
 		r.mu.Unlock()
 	}
 	r.mu.Lock()

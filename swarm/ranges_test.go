@@ -6,6 +6,7 @@ import (
 	"errors"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/rdrr/peer/cas"
@@ -166,4 +167,34 @@ type countPartial struct {
 func (c *countPartial) PartialVerified(id cas.CID) (int64, []uint64, bool) {
 	c.n.Add(1)
 	return c.PartialSource.PartialVerified(id)
+}
+
+// The holders a Ranges remembers are bounded: past maxHolderBlobs blobs,
+// expired answers go first, then any, and the blob just asked about is
+// kept.
+func TestRangesRemembersBoundedHolders(t *testing.T) {
+	defer func(n int) { maxHolderBlobs = n }(maxHolderBlobs)
+	maxHolderBlobs = 3
+	var r Ranges
+	cid := func(i int) cas.CID { return cas.Sum([]byte{byte(i)}) }
+	t0 := time.Unix(1000, 0)
+	got := map[peer.ID]holder{"p": {size: 1}}
+	r.rememberLocked(cid(0), got, t0) // expired by the fourth
+	r.rememberLocked(cid(1), got, t0.Add(holdersTTL))
+	r.rememberLocked(cid(2), got, t0.Add(holdersTTL))
+	now := t0.Add(holdersTTL + time.Second)
+	r.rememberLocked(cid(3), got, now)
+	if len(r.holders) != 3 || len(r.asked) != 3 || r.holders[cid(0)] != nil || r.holders[cid(3)] == nil {
+		t.Fatalf("after a fourth blob: %d holders, %d asked; the expired one kept: %v", len(r.holders), len(r.asked), r.holders[cid(0)] != nil)
+	}
+	for i := 4; i < 100; i++ { // none expired: any goes, never the new one
+		r.rememberLocked(cid(i), got, now)
+		if len(r.holders) > 3 || len(r.asked) != len(r.holders) || r.holders[cid(i)] == nil {
+			t.Fatalf("blob %d: %d holders, %d asked", i, len(r.holders), len(r.asked))
+		}
+	}
+	r.rememberLocked(cid(99), got, now) // known: nothing is dropped
+	if len(r.holders) != 3 {
+		t.Fatalf("%d holders after a known blob", len(r.holders))
+	}
 }
