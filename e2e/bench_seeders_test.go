@@ -66,16 +66,6 @@ func BenchmarkSeeders(b *testing.B) {
 	}
 	os.Remove(path)
 
-	signal := func() string {
-		addr := freeAddr(b)
-		sig := exec.Command(peer, "signal", "--listen", addr)
-		sig.Stderr = tWriter{b, "signal"}
-		if err := sig.Start(); err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { sig.Process.Kill(); sig.Wait() })
-		return "ws://" + addr
-	}
 	online := func(d *daemon) {
 		for deadline := time.Now().Add(30 * time.Second); !d.status(b).Online; {
 			if time.Now().After(deadline) {
@@ -124,7 +114,7 @@ func BenchmarkSeeders(b *testing.B) {
 
 	// swarm starts daemons on homes, with a signaling server of their own.
 	swarm := func(homes []string) (string, []*daemon) {
-		url := signal()
+		url := startSignal(b)
 		ds := make([]*daemon, len(homes))
 		for i, h := range homes {
 			ds[i] = startDaemon(b, peer, h, "--signal", url, "--log-level", "warn")

@@ -59,14 +59,7 @@ func BenchmarkSwarm(b *testing.B) {
 
 	tcp := measureTCPFanout(b, size, leechers)
 
-	sigAddr := freeAddr(b)
-	sig := exec.Command(peer, "signal", "--listen", sigAddr)
-	sig.Stderr = tWriter{b, "signal"}
-	if err := sig.Start(); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { sig.Process.Kill(); sig.Wait() })
-	url := "ws://" + sigAddr
+	url := startSignal(b)
 	// Warnings only: the benchmark's log keeps its last lines.
 	seeder := startDaemon(b, peer, homes[0], "--signal", url, "--log-level", "warn")
 	for deadline := time.Now().Add(30 * time.Second); !seeder.status(b).Online; {

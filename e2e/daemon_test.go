@@ -262,6 +262,30 @@ func freeAddr(t testing.TB) string {
 	return ln.Addr().String()
 }
 
+// signalProcess runs `peer signal` on a free loopback port until the test
+// ends and returns its URL and stop, which interrupts it sooner and
+// reports whether it exited within 10 s.
+func signalProcess(t testing.TB, peer string) (url string, stop func() bool) {
+	addr := freeAddr(t)
+	sig := exec.Command(peer, "signal", "--listen", addr)
+	sig.Stderr = tWriter{t, "signal"}
+	if err := sig.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { sig.Wait(); close(done) }()
+	t.Cleanup(func() { sig.Process.Kill(); <-done })
+	return "ws://" + addr, func() bool {
+		sig.Process.Signal(os.Interrupt)
+		select {
+		case <-done:
+			return true
+		case <-time.After(10 * time.Second):
+			return false
+		}
+	}
+}
+
 // Generation pages the experts of a model that only another process holds:
 // the generating peer has nothing but the model's CID, fetches the
 // manifest and pages each expert as a verified range over WebRTC, and its

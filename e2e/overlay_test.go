@@ -117,19 +117,11 @@ func TestDaemonsOutliveSignaling(t *testing.T) {
 	json.Unmarshal(out, &added)
 	cid := added[0].CID
 
-	sigAddr := freeAddr(t)
-	sig := exec.Command(peer, "signal", "--listen", sigAddr)
-	sig.Stderr = tWriter{t, "signal"}
-	if err := sig.Start(); err != nil {
-		t.Fatal(err)
-	}
-	sigDone := make(chan struct{})
-	go func() { sig.Wait(); close(sigDone) }()
-	t.Cleanup(func() { sig.Process.Kill(); <-sigDone })
+	url, stopSignal := signalProcess(t, peer)
 
 	fast := []string{"--announce-interval", "300ms"}
-	seed := startDaemon(t, peer, homes["seed"], append(fast, "--signal", "ws://"+sigAddr)...)
-	a := startDaemon(t, peer, homes["a"], append(fast, "--signal", "ws://"+sigAddr)...)
+	seed := startDaemon(t, peer, homes["seed"], append(fast, "--signal", url)...)
+	a := startDaemon(t, peer, homes["a"], append(fast, "--signal", url)...)
 	// They meet: a link each way whose offer and answer carry libp2p
 	// addresses; the seeder provides its blob once it has a peer.
 	waitFor(t, "overlay connections and the seeder's provider record", 30*time.Second, func() bool {
@@ -137,10 +129,7 @@ func TestDaemonsOutliveSignaling(t *testing.T) {
 		return s.Online && x.Online && s.P2P != nil && x.P2P != nil && s.P2P.Peers >= 1 && x.P2P.Peers >= 1 && s.P2P.Provided >= 1
 	})
 
-	sig.Process.Signal(os.Interrupt) // the signaling server goes away
-	select {
-	case <-sigDone:
-	case <-time.After(10 * time.Second):
+	if !stopSignal() { // the signaling server goes away
 		t.Fatal("the signaling server did not stop")
 	}
 	waitFor(t, "the daemons to notice", 15*time.Second, func() bool { return !seed.status(t).Online && !a.status(t).Online })

@@ -199,14 +199,8 @@ func TestSwarmSurvivesKills(t *testing.T) {
 	cid := added[0].CID
 
 	// The signaling server is a process of its own: the seeder dies.
-	sigAddr := freeAddr(t)
-	sig := exec.Command(peer, "signal", "--listen", sigAddr)
-	sig.Stderr = tWriter{t, "signal"}
-	if err := sig.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { sig.Process.Kill(); sig.Wait() })
-	common := []string{"--signal", "ws://" + sigAddr, "--announce-interval", "300ms", "--replicate", "--replicate-interval", "1s"}
+	url, _ := signalProcess(t, peer)
+	common := []string{"--signal", url, "--announce-interval", "300ms", "--replicate", "--replicate-interval", "1s"}
 	ds := make([]*daemon, n)
 	for i, name := range names {
 		ds[i] = startDaemon(t, peer, homes[name], common...)

@@ -71,16 +71,33 @@ func texts(tk *Tokenizer, ids []int) []string {
 	return s
 }
 
+// encodeCase is a text and the tokens it encodes to, by their text.
+type encodeCase struct {
+	in   string
+	want []string
+}
+
+func checkEncode(t *testing.T, c *TokenCodec, tk *Tokenizer, cases []encodeCase) {
+	t.Helper()
+	for _, tc := range cases {
+		ids, err := c.Encode(tc.in)
+		if err != nil {
+			t.Errorf("Encode(%q): %v", tc.in, err)
+			continue
+		}
+		if got := texts(tk, ids); !slices.Equal(got, tc.want) {
+			t.Errorf("Encode(%q) = %q; want %q", tc.in, got, tc.want)
+		}
+	}
+}
+
 func TestTokenizeSPM(t *testing.T) {
 	// ids: 3 ▁, 4 a, 5 b, 6 c, 7 ab, 8 bc, 9 ▁a, 10 ▁ab, 11 aa, 12 ▁b;
 	// byte tokens for 0xC3 (13), 0xA9 (14) and 0x0A (15) only.
 	tk := spmVocab([]string{"▁", "a", "b", "c", "ab", "bc", "▁a", "▁ab", "aa", "▁b"},
 		[]float32{-1, -1, -1, -1, -5, -2, -3, -4, 0, -1}, []byte{0xC3, 0xA9, 0x0A})
 	c := newCodec(t, tk)
-	for _, tc := range []struct {
-		in   string
-		want []string
-	}{
+	checkEncode(t, c, tk, []encodeCase{
 		// ▁ a b c: bc (-2) beats ▁a (-3) and ab (-5); then ▁a; ▁abc is no token.
 		{"abc", []string{"<s>", "▁a", "bc"}},
 		// aa at 1-2 and 2-3 tie: the leftmost merges.
@@ -94,16 +111,7 @@ func TestTokenizeSPM(t *testing.T) {
 		// Invalid UTF-8: the byte alone; a control token's text is text.
 		{"\xC3a", []string{"<s>", "▁", "<0xC3>", "a"}},
 		{"", []string{"<s>"}},
-	} {
-		ids, err := c.Encode(tc.in)
-		if err != nil {
-			t.Errorf("Encode(%q): %v", tc.in, err)
-			continue
-		}
-		if got := texts(tk, ids); !slices.Equal(got, tc.want) {
-			t.Errorf("Encode(%q) = %q; want %q", tc.in, got, tc.want)
-		}
-	}
+	})
 	// Text does not become a control token, even where merges lead to one.
 	ctl := spmVocab([]string{"▁", "</", "s>", "▁</"}, []float32{0, 1, 1, -1}, nil)
 	if ids, _ := newCodec(t, ctl).Encode("</s>"); !slices.Equal(texts(ctl, ids), []string{"<s>", "▁</", "s>"}) {
@@ -135,10 +143,7 @@ func TestTokenizeSPM(t *testing.T) {
 func TestTokenizeGPT2(t *testing.T) {
 	tk := gpt2Vocab("Ġ t", "h e", "t h", "Ġt he", "a b", "ab c")
 	c := newCodec(t, tk)
-	for _, tc := range []struct {
-		in   string
-		want []string
-	}{
+	checkEncode(t, c, tk, []encodeCase{
 		// t h e: "h e" (rank 1) before "t h" (rank 2); "t he" is no merge.
 		{"the", []string{"t", "he"}},
 		// Ġ t h e: Ġt (0), then he (1), then Ġthe (3).
@@ -152,16 +157,7 @@ func TestTokenizeGPT2(t *testing.T) {
 		{"é", []string{"Ã", "©"}},
 		{"<|endoftext|>", []string{"<", "|", "e", "n", "d", "o", "f", "t", "e", "x", "t", "|", ">"}},
 		{"", nil},
-	} {
-		ids, err := c.Encode(tc.in)
-		if err != nil {
-			t.Errorf("Encode(%q): %v", tc.in, err)
-			continue
-		}
-		if got := texts(tk, ids); !slices.Equal(got, tc.want) {
-			t.Errorf("Encode(%q) = %q; want %q", tc.in, got, tc.want)
-		}
-	}
+	})
 	if got := c.Decode([]int{256, 256 + 1 + 3, 'x'}); got != " thex" {
 		t.Errorf("Decode = %q; want \" thex\" (control token left out)", got)
 	}

@@ -33,16 +33,17 @@ func generateCmd(a *app) *cobra.Command {
 	var budgets [3]byteSize
 	var nf netFlags
 	cmd := &cobra.Command{
-		Use:   "generate <model CID> --prompt TEXT [--max-tokens N] [--temperature T --top-p P --seed S] [--ram 8GiB] [--signal URL]",
-		Short: "Generate with a model, its experts paged through the RAM, disk and swarm levels (float64 CPU reference engine)",
-		Long: `generate runs the model's decode loop with the float64 CPU reference engine:
-dense weights are read once and kept, experts are paged through the tiers
-cache (RAM under --ram, then this peer's store, then, with --signal, any peer
-of the swarm that holds the shard: one verified range per expert). The GPU
-engine (the same loop on wgpu kernels) is the paged-generation issue's next
-step. A model converted from GGUF encodes the prompt and decodes its tokens
-with its own tokenizer (SentencePiece for llama, byte-level BPE for gpt2;
-experts.TokenCodec); synthetic models use bytes as tokens.`,
+		Use:   "generate <model CID> --prompt TEXT [--max-tokens N] [--temperature T --top-p P --seed S] [--engine gpu --vram 8GiB] [--ram 8GiB] [--signal URL]",
+		Short: "Generate with a model, its experts paged through the VRAM, RAM, disk and swarm levels (GPU engine, or a float64 CPU reference)",
+		Long: `generate runs the model's decode loop: dense weights are read once and
+kept, experts are paged through the tiers cache (VRAM under --vram with
+--engine gpu, RAM under --ram, then this peer's store, then, with --signal,
+any peer of the swarm that holds the shard: one verified range per expert).
+--engine gpu runs it on wgpu kernels; the default engine is the float64 CPU
+reference that checks it. A model converted from GGUF encodes the prompt and
+decodes its tokens with its own tokenizer (SentencePiece for llama,
+byte-level BPE for gpt2; experts.TokenCodec); synthetic models use bytes as
+tokens. --profile-gpu times every dispatch on the GPU.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
