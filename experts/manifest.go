@@ -68,6 +68,14 @@ type Tokenizer struct {
 	Merges []string  `json:"merges,omitempty"`
 	BOS    int       `json:"bos"`
 	EOS    int       `json:"eos"`
+	// Optional (absent in manifests made before them, and where the GGUF
+	// file has no such key): tokenizer.ggml.add_bos_token and
+	// add_eos_token (absent: llama.cpp's default for the model), and
+	// unknown_token_id and padding_token_id.
+	AddBOS *bool `json:"add_bos,omitempty"`
+	AddEOS *bool `json:"add_eos,omitempty"`
+	UNK    *int  `json:"unk,omitempty"`
+	PAD    *int  `json:"pad,omitempty"`
 }
 
 // MaxVocab bounds a tokenizer's tokens.
@@ -88,6 +96,14 @@ func (t *Tokenizer) validate() error {
 		return fieldErr("tokenizer.bos", "%d (the vocabulary has %d tokens)", t.BOS, n)
 	case t.EOS < -1 || t.EOS >= n:
 		return fieldErr("tokenizer.eos", "%d (the vocabulary has %d tokens)", t.EOS, n)
+	case t.UNK != nil && (*t.UNK < 0 || *t.UNK >= n):
+		return fieldErr("tokenizer.unk", "%d (the vocabulary has %d tokens)", *t.UNK, n)
+	case t.PAD != nil && (*t.PAD < 0 || *t.PAD >= n):
+		return fieldErr("tokenizer.pad", "%d (the vocabulary has %d tokens)", *t.PAD, n)
+	case t.AddBOS != nil && *t.AddBOS && t.BOS < 0:
+		return fieldErr("tokenizer.add_bos", "true, but there is no bos token")
+	case t.AddEOS != nil && *t.AddEOS && t.EOS < 0:
+		return fieldErr("tokenizer.add_eos", "true, but there is no eos token")
 	}
 	return nil
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"unicode"
 	"unicode/utf8"
 )
 
@@ -37,31 +36,38 @@ const spmSpace = "\u2581"
 //     characters, the adjacent pair whose concatenation is a token with the
 //     highest score merges first (ties: leftmost); a character that is no
 //     token becomes its bytes' "<0xXX>" tokens, or the unknown token.
-//   - model "gpt2": byte-level BPE. The text is split by GPT-2's
-//     pre-tokenizer pattern, each piece's bytes are mapped to GPT-2's
-//     printable characters, and pairs merge in the order of the merges
-//     list (lowest rank first, ties leftmost).
+//   - model "gpt2": byte-level BPE. The text is cut by the pre-tokenizer
+//     that tokenizer.ggml.pre names (tokenize_split.go: GPT-2's, Llama 3's,
+//     Qwen2's, DeepSeek-V3's; GPT-2's, with a Warning, for a name not
+//     known here), each piece's bytes are mapped to GPT-2's printable
+//     characters, and pairs merge in the order of the merges list (lowest
+//     rank first, ties leftmost). For Llama 3's names a piece that is a
+//     token is taken whole, as llama.cpp does.
 //
-// Limits: GPT-2's split is used whatever tokenizer.ggml.pre names
-// (llama-bpe, qwen2, deepseek-v3 and others use other patterns, so for them
-// the split is an approximation: e.g. numbers are not cut into groups of 3
-// digits); llama-bpe's "whole word is a token" shortcut is not taken;
-// user-defined tokens are reached only through merges (llama.cpp matches
-// them first). Text never becomes a control, unknown or byte token through
-// the vocabulary lookup, so a prompt cannot spell out "</s>". The unknown
-// token is the first token of type 2 (for llama also "<unk>"), as the
-// manifest does not carry tokenizer.ggml.unknown_token_id. The BOS token is
-// prepended for llama models and for gpt2 models whose pre is llama-bpe
-// (llama.cpp's defaults; tokenizer.ggml.add_bos_token is not carried).
+// Special tokens follow the model's metadata where it has it and
+// llama.cpp's defaults where not: BOS is prepended when add_bos says so,
+// or by default for llama models and Llama 3's pre-tokenizer names; EOS is
+// appended only when add_eos says so. The unknown token is the one
+// unknown_token_id names, else the first token of type 2 (for llama also
+// "<unk>").
+//
+// Limits: user-defined tokens are reached only through merges (llama.cpp
+// matches them first). Text never becomes a control, unknown or byte
+// token through the vocabulary lookup, so a prompt cannot spell out
+// "</s>".
 type TokenCodec struct {
-	t       *Tokenizer
-	spm     bool
-	ids     map[string]int // text -> token, for tokens text may become
-	unk     int            // -1: none
-	addBOS  bool
-	byteTok [256]int     // SPM: <0xXX>; BPE: the mapped byte's token; -1: none
-	byteVal []int16      // SPM: the byte a byte token stands for, -1 for other tokens
-	ranks   map[pair]int // BPE: merge -> rank
+	t            *Tokenizer
+	spm          bool
+	ids          map[string]int // text -> token, for tokens text may become
+	unk          int            // -1: none
+	addBOS       bool
+	addEOS       bool
+	split        func(text string, yield func(string) bool) // BPE: the pre-tokenizer
+	ignoreMerges bool                                       // BPE: a piece that is a token is taken whole
+	warning      string
+	byteTok      [256]int     // SPM: <0xXX>; BPE: the mapped byte's token; -1: none
+	byteVal      []int16      // SPM: the byte a byte token stands for, -1 for other tokens
+	ranks        map[pair]int // BPE: merge -> rank
 }
 
 type pair struct{ a, b string }
@@ -81,9 +87,19 @@ func NewTokenCodec(t *Tokenizer) (*TokenCodec, error) {
 		c.spm = true
 		c.addBOS = t.BOS >= 0
 	case "gpt2":
-		c.addBOS = t.BOS >= 0 && (t.Pre == "llama-bpe" || t.Pre == "llama3" || t.Pre == "llama-v3")
+		var pre preTokenizer
+		pre, c.warning = lookupPre(t.Pre)
+		c.split, c.ignoreMerges = pre.split, pre.ignoreMerges
+		c.addBOS = t.BOS >= 0 && pre.addBOS
 	default:
 		return nil, fmt.Errorf("tokenizer: model %q is not supported (llama and gpt2 are)", t.Model)
+	}
+	// validate checked that a flag set to true has its token.
+	if t.AddBOS != nil {
+		c.addBOS = *t.AddBOS
+	}
+	if t.AddEOS != nil {
+		c.addEOS = *t.AddEOS
 	}
 	for i := range c.byteTok {
 		c.byteTok[i] = -1
@@ -118,7 +134,14 @@ func NewTokenCodec(t *Tokenizer) (*TokenCodec, error) {
 		}
 		c.ids[s] = id // the last of duplicates, as llama.cpp
 	}
-	if c.unk < 0 && c.spm {
+	switch {
+	case t.UNK != nil:
+		// The metadata's: text never becomes it, whatever its type.
+		c.unk = *t.UNK
+		if s := t.Tokens[c.unk]; c.ids[s] == c.unk {
+			delete(c.ids, s)
+		}
+	case c.unk < 0 && c.spm:
 		if id, ok := c.ids["<unk>"]; ok {
 			c.unk = id
 			delete(c.ids, "<unk>")
@@ -178,10 +201,11 @@ func parseByteToken(s string) (byte, bool) {
 	return v, true
 }
 
-// Encode returns the tokens of text (BOS first where the model adds one).
-// Text of more than MaxPromptBytes is refused; invalid UTF-8 is encoded
-// byte by byte (byte tokens, or the unknown token). Encode fails where a
-// character has neither a token, byte tokens nor an unknown token.
+// Encode returns the tokens of text, BOS first and EOS last where the
+// model adds them. Text of more than MaxPromptBytes is refused; invalid
+// UTF-8 is encoded byte by byte (byte tokens, or the unknown token).
+// Encode fails where a character has neither a token, byte tokens nor an
+// unknown token.
 func (c *TokenCodec) Encode(text string) ([]int, error) {
 	if len(text) > MaxPromptBytes {
 		return nil, fmt.Errorf("%w: %d bytes (the limit is %d)", ErrPromptTooLong, len(text), MaxPromptBytes)
@@ -190,24 +214,41 @@ func (c *TokenCodec) Encode(text string) ([]int, error) {
 	if c.addBOS {
 		out = append(out, c.t.BOS)
 	}
-	if text == "" {
-		return out, nil
-	}
-	if c.spm {
-		return c.encodeSPM(out, spmSpace+strings.ReplaceAll(text, " ", spmSpace))
-	}
 	var err error
-	var buf []byte
-	splitGPT2(text, func(word string) bool {
-		buf = buf[:0]
-		for i := 0; i < len(word); i++ {
-			buf = append(buf, byteToUnicode[word[i]]...)
-		}
-		out, err = c.encodeBPE(out, string(buf))
-		return err == nil
-	})
-	return out, err
+	switch {
+	case text == "":
+	case c.spm:
+		out, err = c.encodeSPM(out, spmSpace+strings.ReplaceAll(text, " ", spmSpace))
+	default:
+		var buf []byte
+		c.split(text, func(word string) bool {
+			buf = buf[:0]
+			for i := 0; i < len(word); i++ {
+				buf = append(buf, byteToUnicode[word[i]]...)
+			}
+			if c.ignoreMerges {
+				if id, ok := c.ids[string(buf)]; ok {
+					out = append(out, id)
+					return true
+				}
+			}
+			out, err = c.encodeBPE(out, string(buf))
+			return err == nil
+		})
+	}
+	if err != nil {
+		return nil, err
+	}
+	if c.addEOS {
+		out = append(out, c.t.EOS)
+	}
+	return out, nil
 }
+
+// Warning says how the codec departs from the model's own tokenizer (a
+// pre-tokenizer it does not know, split as GPT-2 splits), or is empty.
+// The caller prints it; the codec says it nowhere else.
+func (c *TokenCodec) Warning() string { return c.warning }
 
 // symbol is a piece of the text being merged: text[start:end], in a
 // list of the pieces not merged away (end == start).
@@ -380,90 +421,6 @@ var byteToUnicode, unicodeToByte = func() ([256]string, map[rune]byte) {
 	}
 	return fwd, rev
 }()
-
-const (
-	classOther = iota
-	classLetter
-	classNumber
-	classSpace
-)
-
-func runeClass(r rune) int {
-	switch {
-	case unicode.IsLetter(r):
-		return classLetter
-	case unicode.IsNumber(r):
-		return classNumber
-	case unicode.IsSpace(r):
-		return classSpace
-	}
-	return classOther // an invalid byte too (utf8.RuneError)
-}
-
-// splitGPT2 cuts text as GPT-2's pre-tokenizer pattern does,
-//
-//	's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
-//
-// (written out: Go's regexp has no lookahead), calling yield with each
-// piece until it returns false. An invalid UTF-8 byte counts as a
-// character of the [^\s\p{L}\p{N}] class.
-func splitGPT2(text string, yield func(string) bool) {
-	for i := 0; i < len(text); {
-		j := gpt2Piece(text, i)
-		if !yield(text[i:j]) {
-			return
-		}
-		i = j
-	}
-}
-
-// gpt2Piece returns the end of the piece that starts at i.
-func gpt2Piece(s string, i int) int {
-	if s[i] == '\'' && i+1 < len(s) {
-		switch s[i+1] {
-		case 's', 't', 'm', 'd':
-			return i + 2
-		}
-		if i+2 < len(s) {
-			switch s[i+1 : i+3] {
-			case "re", "ve", "ll":
-				return i + 3
-			}
-		}
-	}
-	// ` ?\p{L}+`, ` ?\p{N}+`, ` ?[^\s\p{L}\p{N}]+`: a space is optional
-	// before a run of one class.
-	j := i
-	if s[j] == ' ' && j+1 < len(s) {
-		if r, _ := utf8.DecodeRuneInString(s[j+1:]); runeClass(r) != classSpace {
-			j++
-		}
-	}
-	r, n := utf8.DecodeRuneInString(s[j:])
-	if cl := runeClass(r); cl != classSpace {
-		for j += n; j < len(s); j += n {
-			if r, n = utf8.DecodeRuneInString(s[j:]); runeClass(r) != cl {
-				break
-			}
-		}
-		return j
-	}
-	// `\s+(?!\S)|\s+`: a run of spaces, less its last if a non-space
-	// follows and the run is longer than one.
-	last := j
-	for j < len(s) {
-		r, n := utf8.DecodeRuneInString(s[j:])
-		if runeClass(r) != classSpace {
-			break
-		}
-		last = j
-		j += n
-	}
-	if j < len(s) && last > i {
-		return last
-	}
-	return j
-}
 
 // Decode returns the text of tokens: control tokens are left out, the
 // unknown token (and an id outside the vocabulary) is U+FFFD, and for

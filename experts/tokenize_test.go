@@ -296,17 +296,30 @@ func roundTripCodecs(t testing.TB) []*TokenCodec {
 		spmVocab([]string{"▁", "a", "b", "▁a", "ab", "é", "▁é"}, []float32{0, 0, 0, -1, -2, 0, -1}, nil),
 		gpt2Vocab("Ġ a", "a b", "Ġa b", "Ã ©", "' s", "Ċ Ċ"),
 	} {
-		c, err := NewTokenCodec(tk)
-		if err != nil {
-			t.Fatal(err)
+		if tk.Model == "gpt2" {
+			// Every split: Llama 3's (whole pieces taken as tokens), Qwen2's,
+			// DeepSeek-V3's, GPT-2's.
+			for _, pre := range []string{"llama-bpe", "qwen2", "deepseek-v3"} {
+				v := *tk
+				v.Pre = pre
+				cs = append(cs, newCodecTB(t, &v))
+			}
 		}
-		cs = append(cs, c)
+		cs = append(cs, newCodecTB(t, tk))
 	}
 	return cs
 }
 
+func newCodecTB(t testing.TB, tk *Tokenizer) *TokenCodec {
+	c, err := NewTokenCodec(tk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
 func FuzzTokenizeRoundTrip(f *testing.F) {
-	for _, s := range []string{"", "a b", " ab  é", "don't\n\n", "\xff\xc3", "日本語 123", "a\u3000 b", "'s'S", "€"} {
+	for _, s := range []string{"", "a b", " ab  é", "don't\n\n", "\xff\xc3", "日本語 123", "a\u3000 b", "'s'S", "€", "a\x01\x01b 1234~é\r\n  "} {
 		f.Add(s)
 	}
 	cs := roundTripCodecs(f)
@@ -314,16 +327,30 @@ func FuzzTokenizeRoundTrip(f *testing.F) {
 }
 
 func checkRoundTrip(t *testing.T, cs []*TokenCodec, s string) {
+	// Each split cuts the text into non-empty pieces that are all of it.
+	for name, p := range preTokenizers {
+		var b strings.Builder
+		p.split(s, func(w string) bool {
+			if w == "" {
+				t.Fatalf("%s: split(%q) gave an empty piece", name, s)
+			}
+			b.WriteString(w)
+			return true
+		})
+		if b.String() != s {
+			t.Fatalf("%s: split(%q) pieces make %q", name, s, b.String())
+		}
+	}
 	for _, c := range cs {
 		if c.spm && strings.Contains(s, spmSpace) {
 			continue // ▁ decodes as a space: SentencePiece's text is not all text
 		}
 		ids, err := c.Encode(s)
 		if err != nil {
-			t.Fatalf("%s: Encode(%q): %v", c.t.Model, s, err)
+			t.Fatalf("%s/%s: Encode(%q): %v", c.t.Model, c.t.Pre, s, err)
 		}
 		if got := c.Decode(ids); got != s {
-			t.Fatalf("%s: Decode(Encode(%q)) = %q (%q)", c.t.Model, s, got, texts(c.t, ids))
+			t.Fatalf("%s/%s: Decode(Encode(%q)) = %q (%q)", c.t.Model, c.t.Pre, s, got, texts(c.t, ids))
 		}
 		// The stream gives the same bytes, no character cut.
 		d := c.NewDecoder()
@@ -347,4 +374,173 @@ func checkRoundTrip(t *testing.T, cs []*TokenCodec, s string) {
 			}
 		}
 	}
+}
+
+func TestTokenizeSpecialTokens(t *testing.T) {
+	yes, no := true, false
+	id := func(i int) *int { return &i }
+	spm := func() *Tokenizer { return spmVocab([]string{"▁", "a"}, []float32{0, 0}, nil) }
+	bpe := func(pre string) *Tokenizer { tk := gpt2Vocab(); tk.Pre = pre; return tk }
+	for _, tc := range []struct {
+		name string
+		tk   *Tokenizer
+		edit func(*Tokenizer)
+		want []int // Encode("a")
+	}{
+		// llama.cpp's defaults: SentencePiece adds BOS, BPE only for Llama 3's names.
+		{"spm default", spm(), nil, []int{1, 3, 4}},
+		{"spm add_bos false", spm(), func(t *Tokenizer) { t.AddBOS = &no }, []int{3, 4}},
+		{"spm add_eos", spm(), func(t *Tokenizer) { t.AddEOS = &yes }, []int{1, 3, 4, 2}},
+		{"llama-bpe default", bpe("llama-bpe"), nil, []int{256, 'a'}},
+		{"llama-bpe add_bos false", bpe("llama-bpe"), func(t *Tokenizer) { t.AddBOS = &no }, []int{'a'}},
+		{"qwen2 default", bpe("qwen2"), nil, []int{'a'}},
+		{"qwen2 add_bos", bpe("qwen2"), func(t *Tokenizer) { t.AddBOS = &yes }, []int{256, 'a'}},
+		{"deepseek-v3 add_bos add_eos", bpe("deepseek-v3"), func(t *Tokenizer) { t.AddBOS, t.AddEOS = &yes, &yes }, []int{256, 'a', 256}},
+		{"gpt2 add_eos false", bpe("gpt2"), func(t *Tokenizer) { t.AddEOS = &no }, []int{'a'}},
+	} {
+		if tc.edit != nil {
+			tc.edit(tc.tk)
+		}
+		ids, err := newCodec(t, tc.tk).Encode("a")
+		if err != nil || !slices.Equal(ids, tc.want) {
+			t.Errorf("%s: Encode(\"a\") = %v, %v; want %v", tc.name, ids, err, tc.want)
+		}
+	}
+
+	// The unknown token: the metadata's, even where a token of type
+	// unknown comes first, and text does not become it.
+	tk := spmVocab([]string{"▁", "a", "<oov>"}, []float32{0, 0, 0}, []byte{'a'})
+	oov := len(tk.Tokens) - 2 // spmVocab puts the byte token last
+	tk.UNK = id(oov)
+	c := newCodec(t, tk)
+	if ids, err := c.Encode("aü"); err != nil || !slices.Equal(texts(tk, ids), []string{"<s>", "▁", "a", "<oov>"}) {
+		t.Errorf("unk from metadata: Encode(\"aü\") = %q, %v; want [<s> ▁ a <oov>]", texts(tk, ids), err)
+	}
+	// A one-character unknown token, bytes for every byte: its text
+	// becomes it without the metadata, and its bytes with.
+	tk2 := spmVocab([]string{"▁", "¿"}, []float32{0, 0}, nil)
+	for _, tc := range []struct {
+		unk  *int
+		want []string
+	}{{nil, []string{"<s>", "▁", "¿"}}, {id(4), []string{"<s>", "▁", "<0xC2>", "<0xBF>"}}} {
+		tk2.UNK = tc.unk
+		if ids, err := newCodec(t, tk2).Encode("¿"); err != nil || !slices.Equal(texts(tk2, ids), tc.want) {
+			t.Errorf("unk %s: Encode(\"¿\") = %q, %v; want %q", opt(tc.unk), texts(tk2, ids), err, tc.want)
+		}
+	}
+	tk.UNK = nil // guessed as before: the first token of type unknown
+	if ids, _ := newCodec(t, tk).Encode("ü"); !slices.Equal(texts(tk, ids), []string{"<s>", "▁", "<unk>"}) {
+		t.Errorf("unk guessed: Encode(\"ü\") = %q; want [<s> ▁ <unk>]", texts(tk, ids))
+	}
+
+	// Hostile ids and flags are refused.
+	for _, tc := range []struct {
+		field string
+		edit  func(*Tokenizer)
+	}{
+		{"tokenizer.unk", func(t *Tokenizer) { t.UNK = id(len(t.Tokens)) }},
+		{"tokenizer.unk", func(t *Tokenizer) { t.UNK = id(-1) }},
+		{"tokenizer.pad", func(t *Tokenizer) { t.PAD = id(1 << 40) }},
+		{"tokenizer.pad", func(t *Tokenizer) { t.PAD = id(-2) }},
+		{"tokenizer.add_bos", func(t *Tokenizer) { t.BOS, t.AddBOS = -1, &yes }},
+		{"tokenizer.add_eos", func(t *Tokenizer) { t.EOS, t.AddEOS = -1, &yes }},
+	} {
+		tk := spm()
+		tc.edit(tk)
+		var fe *FieldError
+		if _, err := NewTokenCodec(tk); !errors.As(err, &fe) || fe.Field != tc.field {
+			t.Errorf("%s: NewTokenCodec: %v; want a FieldError for it", tc.field, err)
+		}
+	}
+	// Flags set to false need no token.
+	tk = spm()
+	tk.BOS, tk.EOS, tk.AddBOS, tk.AddEOS = -1, -1, &no, &no
+	if ids, err := newCodec(t, tk).Encode("a"); err != nil || !slices.Equal(ids, []int{3, 4}) {
+		t.Errorf("no BOS, no EOS: Encode = %v, %v; want [3 4]", ids, err)
+	}
+}
+
+// TestTokenizeIgnoreMerges: for Llama 3's names, a piece that is a token
+// is that token, as llama.cpp does (ignore_merges); other names run the
+// merges.
+func TestTokenizeIgnoreMerges(t *testing.T) {
+	tk := gpt2Vocab("a b") // no merge reaches abc
+	tk.Tokens = append(tk.Tokens, "abc")
+	tk.Types = append(tk.Types, 1)
+	for pre, want := range map[string][]string{
+		"llama-bpe": {"<|endoftext|>", "abc"},
+		"qwen2":     {"ab", "c"},
+	} {
+		tk.Pre = pre
+		if ids, err := newCodec(t, tk).Encode("abc"); err != nil || !slices.Equal(texts(tk, ids), want) {
+			t.Errorf("%s: Encode(\"abc\") = %q, %v; want %q", pre, texts(tk, ids), err, want)
+		}
+	}
+}
+
+// TestTokenizeManifestFields: the tokenizer's optional fields decode from
+// a manifest, a manifest without them (older) still loads, and bad ones
+// are refused naming the field.
+func TestTokenizeManifestFields(t *testing.T) {
+	b, err := os.ReadFile("testdata/example-manifest.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	with := func(tok string) []byte {
+		var m map[string]json.RawMessage
+		if err := json.Unmarshal(b, &m); err != nil {
+			t.Fatal(err)
+		}
+		m["tokenizer"] = json.RawMessage(tok)
+		out, err := json.Marshal(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	const base = `"model": "gpt2", "pre": "qwen2", "tokens": ["a", "b", "<|end|>"], "bos": 2, "eos": 2`
+	old, err := Decode(with(`{` + base + `}`))
+	if err != nil {
+		t.Fatalf("a manifest without the new fields: %v", err)
+	}
+	if tk := old.Tokenizer; tk.AddBOS != nil || tk.AddEOS != nil || tk.UNK != nil || tk.PAD != nil {
+		t.Errorf("absent fields decoded as add_bos %s, add_eos %s, unk %s, pad %s; want all absent", opt(tk.AddBOS), opt(tk.AddEOS), opt(tk.UNK), opt(tk.PAD))
+	}
+	m, err := Decode(with(`{` + base + `, "add_bos": false, "add_eos": true, "unk": 0, "pad": 1}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tk := m.Tokenizer; tk.AddBOS == nil || *tk.AddBOS || tk.AddEOS == nil || !*tk.AddEOS || tk.UNK == nil || *tk.UNK != 0 || tk.PAD == nil || *tk.PAD != 1 {
+		t.Errorf("decoded add_bos %s, add_eos %s, unk %s, pad %s; want false, true, 0, 1", opt(tk.AddBOS), opt(tk.AddEOS), opt(tk.UNK), opt(tk.PAD))
+	}
+	// Encode writes them back (unk 0 is not left out).
+	out, err := m.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again, err := Decode(out); err != nil || again.Tokenizer.UNK == nil || *again.Tokenizer.UNK != 0 || again.Tokenizer.AddBOS == nil || *again.Tokenizer.AddBOS {
+		t.Errorf("round trip: %v; want unk 0, add_bos false", err)
+	}
+	for field, extra := range map[string]string{
+		"tokenizer.unk":     `, "unk": 3`,
+		"tokenizer.pad":     `, "pad": -1`,
+		"tokenizer.add_bos": `, "bos": -1, "add_bos": true`,
+	} {
+		tok := `{` + base + extra + `}`
+		if field == "tokenizer.add_bos" {
+			tok = strings.Replace(tok, `"bos": 2, `, "", 1)
+		}
+		var fe *FieldError
+		if _, err := Decode(with(tok)); !errors.As(err, &fe) || fe.Field != field {
+			t.Errorf("%s: Decode: %v; want a FieldError for it", tok, err)
+		}
+	}
+}
+
+// opt prints an optional field: its value, or "absent".
+func opt[T any](p *T) string {
+	if p == nil {
+		return "absent"
+	}
+	return fmt.Sprint(*p)
 }

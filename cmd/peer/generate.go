@@ -100,6 +100,9 @@ tokens. --profile-gpu times every dispatch on the GPU.`,
 				if err != nil {
 					return err
 				}
+				if codec != nil && codec.Warning() != "" {
+					a.log.Warn("generate: " + codec.Warning())
+				}
 				b := tiers.Clamp(tiers.Budgets{RAM: int64(budgets[1])}, "", 0, a.log)
 				rec := &tiers.TraceRecorder{}
 				cfg := tiers.Config{RAM: b.RAM, Disk: tiers.DiskSource{Store: st}, Policy: policy, Trace: rec, Logger: a.log, HostRAM: hostRAM}

@@ -127,6 +127,8 @@ func writeMixtralGGUF(t *testing.T, path string, stacked bool, alignment uint64)
 		{Key: "tokenizer.ggml.tokens", Value: gguf.Array{Type: gguf.TypeString, Values: toks}},
 		{Key: "tokenizer.ggml.bos_token_id", Value: uint32(1)},
 		{Key: "tokenizer.ggml.eos_token_id", Value: uint32(2)},
+		{Key: "tokenizer.ggml.unknown_token_id", Value: uint32(0)},
+		{Key: "tokenizer.ggml.add_bos_token", Value: false},
 	}
 	var buf bytes.Buffer
 	if err := gguf.Write(&buf, kv, ts, alignment); err != nil {
@@ -199,6 +201,10 @@ func TestConvertGGUF(t *testing.T) {
 			m := checkConverted(t, out, want)
 			if m.Tokenizer == nil || len(m.Tokenizer.Tokens) != vocab || m.Tokenizer.BOS != 1 || m.Tokenizer.EOS != 2 {
 				t.Errorf("tokenizer %+v", m.Tokenizer)
+			} else if tk := m.Tokenizer; tk.AddBOS == nil || *tk.AddBOS || tk.AddEOS != nil || tk.UNK == nil || *tk.UNK != 0 || tk.PAD != nil {
+				// The file's add_bos_token false and unknown_token_id 0; no add_eos_token, no padding_token_id.
+				f, _ := json.Marshal(struct{ AddBOS, AddEOS, UNK, PAD any }{tk.AddBOS, tk.AddEOS, tk.UNK, tk.PAD})
+				t.Errorf("tokenizer flags %s; want add_bos false, add_eos null, unk 0, pad null", f)
 			}
 			if c := m.Config; c.Experts() != nexp || c.NumExpertsPerTok != 2 || c.NumKeyValueHeads != 2 || c.VocabSize != vocab {
 				t.Errorf("config %+v", c)

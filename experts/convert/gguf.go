@@ -120,13 +120,21 @@ func ggufManifest(g *gguf.File) (*experts.Manifest, error) {
 	}
 	if tk != nil {
 		m.Tokenizer = &experts.Tokenizer{Model: tk.Model, Pre: tk.Pre, Tokens: tk.Tokens, Scores: tk.Scores, Types: tk.Types,
-			Merges: tk.Merges, BOS: tk.BOS, EOS: tk.EOS}
+			Merges: tk.Merges, BOS: tk.BOS, EOS: tk.EOS, AddBOS: tk.AddBOS, AddEOS: tk.AddEOS, UNK: optionalID(tk.UNK), PAD: optionalID(tk.PAD)}
 		m.Config.VocabSize = len(tk.Tokens)
 	}
 	if v := u("vocab_size"); v > 0 {
 		m.Config.VocabSize = v
 	}
 	return m, nil
+}
+
+// optionalID is a special token id for the manifest: nil for none (-1).
+func optionalID(id int) *int {
+	if id < 0 {
+		return nil
+	}
+	return &id
 }
 
 func modelID(g *gguf.File) string {

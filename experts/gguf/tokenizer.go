@@ -12,12 +12,15 @@ type Tokenizer struct {
 	Merges []string  // tokenizer.ggml.merges (BPE), or nil
 	// Special token ids, -1 when absent.
 	BOS, EOS, UNK, PAD int
+	// tokenizer.ggml.add_bos_token and add_eos_token, nil when absent.
+	AddBOS, AddEOS *bool
 }
 
 // Tokenizer returns the file's tokenizer, or nil if it has no
 // tokenizer.ggml.tokens. A tokenizer key of the wrong type, a scores or
-// types array whose length differs from the tokens', or a special token id
-// outside the vocabulary is an ErrFormat naming the key.
+// types array whose length differs from the tokens', a special token id
+// outside the vocabulary, or add_bos_token (add_eos_token) true without a
+// BOS (EOS) token id is an ErrFormat naming the key.
 func (f *File) Tokenizer() (*Tokenizer, error) {
 	const p = "tokenizer.ggml."
 	if _, ok := f.kv[p+"tokens"]; !ok {
@@ -63,6 +66,24 @@ func (f *File) Tokenizer() (*Tokenizer, error) {
 			return nil, formatErr("%s%s = %#v (the vocabulary has %d tokens)", p, key, f.kv[p+key], n)
 		}
 		*dst = int(id)
+	}
+	for key, dst := range map[string]**bool{"add_bos_token": &tk.AddBOS, "add_eos_token": &tk.AddEOS} {
+		v, present := f.kv[p+key]
+		if !present {
+			continue
+		}
+		b, isBool := v.(bool)
+		if !isBool {
+			return nil, formatErr("%s%s is a %T, not a bool", p, key, v)
+		}
+		*dst = &b
+	}
+	// As llama.cpp, which refuses such a file: a token to add must exist.
+	if tk.AddBOS != nil && *tk.AddBOS && tk.BOS < 0 {
+		return nil, formatErr("%sadd_bos_token is true, but %sbos_token_id is not set", p, p)
+	}
+	if tk.AddEOS != nil && *tk.AddEOS && tk.EOS < 0 {
+		return nil, formatErr("%sadd_eos_token is true, but %seos_token_id is not set", p, p)
 	}
 	return tk, nil
 }
