@@ -40,8 +40,17 @@ type GPUModel struct {
 	Trace *tiers.TraceRecorder
 	// Prefetch turns on next-layer prefetch: while layer L runs, layer
 	// L+1's router is applied to L's hidden state and the experts it picks
-	// are promoted to VRAM in the background.
+	// are promoted to PrefetchTo in the background.
 	Prefetch bool
+	// PrefetchTo is the level prefetches promote to: VRAM (the zero
+	// value) or RAM. RAM overlaps only the slow levels (disk, swarm) with
+	// compute and leaves the GPU's one queue to the demand (a VRAM
+	// prefetch's upload is queued ahead of the layer's own dispatches,
+	// which wait for it). Where uploads set the speed (a quarter of
+	// Mixtral's experts in VRAM on the H100) no prefetch at all was 7%
+	// faster in the medians, about the runs' spread, and VRAM's hit rate
+	// 0.85 against 0.76 (experts/BENCHMARKS.md).
+	PrefetchTo tiers.Level
 	// Predicted and Correct count next-layer predictions and those the
 	// router then really chose.
 	Predicted, Correct int
@@ -293,7 +302,8 @@ func (g *GPUModel) score(ids []byte) {
 	g.predicted = nil
 }
 
-// prefetch asks the cache to bring layer l's predicted experts to VRAM.
+// prefetch asks the cache to bring layer l's predicted experts to
+// PrefetchTo.
 func (g *GPUModel) prefetch(l int, ids []byte) {
 	g.predicted = map[int][]*tiers.Prefetch{}
 	for i := 0; i+4 <= len(ids); i += 4 {
@@ -303,7 +313,7 @@ func (g *GPUModel) prefetch(l int, ids []byte) {
 			continue
 		}
 		for _, name := range ex.Tensors {
-			g.predicted[e] = append(g.predicted[e], g.cache.Prefetch(g.matrixKey(name), tiers.VRAM, 1))
+			g.predicted[e] = append(g.predicted[e], g.cache.Prefetch(g.matrixKey(name), g.PrefetchTo, 1))
 		}
 	}
 }

@@ -130,31 +130,41 @@ func testGPUModelMatches(t *testing.T, preset string, maxBuf uint64, resident bo
 	t.Logf("32 steps: worst logit difference %.2e of the largest; VRAM hit rate %.2f, %d evictions", worst, vr.HitRate, vr.Evictions)
 }
 
-// Next-layer prefetch changes no token, and its guesses are right more
-// often than chance (top-2 of 8: 25%).
+// Next-layer prefetch, to VRAM or to RAM, changes no token, its guesses
+// are right more often than chance (top-2 of 8: 25%), and they reach the
+// level asked for.
 func TestGPUModelPrefetch(t *testing.T) {
 	d := openTestDevice(t, 0)
 	m, src := tinyInStore(t, 1)
 	ctx := context.Background()
-	run := func(prefetch bool) ([]int, *GPUModel) {
-		g, _ := testGPUModel(t, d, m, src, 3*len(m.Experts)/4)
-		g.Prefetch = prefetch
+	run := func(prefetch bool, to tiers.Level) ([]int, *GPUModel, *tiers.Cache) {
+		g, cache := testGPUModel(t, d, m, src, 3*len(m.Experts)/4)
+		g.Prefetch, g.PrefetchTo = prefetch, to
 		toks, err := g.Generate(ctx, ByteTokens("The swarm is"), 16, Sampling{}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return toks, g
+		return toks, g, cache
 	}
-	plain, _ := run(false)
-	pre, g := run(true)
-	if !slices.Equal(plain, pre) {
-		t.Fatalf("tokens with prefetch %v; without %v", pre, plain)
+	plain, _, _ := run(false, tiers.VRAM)
+	for _, to := range []tiers.Level{tiers.VRAM, tiers.RAM} {
+		pre, g, cache := run(true, to)
+		if !slices.Equal(plain, pre) {
+			t.Fatalf("%v: tokens with prefetch %v; without %v", to, pre, plain)
+		}
+		acc := float64(g.Correct) / float64(g.Predicted)
+		if g.Predicted == 0 || acc <= 0.25 {
+			t.Fatalf("%v: prefetch accuracy %d/%d", to, g.Correct, g.Predicted)
+		}
+		st := cache.Stats()
+		for _, l := range []tiers.Level{tiers.VRAM, tiers.RAM} {
+			queued := st[l].PrefetchQueued
+			if (l == to) != (queued > 0) {
+				t.Fatalf("prefetch to %v: %d prefetches queued at %v", to, queued, l)
+			}
+		}
+		t.Logf("next-layer prefetch to %v: %d of %d guesses right (%.2f)", to, g.Correct, g.Predicted, acc)
 	}
-	acc := float64(g.Correct) / float64(g.Predicted)
-	if g.Predicted == 0 || acc <= 0.25 {
-		t.Fatalf("prefetch accuracy %d/%d", g.Correct, g.Predicted)
-	}
-	t.Logf("next-layer prefetch: %d of %d guesses right (%.2f)", g.Correct, g.Predicted, acc)
 }
 
 func argmax32(x []float32) int {

@@ -29,6 +29,7 @@ func generateCmd(a *app) *cobra.Command {
 	var prompt, tracePath, cpuProfile, policy, engine, procedural string
 	var maxTokens int
 	var prefetch, hostRAM bool
+	var prefetchTo string
 	var s experts.Sampling
 	var budgets [3]byteSize
 	var nf netFlags
@@ -47,6 +48,14 @@ tokens. --profile-gpu times every dispatch on the GPU.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
+			prefetchLevel := tiers.VRAM
+			switch prefetchTo {
+			case "vram":
+			case "ram":
+				prefetchLevel = tiers.RAM
+			default:
+				return fmt.Errorf("--prefetch-to %q: want ram or vram", prefetchTo)
+			}
 			var ps *experts.ProceduralSource
 			if procedural != "" {
 				mb, err := os.ReadFile(procedural)
@@ -119,7 +128,7 @@ tokens. --profile-gpu times every dispatch on the GPU.`,
 				var step stepper
 				var closeEngine func()
 				if engine == "gpu" {
-					step, closeEngine, err = a.gpuEngine(ctx, st, m, &cfg, int64(budgets[0]), len(promptToks)+maxTokens, prefetch, profileGPU)
+					step, closeEngine, err = a.gpuEngine(ctx, st, m, &cfg, int64(budgets[0]), len(promptToks)+maxTokens, prefetch, prefetchLevel, profileGPU)
 					if err != nil {
 						return err
 					}
@@ -301,6 +310,7 @@ tokens. --profile-gpu times every dispatch on the GPU.`,
 	f.StringVar(&engine, "engine", "ref", "decode engine: ref (float64 CPU reference) or gpu (wgpu kernels, experts paged into a VRAM arena of --vram bytes)")
 	f.BoolVar(&hostRAM, "host-ram", false, "gpu engine: keep the RAM level's experts in host memory the GPU copies from directly (an upload is one DMA copy, no memcpy into staging; off by default: on the H100 a RAM level of hundreds of such buffers slowed every step, see tiers/BENCHMARKS.md)")
 	f.BoolVar(&prefetch, "prefetch", true, "gpu engine: prefetch each next layer's likely experts (its router on the current hidden state)")
+	f.StringVar(&prefetchTo, "prefetch-to", "vram", "gpu engine: the level prefetches promote to: vram (through ram: fetched and uploaded) or ram (fetched from disk or the swarm only; the GPU's queue stays the demand's)")
 	f.StringVar(&procedural, "procedural", "", "the manifest of a synthetic model to regenerate locally instead of reading a store (model argument: its CID or -)")
 	budgetFlags(cmd, &budgets)
 	nf.add(cmd)
@@ -384,7 +394,7 @@ type stepper interface {
 
 // gpuEngine opens the GPU and makes a GPU model whose experts are paged
 // into an arena of vram bytes (its slots one expert each).
-func (a *app) gpuEngine(ctx context.Context, st *cas.Store, m *experts.Manifest, cfg *tiers.Config, vram int64, maxPos int, prefetch, profileGPU bool) (stepper, func(), error) {
+func (a *app) gpuEngine(ctx context.Context, st *cas.Store, m *experts.Manifest, cfg *tiers.Config, vram int64, maxPos int, prefetch bool, prefetchTo tiers.Level, profileGPU bool) (stepper, func(), error) {
 	// The arena is one buffer and one storage binding: ask the device for
 	// buffers as large as the VRAM budget, within the 2 GiB that wgpu
 	// binds (larger budgets degrade, with a warning, in NewGPUArena).
@@ -430,7 +440,7 @@ func (a *app) gpuEngine(ctx context.Context, st *cas.Store, m *experts.Manifest,
 		cache.ForVRAM(g.ExpertKeys()) // a --warm of RAM makes them in host memory too
 	}
 	g.Trace = cfg.Trace
-	g.Prefetch = prefetch
+	g.Prefetch, g.PrefetchTo = prefetch, prefetchTo
 	// With timestamps the dispatches are timed as they run; without, each
 	// part of a layer is waited for (GPUModel.ProfileGPU).
 	g.ProfileGPU = profileGPU && !d.Info().TimestampQuery
