@@ -322,7 +322,7 @@ func (m *meter) uploadOverlap(b *testing.B) {
 // uploadSweep times the staging ring's shapes (buffers x size, copy
 // goroutines), each on a device of its own, in the default chunk schedule.
 func (m *meter) uploadSweep(b *testing.B, copyBW func(*testing.B) float64) {
-	for _, st := range [][3]int{{4, 8, 16}, {4, 16, 16}, {6, 16, 16}, {8, 16, 16}, {2, 32, 16}, {4, 32, 16}, {8, 8, 16}, {4, 16, 8}} {
+	for _, st := range [][3]int{{4, 8, 16}, {4, 16, 16}, {8, 16, 16}, {2, 32, 16}, {8, 8, 16}, {12, 8, 16}, {16, 8, 16}, {8, 4, 16}, {16, 4, 16}, {8, 8, 8}, {4, 16, 8}} {
 		b.Run(fmt.Sprintf("upload_sweep/%dx%dMiB-w%d", st[0], st[1], st[2]), func(b *testing.B) {
 			o := testOptions()
 			o.StagingBuffers, o.StagingSize, o.CopyWorkers = st[0], uint64(st[1])<<20, st[2]

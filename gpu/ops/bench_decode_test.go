@@ -83,6 +83,11 @@ func BenchmarkQ4KDecode(b *testing.B) {
 			}
 		}
 	}
+	// A decode step's norm: one row, one workgroup, latency-bound.
+	b.Run("rmsnorm/1x4096", func(b *testing.B) {
+		r := m.rows(b, "rmsnorm", 1, 4096)
+		b.ReportMetric(float64(r.per.Nanoseconds())/1e3, "us/dispatch")
+	})
 	sweep := os.Getenv("RDRR_BENCH_SWEEP") == "1"
 	for _, s := range shapes {
 		const kSel = 2
