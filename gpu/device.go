@@ -142,6 +142,7 @@ type Device struct {
 	stop     chan struct{}
 	pollDone chan struct{}
 	progress atomic.Uint64
+	waiting  atomic.Int32 // goroutines blocked in asyncOp.wait: the poller keeps its sleeps short
 }
 
 type counters struct {
@@ -557,6 +558,8 @@ func (op *asyncOp) complete(status uint32) {
 // wait blocks until op completes, ctx ends or the device is lost. On ctx
 // end it marks op dropped (if it has not settled) and returns ctx.Err().
 func (op *asyncOp) wait(ctx context.Context, d *Device) error {
+	d.waiting.Add(1)
+	defer d.waiting.Add(-1)
 	select {
 	case <-op.done:
 	case <-ctx.Done():
@@ -637,9 +640,15 @@ const closeWarnAfter = 10 * time.Second
 // for a timer when the process is otherwise idle (epoll_wait takes
 // milliseconds), so a 10 us timer slept ~1 ms, and every wait for the GPU
 // (a read-back, a Sync, a staging buffer's return) was late by up to that.
+//
+// While a goroutine waits for an operation (a read-back, a Sync), the
+// sleeps stop at pollWaitSleep instead: the waiter is the critical path
+// (a paged decode step waits for the router's choice of every layer), and
+// a sleep of up to 200 us after the GPU finished is that much late.
 const (
-	pollMinSleep = 10 * time.Microsecond
-	pollMaxSleep = 200 * time.Microsecond
+	pollMinSleep  = 10 * time.Microsecond
+	pollMaxSleep  = 200 * time.Microsecond
+	pollWaitSleep = 20 * time.Microsecond
 )
 
 // pollLoop drives wgpu's callbacks while anything is outstanding: work on
@@ -683,7 +692,11 @@ func (d *Device) pollLoop() {
 				sleep = 0
 				continue
 			}
-			sleep = min(max(2*sleep, pollMinSleep), pollMaxSleep)
+			ceiling := pollMaxSleep
+			if d.waiting.Load() > 0 {
+				ceiling = pollWaitSleep
+			}
+			sleep = min(max(2*sleep, pollMinSleep), ceiling)
 			preciseSleep(sleep)
 			select {
 			case <-d.stop:
