@@ -186,17 +186,7 @@ func TestTokenizer(t *testing.T) {
 		{"tokenizer.ggml.bos_token_id", uint32(0)},
 		{"tokenizer.ggml.eos_token_id", uint32(1)},
 	}
-	read := func(kv []KV) (*Tokenizer, error) {
-		var buf bytes.Buffer
-		if err := Write(&buf, kv, nil, 0); err != nil {
-			t.Fatal(err)
-		}
-		f, err := Read(bytes.NewReader(buf.Bytes()), int64(buf.Len()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return f.Tokenizer()
-	}
+	read := func(kv []KV) (*Tokenizer, error) { return readTokenizer(t, kv) }
 	tk, err := read(base)
 	if err != nil {
 		t.Fatal(err)
@@ -370,4 +360,19 @@ func TestCountsBoundAllocation(t *testing.T) {
 			t.Errorf("%s: Read of %d bytes allocated %d bytes", name, len(b), n)
 		}
 	}
+}
+
+// readTokenizer writes a GGUF file of kv (no tensors) and returns what
+// Tokenizer reads from it.
+func readTokenizer(t *testing.T, kv []KV) (*Tokenizer, error) {
+	t.Helper()
+	var buf bytes.Buffer
+	if err := Write(&buf, kv, nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	f, err := Read(bytes.NewReader(buf.Bytes()), int64(buf.Len()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f.Tokenizer()
 }

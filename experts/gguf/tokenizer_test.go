@@ -1,7 +1,6 @@
 package gguf
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"testing"
@@ -12,19 +11,10 @@ import (
 // without the token they add.
 func TestTokenizerFlags(t *testing.T) {
 	read := func(kv ...KV) (*Tokenizer, error) {
-		kv = append([]KV{
+		return readTokenizer(t, append([]KV{
 			{"tokenizer.ggml.model", "gpt2"},
 			{"tokenizer.ggml.tokens", Array{TypeString, []string{"<s>", "a", "<pad>"}}},
-		}, kv...)
-		var buf bytes.Buffer
-		if err := Write(&buf, kv, nil, 0); err != nil {
-			t.Fatal(err)
-		}
-		f, err := Read(bytes.NewReader(buf.Bytes()), int64(buf.Len()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return f.Tokenizer()
+		}, kv...))
 	}
 	flag := func(b *bool) string {
 		if b == nil {
