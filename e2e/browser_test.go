@@ -125,12 +125,23 @@ func testBrowserFetch(t *testing.T, bctx context.Context, bin string) {
 	if s.CertCheck != "getRemoteCertificates" {
 		t.Errorf("page checks certificates by %q; want getRemoteCertificates in chromium", s.CertCheck)
 	}
-	// The daemon's status page, reloaded, lists the page as a peer.
-	if err := chromedp.Do(status.ctx, chromedp.Reload()); err != nil {
-		t.Fatal(err)
-	}
-	if text, err = chromedp.Run(status.ctx, chromedp.Text(chromedp.CSS("#peers"))); err != nil || !strings.Contains(text, s.ID) {
-		t.Errorf("status page peers %q (%v); want the page %s", text, err, s.ID)
+	// The daemon's status page lists the page as a peer. The status page
+	// reloads itself every 2 s (a meta refresh): reading it is tried
+	// again until it names the page, as a read (or a reload of our own)
+	// that meets a reload in progress fails ("Not attached to an active
+	// page").
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		rctx, cancel := context.WithTimeout(status.ctx, 5*time.Second)
+		text, err = chromedp.Run(rctx, chromedp.Text(chromedp.CSS("#peers")))
+		cancel()
+		if err == nil && strings.Contains(text, s.ID) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("status page peers %q (%v); want the page %s", text, err, s.ID)
+			break
+		}
+		time.Sleep(300 * time.Millisecond)
 	}
 }
 
