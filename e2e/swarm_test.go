@@ -131,7 +131,10 @@ func TestTwoProcessResumeAfterKill(t *testing.T) {
 	size := int64(160 << 20)
 	path := writeRandomFile(t, t.TempDir(), 4, size)
 	homeA, c := newHome(t, path)
-	a := newLocalNode(t, url, homeA, "t")
+	// Served at 40 MB/s at most: unbounded, loopback moves the file in
+	// under a second, and the fetch could end between the moment it is
+	// seen most done and the kill (every shard whole, nothing to resume).
+	a := newLocalNodeWith(t, url, homeA, "t", func(c *swarm.Config) { c.ServeRate = 40e6 })
 	homeB, _ := newHome(t, "")
 	env := []string{envHome + "=" + homeB, envSignal + "=" + url, envTopic + "=t", envCID + "=" + c.String()}
 
