@@ -9,27 +9,57 @@
 #   swarm/pion-sctp-mtu.patch  pion/webrtc: SettingEngine.SetSCTPMTU, so two
 #                              native peers on loopback or a jumbo-frame LAN
 #                              can use SCTP packets larger than 1191 bytes.
+#   swarm/pion-sctp-alloc.patch    pion/sctp: a DATA packet is marshalled
+#                              into one recycled buffer (CPU per byte); packets
+#                              of any size are read.
+#   swarm/pion-dtls-records.patch  pion/dtls: an application data record is
+#                              built and encrypted in place in one buffer, and
+#                              received in one copy (CPU per byte); datagrams
+#                              of any size are read.
+#   swarm/pion-ice-recv-mtu.patch  pion/ice: datagrams of any size are read
+#                              (16 KiB SCTP packets on loopback).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 unset GOFLAGS # the Makefile's -modfile names the file this script makes
 mkdir -p .build
-patch_webrtc() {
-  local mod=github.com/pion/webrtc/v4 dst=.build/pion-webrtc patch=swarm/pion-sctp-mtu.patch
+# patch_module MOD DST PATCH...: a copy of MOD from the module cache in
+# DST with the PATCHes applied (redone when the version or a patch
+# changes); prints the replace flag for go mod edit.
+patch_module() {
+  local mod=$1 dst=$2
+  shift 2
   local ver src stamp
   ver=$(go list -m -f '{{.Version}}' $mod)
-  stamp="$ver $(sha256sum $patch | cut -c1-16)"
+  stamp="$ver $(cat "$@" | sha256sum | cut -c1-16)"
   if [ ! -f $dst/.rdrr-patched ] || [ "$(cat $dst/.rdrr-patched)" != "$stamp" ]; then
     go mod download $mod
     src=$(go list -m -f '{{.Dir}}' $mod)
     rm -rf $dst
     cp -r "$src" $dst
     chmod -R u+w $dst
-    (cd $dst && git apply -p1 "../../$patch")
+    for p in "$@"; do
+      # The ceiling keeps git from finding this repository above $dst:
+      # inside a repository, git apply skips paths outside the current
+      # directory, silently.
+      (cd $dst && GIT_CEILING_DIRECTORIES="$(dirname "$PWD")" git apply -p1 "$OLDPWD/$p")
+    done
     echo "$stamp" > $dst/.rdrr-patched
   fi
   echo "-replace=$mod=./$dst"
 }
-reps=$(patch_webrtc)
+patch_webrtc() {
+  patch_module github.com/pion/webrtc/v4 .build/pion-webrtc swarm/pion-sctp-mtu.patch
+}
+patch_sctp() {
+  patch_module github.com/pion/sctp .build/pion-sctp swarm/pion-sctp-alloc.patch
+}
+patch_dtls() {
+  patch_module github.com/pion/dtls/v3 .build/pion-dtls swarm/pion-dtls-records.patch
+}
+patch_ice() {
+  patch_module github.com/pion/ice/v4 .build/pion-ice swarm/pion-ice-recv-mtu.patch
+}
+reps="$(patch_webrtc) $(patch_sctp) $(patch_dtls) $(patch_ice)"
 cp go.mod .build/next.mod
 cp go.sum .build/go.sum
 go mod edit -modfile=.build/next.mod $reps

@@ -43,9 +43,10 @@ type Config struct {
 	// benchmarks set it.
 	Loopback bool
 	// BigMTU is the SCTP packet size used to send to a peer that announced
-	// it accepts big packets, on a path known to carry them. 0 means 8000
-	// when Loopback is set (if this build's pion can set it) and off
-	// otherwise; set it for a LAN with jumbo frames; -1 turns it off.
+	// it accepts big packets, on a path known to carry them, at most
+	// 16384. 0 means 16384 when Loopback is set (if this build's pion can
+	// set it) and off otherwise; set it for a LAN with jumbo frames; -1
+	// turns it off.
 	// Browsers and the internet get pion's 1191 always.
 	BigMTU int
 	// Links is how many peer connections (SCTP associations) a fetch opens

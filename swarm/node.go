@@ -239,6 +239,10 @@ func (n *Node) dispatch(sig Signaler) {
 }
 
 func (n *Node) route(m *signaling.Message) {
+	if m.Type == signaling.TypeError {
+		n.refused(m)
+		return
+	}
 	from, err := peer.Decode(m.From)
 	if err != nil {
 		return
@@ -257,6 +261,37 @@ func (n *Node) route(m *signaling.Message) {
 		case s.inbox <- m:
 		default:
 			n.log.Debug("swarm: setup inbox full; dropped", "peer", from, "type", m.Type)
+		}
+	}
+}
+
+// refused hands the server's refusal to relay a message to a peer that
+// is not connected to it (unknown_peer) to the setups dialing that peer:
+// their offer or candidates are lost, so they fail now, not at
+// ConnectTimeout. A peer that left, still listed in a topic or a provider
+// record, then costs a fetch's ask round nothing. A setup whose messages
+// go over libp2p gets such a refusal only if another message to that
+// peer went through the server, which cannot reach it either.
+func (n *Node) refused(m *signaling.Message) {
+	if m.Code != signaling.CodeUnknownPeer {
+		return
+	}
+	p, err := peer.Decode(m.Peer)
+	if err != nil {
+		return
+	}
+	n.mu.Lock()
+	var dialing []*setup
+	for k, s := range n.setups {
+		if k.peer == p && !s.incoming {
+			dialing = append(dialing, s)
+		}
+	}
+	n.mu.Unlock()
+	for _, s := range dialing {
+		select {
+		case s.inbox <- m:
+		default: // full of the peer's messages: it is not gone
 		}
 	}
 }

@@ -258,6 +258,10 @@ func (s *setup) negotiate(ctx context.Context, l *link, offerer bool) error {
 				if err := l.pc.AddICECandidate(c); err != nil {
 					s.n.log.Debug("swarm: remote candidate", "peer", s.remote, "err", err)
 				}
+			case signaling.TypeError: // from the server (Node.refused)
+				err := fmt.Errorf("swarm: connect to %s: %w", s.remote, &signaling.Error{Code: m.Code, Reason: m.Reason, Peer: m.Peer})
+				l.close(err)
+				return err
 			case signaling.TypeBye:
 				var why struct{ Reason string }
 				json.Unmarshal(m.Data, &why)

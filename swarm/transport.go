@@ -13,12 +13,21 @@ const (
 	// kMaxSafeMTUSize), used unless both ends agree on more.
 	defaultSCTPMTU = 1191
 	// loopbackBigMTU is the SCTP packet size used on loopback when both
-	// ends accept it. pion/sctp reads packets into 8 KiB buffers.
-	loopbackBigMTU = 8000
+	// ends accept it, and the largest BigMTU: a DTLS record carries at
+	// most 2^14 bytes. Per-packet costs (a sendto, SCTP's and DTLS's
+	// bookkeeping) dominate the CPU a byte costs on loopback: 16 KiB
+	// packets took a third less CPU than 8000-byte ones
+	// (swarm/BENCHMARKS.md).
+	loopbackBigMTU = 1 << 14
 	// bigRecvMTU is the UDP datagram size we can receive when big packets
 	// are on (pion's receive buffer, SettingEngine.SetReceiveMTU), and
-	// what we announce as caps.recv_mtu. Stock pion reads 1500 bytes.
-	bigRecvMTU = 16384
+	// what we announce as caps.recv_mtu: a record of loopbackBigMTU
+	// bytes. Stock pion reads 1500 bytes (and its ICE, DTLS and SCTP
+	// layers 8 KiB at most: the patches of scripts/patched-deps.sh lift
+	// that). Reference peers before it announced 16384 and read 8192:
+	// announcing more than 16384 tells a peer that we read 16 KiB
+	// packets, and keeps it from sending them to those older peers.
+	bigRecvMTU = loopbackBigMTU + dtlsOverhead
 	// dtlsOverhead bounds what DTLS 1.2 adds to an SCTP packet: record
 	// header 13, explicit IV or nonce up to 16, MAC or tag up to 20, CBC
 	// padding up to 15. A peer that announces recv_mtu gets SCTP packets

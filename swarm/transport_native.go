@@ -24,8 +24,8 @@ func newTransport(cfg Config) (*transport, error) {
 	case bigMTU == 0 && cfg.Loopback:
 		bigMTU = loopbackBigMTU
 	}
-	if bigMTU > 0 && (bigMTU <= defaultSCTPMTU || bigMTU > 8192) {
-		return nil, fmt.Errorf("swarm: BigMTU %d: want %d..8192", bigMTU, defaultSCTPMTU+1)
+	if bigMTU > 0 && (bigMTU <= defaultSCTPMTU || bigMTU > loopbackBigMTU) {
+		return nil, fmt.Errorf("swarm: BigMTU %d: want %d..%d", bigMTU, defaultSCTPMTU+1, loopbackBigMTU)
 	}
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -46,6 +46,11 @@ func newTransport(cfg Config) (*transport, error) {
 		se.DetachDataChannels()
 		se.SetSCTPMaxMessageSize(maxMessage)
 		se.SetSCTPMaxReceiveBufferSize(sctpRecvBuffer)
+		// RFC 9653: DTLS already authenticates every SCTP packet, so
+		// SCTP's CRC32c is redundant. Each end announces that it accepts
+		// zero checksums and sends them only to a peer that announced
+		// the same; a peer that does not know the option gets checksums.
+		se.EnableSCTPZeroChecksum(true)
 		n, err := stdnet.NewNet()
 		if err != nil {
 			return se, err

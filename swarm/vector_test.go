@@ -61,7 +61,9 @@ const vectorSDP = "v=0\r\no=- 1 1 IN IP4 0.0.0.0\r\ns=-\r\nt=0 0\r\n" +
 func makeBindingVector(t testing.TB, fromSeed, toSeed []byte, sid string) bindingVector {
 	t.Helper()
 	from, to := vectorIdentity(t, fromSeed), vectorIdentity(t, toSeed)
-	caps := linkCaps{Bulk: 2, RecvMTU: bigRecvMTU}
+	// The vector's own recv_mtu (what the reference announced when it was
+	// made), fixed so that the published vector does not move with it.
+	caps := linkCaps{Bulk: 2, RecvMTU: 16384}
 	payload := bindingPayload("offer", sid, from.ID, to.ID, sdpFingerprints(vectorSDP), caps)
 	sig, err := from.Key.Sign(payload)
 	if err != nil {

@@ -15,9 +15,11 @@ import (
 )
 
 func main() {
+	stopProfile := startCPUProfile()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := newRootCmd().ExecuteContext(ctx)
 	stop()
+	stopProfile()
 	if err != nil {
 		var ee *exitError
 		if errors.As(err, &ee) {

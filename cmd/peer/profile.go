@@ -1,0 +1,40 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+)
+
+// envCPUProfile names a file to write a Go CPU profile of the whole
+// process to, from start to exit; "%p" in it becomes the process ID, so
+// that the processes of one benchmark (a daemon and nine gets) each write
+// their own. For profiling the swarm's transport: the benchmarks run the
+// peer binary as several processes, where flags are awkward to thread.
+const envCPUProfile = "RDRR_CPUPROFILE"
+
+// startCPUProfile starts the profile RDRR_CPUPROFILE asks for and returns
+// the function that ends it (a no-op when none was asked for).
+func startCPUProfile() (stop func()) {
+	path := os.Getenv(envCPUProfile)
+	if path == "" {
+		return func() {}
+	}
+	path = strings.ReplaceAll(path, "%p", strconv.Itoa(os.Getpid()))
+	f, err := os.Create(path)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "peer: %s: %v\n", envCPUProfile, err)
+		return func() {}
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		fmt.Fprintf(os.Stderr, "peer: %s: %v\n", envCPUProfile, err)
+		f.Close()
+		return func() {}
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	}
+}
