@@ -159,6 +159,9 @@ tokens. --profile-gpu times every dispatch on the GPU.`,
 					}
 				}
 				if cpuProfile != "" {
+					if os.Getenv(envCPUProfile) != "" {
+						return fmt.Errorf("generate: --cpuprofile and %s both ask for a CPU profile (the process's covers the generation): use one", envCPUProfile)
+					}
 					f, err := os.Create(cpuProfile)
 					if err != nil {
 						return err

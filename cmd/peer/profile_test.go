@@ -1,0 +1,32 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// generate --cpuprofile with RDRR_CPUPROFILE set (the process already
+// profiles itself) says so instead of failing in pprof, and writes no
+// file; without it, the flag writes its profile.
+func TestGenerateCPUProfileOnce(t *testing.T) {
+	home := filepath.Join(t.TempDir(), "home")
+	dir := filepath.Join(t.TempDir(), "tiny")
+	mustRun(t, home, "synth", "-q", "--preset", "tiny-moe", "--procedural", "-o", dir)
+	prof := filepath.Join(t.TempDir(), "gen.prof")
+	args := []string{"generate", "-", "--procedural", filepath.Join(dir, "manifest.json"), "--prompt", "a", "--max-tokens", "1", "--cpuprofile", prof}
+	t.Setenv(envCPUProfile, filepath.Join(t.TempDir(), "proc.prof"))
+	_, err := run(t, home, args...)
+	if err == nil || !strings.Contains(err.Error(), envCPUProfile) {
+		t.Fatalf("with %s set: err = %v; want one naming it", envCPUProfile, err)
+	}
+	if _, err := os.Stat(prof); !os.IsNotExist(err) {
+		t.Fatalf("the refused --cpuprofile left a file (%v)", err)
+	}
+	t.Setenv(envCPUProfile, "")
+	mustRun(t, home, args...)
+	if fi, err := os.Stat(prof); err != nil || fi.Size() == 0 {
+		t.Fatalf("--cpuprofile wrote no profile (%v)", err)
+	}
+}
