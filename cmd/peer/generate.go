@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
-	"runtime/pprof"
 	"strings"
 	"sync"
 	"time"
@@ -162,15 +161,11 @@ tokens. --profile-gpu times every dispatch on the GPU.`,
 					if os.Getenv(envCPUProfile) != "" {
 						return fmt.Errorf("generate: --cpuprofile and %s both ask for a CPU profile (the process's covers the generation): use one", envCPUProfile)
 					}
-					f, err := os.Create(cpuProfile)
+					stop, err := profileCPU(cpuProfile)
 					if err != nil {
 						return err
 					}
-					if err := pprof.StartCPUProfile(f); err != nil {
-						f.Close()
-						return err
-					}
-					defer func() { pprof.StopCPUProfile(); f.Close() }()
+					defer stop()
 				}
 				gpuProfile := false
 				if profileGPU && step != nil {

@@ -22,19 +22,27 @@ func startCPUProfile() (stop func()) {
 	if path == "" {
 		return func() {}
 	}
-	path = strings.ReplaceAll(path, "%p", strconv.Itoa(os.Getpid()))
-	f, err := os.Create(path)
+	stop, err := profileCPU(strings.ReplaceAll(path, "%p", strconv.Itoa(os.Getpid())))
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "peer: %s: %v\n", envCPUProfile, err)
 		return func() {}
 	}
+	return stop
+}
+
+// profileCPU starts a Go CPU profile into the file at path and returns
+// the function that stops it and closes the file.
+func profileCPU(path string) (stop func(), err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
 	if err := pprof.StartCPUProfile(f); err != nil {
-		fmt.Fprintf(os.Stderr, "peer: %s: %v\n", envCPUProfile, err)
 		f.Close()
-		return func() {}
+		return nil, err
 	}
 	return func() {
 		pprof.StopCPUProfile()
 		f.Close()
-	}
+	}, nil
 }
