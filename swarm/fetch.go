@@ -703,13 +703,10 @@ func (f *fetcher) probe(ctx context.Context, w *want, size int64, p peer.ID, l *
 	off := (bao.Groups(size) - 1) * bao.GroupSize
 	n := size - off
 	start := time.Now()
-	f.opt.hooks.request(p, w.cid, off, n)
-	if err := f.n.prio.enter(ctx, f.opt.Priority); err != nil {
-		return false
-	}
-	held, err := f.n.fetching.acquire(ctx, p, cas.SliceLen(size, off, n))
+	held, err := f.n.admit(ctx, f.opt.Priority, p, cas.SliceLen(size, off, n), func() {
+		f.opt.hooks.request(p, w.cid, off, n)
+	})
 	if err != nil {
-		f.n.prio.leave(f.opt.Priority)
 		return false
 	}
 	defer f.n.fetching.release(p, held)

@@ -54,6 +54,23 @@ func TestPrioGate(t *testing.T) {
 	if err := g.enter(cctx, PriorityBackground); err == nil {
 		t.Fatal("background entered while demand is in flight")
 	}
+	g.leave(PriorityDemand)
+	// A request admitted before a higher one entered is not confirmed.
+	if err := g.enter(ctx, PriorityBackground); err != nil {
+		t.Fatal(err)
+	}
+	called := false
+	if !g.confirm(PriorityBackground, func() { called = true }) || !called {
+		t.Fatal("background not confirmed with nothing above it")
+	}
+	g.enter(ctx, PriorityPrefetch)
+	called = false
+	if g.confirm(PriorityBackground, func() { called = true }) || called {
+		t.Fatal("background confirmed while prefetch is in flight")
+	}
+	if !g.confirm(PriorityPrefetch, nil) {
+		t.Fatal("prefetch not confirmed above background")
+	}
 	if Priority(9).clamp() != PriorityBackground || Priority(-1).clamp() != PriorityBackground {
 		t.Fatal("unknown priorities are not background")
 	}

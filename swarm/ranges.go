@@ -124,15 +124,11 @@ func (r *Ranges) FetchSlice(ctx context.Context, c cas.CID, size, off, n int64) 
 			errs = append(errs, err)
 			continue
 		}
-		if err := r.Node.prio.enter(ctx, r.Priority); err != nil {
-			return nil, err
-		}
 		// The slice and the decoded cover are held (and allocated)
 		// within the node's fetch budget; the slice returned is the
 		// caller's.
-		held, err := r.Node.fetching.acquire(ctx, p, cas.SliceLen(size, off, n)+end-start)
+		held, err := r.Node.admit(ctx, r.Priority, p, cas.SliceLen(size, off, n)+end-start, nil)
 		if err != nil {
-			r.Node.prio.leave(r.Priority)
 			return nil, err
 		}
 		if cover == nil {

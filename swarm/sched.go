@@ -928,18 +928,12 @@ func (s *scheduler) get(ctx context.Context, l *link, pc *piece, maxReq int64) g
 	for pc.n > 0 {
 		n := min(pc.n, maxReq)
 		start := time.Now()
-		if err := s.f.n.prio.enter(pctx, s.f.opt.Priority); err != nil {
-			if s.lostRace(pc) {
-				return lostRace
-			}
-			s.handBack(pc, l.remote, false)
-			return handedBack
-		}
 		budget := s.f.n.fetching
 		total := cas.SliceLen(b.w.size, pc.off, n)
-		held, err := budget.acquire(pctx, l.remote, total)
+		held, err := s.f.n.admit(pctx, s.f.opt.Priority, l.remote, total, func() {
+			s.f.opt.hooks.request(l.remote, b.w.cid, pc.off, n)
+		})
 		if err != nil {
-			s.f.n.prio.leave(s.f.opt.Priority)
 			if s.lostRace(pc) {
 				return lostRace
 			}
@@ -954,7 +948,6 @@ func (s *scheduler) get(ctx context.Context, l *link, pc *piece, maxReq int64) g
 			budget.recycle(buf)
 			budget.release(l.remote, held)
 		}
-		s.f.opt.hooks.request(l.remote, b.w.cid, pc.off, n)
 		rctx, cancel := context.WithTimeout(pctx, s.f.opt.RequestTimeout)
 		slice, ttfb, err := l.requestTimed(rctx, b.w.cid, b.w.size, pc.off, n, buf)
 		cancel()
