@@ -29,7 +29,11 @@ var ErrPromptTooLong = errors.New("prompt too long")
 const spmSpace = "\u2581"
 
 // TokenCodec encodes text into a model's tokens and decodes tokens into
-// text, from the tokenizer data a GGUF file carries (Tokenizer):
+// text, from the tokenizer data a GGUF file carries (Tokenizer). First,
+// as llama.cpp does, the vocabulary's user-defined tokens (type 4) are
+// found in the raw text: from each position the longest that starts
+// there becomes its token, and the text between them is encoded by the
+// model's algorithm:
 //
 //   - model "llama": SentencePiece BPE as llama.cpp runs it. The text gets
 //     a "▁" prefix and its spaces become "▁"; starting from its UTF-8
@@ -38,11 +42,17 @@ const spmSpace = "\u2581"
 //     token becomes its bytes' "<0xXX>" tokens, or the unknown token.
 //   - model "gpt2": byte-level BPE. The text is cut by the pre-tokenizer
 //     that tokenizer.ggml.pre names (tokenize_split.go: GPT-2's, Llama 3's,
-//     Qwen2's, DeepSeek-V3's; GPT-2's, with a Warning, for a name not
-//     known here), each piece's bytes are mapped to GPT-2's printable
-//     characters, and pairs merge in the order of the merges list (lowest
-//     rank first, ties leftmost). For Llama 3's names a piece that is a
-//     token is taken whole, as llama.cpp does.
+//     Qwen2's, DeepSeek-V3's, DeepSeek-LLM's, DeepSeek-Coder's, StarCoder's,
+//     Falcon's; GPT-2's, with a Warning, for a name not known here), each
+//     piece's bytes are mapped to GPT-2's printable characters, and pairs
+//     merge in the order of the merges list (lowest rank first, ties
+//     leftmost). For Llama 3's names a piece that is a token is taken
+//     whole, as llama.cpp does.
+//
+// Against llama.cpp's test vectors (TestLlamaVocab) the ids are those of
+// Hugging Face's tokenizers, except where a model's tokenizer normalizes
+// the text first (Qwen2's NFC), which neither llama.cpp nor this codec
+// does.
 //
 // Special tokens follow the model's metadata where it has it and
 // llama.cpp's defaults where not: BOS is prepended when add_bos says so,
@@ -51,19 +61,23 @@ const spmSpace = "\u2581"
 // unknown_token_id names, else the first token of type 2 (for llama also
 // "<unk>").
 //
-// Limits: user-defined tokens are reached only through merges (llama.cpp
-// matches them first). Text never becomes a control, unknown or byte
-// token through the vocabulary lookup, so a prompt cannot spell out
-// "</s>".
+// Text never becomes a control, unknown or byte token, nor BOS or EOS
+// whatever their type, neither by the first pass nor by the vocabulary
+// lookup after the merges, so a prompt cannot spell out "</s>" (llama.cpp
+// matches control tokens in the text only when asked to parse special
+// tokens). User-defined tokens longer than maxUserTokenBytes are not
+// looked for in the text (a llama model's merges may still reach them),
+// with a Warning.
 type TokenCodec struct {
 	t            *Tokenizer
 	spm          bool
-	ids          map[string]int // text -> token, for tokens text may become
+	ids          map[string]int // text -> token, for tokens text may become (BPE: GPT-2's mapped text; no user-defined token)
 	unk          int            // -1: none
 	addBOS       bool
 	addEOS       bool
 	split        func(text string, yield func(string) bool) // BPE: the pre-tokenizer
 	ignoreMerges bool                                       // BPE: a piece that is a token is taken whole
+	user         *userTokens                                // user-defined tokens, matched in the text first; nil for none
 	warning      string
 	byteTok      [256]int     // SPM: <0xXX>; BPE: the mapped byte's token; -1: none
 	byteVal      []int16      // SPM: the byte a byte token stands for, -1 for other tokens
@@ -131,6 +145,15 @@ func NewTokenCodec(t *Tokenizer) (*TokenCodec, error) {
 			continue
 		case tokenControl, tokenByte:
 			continue
+		case tokenUserDefined:
+			if !c.spm {
+				// Its text is raw text, not GPT-2's mapped bytes: only the
+				// first pass (userTokens) finds it. (llama.cpp also looks
+				// it up among the merged pieces, where DeepSeek's "ü",
+				// added for the byte FC its vocabulary lacks, turns that
+				// byte into the two of ü.)
+				continue
+			}
 		}
 		c.ids[s] = id // the last of duplicates, as llama.cpp
 	}
@@ -146,6 +169,33 @@ func NewTokenCodec(t *Tokenizer) (*TokenCodec, error) {
 			c.unk = id
 			delete(c.ids, "<unk>")
 		}
+	}
+	// Nor does text become BOS or EOS, whatever their type (a vocabulary
+	// without types has them all normal).
+	for _, id := range [...]int{t.BOS, t.EOS} {
+		if id >= 0 && c.ids[t.Tokens[id]] == id {
+			delete(c.ids, t.Tokens[id])
+		}
+	}
+	// User-defined tokens are matched in the text before anything else
+	// (llama.cpp's tokenizer_st_partition, which leaves control and
+	// unknown tokens out unless asked to parse special tokens, as Encode
+	// never does).
+	user := make(map[string]int)
+	var long []string
+	for id, s := range t.Tokens {
+		switch {
+		case c.typ(id) != tokenUserDefined || s == "":
+		case id == t.BOS || id == t.EOS || id == c.unk: // never from text
+		case len(s) > maxUserTokenBytes:
+			long = append(long, s)
+		default:
+			user[s] = id // the last of duplicates, as ids
+		}
+	}
+	c.user = newUserTokens(user)
+	if w := tooLongWarning(long); w != "" {
+		c.warning = strings.TrimPrefix(c.warning+"; "+w, "; ")
 	}
 	if !c.spm {
 		for b := range 256 {
@@ -207,46 +257,68 @@ func parseByteToken(s string) (byte, bool) {
 // Encode fails where a character has neither a token, byte tokens nor an
 // unknown token.
 func (c *TokenCodec) Encode(text string) ([]int, error) {
+	return c.encode(text, true)
+}
+
+// encode is Encode, with BOS and EOS only where special says so
+// (llama.cpp's add_special; its tokenizer tests run without).
+func (c *TokenCodec) encode(text string, special bool) ([]int, error) {
 	if len(text) > MaxPromptBytes {
 		return nil, fmt.Errorf("%w: %d bytes (the limit is %d)", ErrPromptTooLong, len(text), MaxPromptBytes)
 	}
 	var out []int
-	if c.addBOS {
+	if special && c.addBOS {
 		out = append(out, c.t.BOS)
 	}
 	var err error
 	switch {
 	case text == "":
-	case c.spm:
-		out, err = c.encodeSPM(out, spmSpace+strings.ReplaceAll(text, " ", spmSpace))
+	case c.user != nil:
+		err = c.user.cut(text, func(raw string) (err error) {
+			out, err = c.encodeText(out, raw)
+			return err
+		}, func(id int) { out = append(out, id) })
 	default:
-		var buf []byte
-		c.split(text, func(word string) bool {
-			buf = buf[:0]
-			for i := 0; i < len(word); i++ {
-				buf = append(buf, byteToUnicode[word[i]]...)
-			}
-			if c.ignoreMerges {
-				if id, ok := c.ids[string(buf)]; ok {
-					out = append(out, id)
-					return true
-				}
-			}
-			out, err = c.encodeBPE(out, string(buf))
-			return err == nil
-		})
+		out, err = c.encodeText(out, text)
 	}
 	if err != nil {
 		return nil, err
 	}
-	if c.addEOS {
+	if special && c.addEOS {
 		out = append(out, c.t.EOS)
 	}
 	return out, nil
 }
 
+// encodeText encodes text that holds no user-defined token. For llama
+// models it gets the "▁" prefix: as llama.cpp, each stretch of text
+// between user-defined tokens does.
+func (c *TokenCodec) encodeText(out []int, text string) ([]int, error) {
+	if c.spm {
+		return c.encodeSPM(out, spmSpace+strings.ReplaceAll(text, " ", spmSpace))
+	}
+	var err error
+	var buf []byte
+	c.split(text, func(word string) bool {
+		buf = buf[:0]
+		for i := 0; i < len(word); i++ {
+			buf = append(buf, byteToUnicode[word[i]]...)
+		}
+		if c.ignoreMerges {
+			if id, ok := c.ids[string(buf)]; ok {
+				out = append(out, id)
+				return true
+			}
+		}
+		out, err = c.encodeBPE(out, string(buf))
+		return err == nil
+	})
+	return out, err
+}
+
 // Warning says how the codec departs from the model's own tokenizer (a
-// pre-tokenizer it does not know, split as GPT-2 splits), or is empty.
+// pre-tokenizer it does not know, split as GPT-2 splits; user-defined
+// tokens too long to look for in the text), or is empty.
 // The caller prints it; the codec says it nowhere else.
 func (c *TokenCodec) Warning() string { return c.warning }
 
@@ -425,7 +497,9 @@ var byteToUnicode, unicodeToByte = func() ([256]string, map[rune]byte) {
 // Decode returns the text of tokens: control tokens are left out, the
 // unknown token (and an id outside the vocabulary) is U+FFFD, and for
 // llama models the space that Encode put in front is taken off. For
-// text without "▁" that the vocabulary covers, Decode(Encode(s)) == s.
+// text without "▁" that the vocabulary covers, Decode(Encode(s)) == s,
+// except, for llama models, after a user-defined token (Encode puts a
+// space in front of the text that follows it, as llama.cpp does).
 func (c *TokenCodec) Decode(ids []int) string {
 	d := c.NewDecoder()
 	d.strip = c.spm

@@ -2,6 +2,9 @@ package experts
 
 import (
 	"fmt"
+	"slices"
+	"sort"
+	"strings"
 	"unicode"
 	"unicode/utf8"
 )
@@ -29,8 +32,30 @@ type preTokenizer struct {
 // these splits (aliases included) to it. A name not here is split as
 // GPT-2 splits, with a warning (TokenCodec.Warning).
 var preTokenizers = map[string]preTokenizer{
-	"gpt2":  {split: splitGPT2},
-	"gpt-2": {split: splitGPT2},
+	"gpt2":         {split: splitGPT2},
+	"gpt-2":        {split: splitGPT2},
+	"mpt":          {split: splitGPT2},
+	"olmo":         {split: splitGPT2},
+	"jais":         {split: splitGPT2},
+	"phi-2":        {split: splitGPT2},
+	"roberta-bpe":  {split: splitGPT2},
+	"gigachat":     {split: splitGPT2},
+	"jina-es":      {split: splitGPT2},
+	"jina-de":      {split: splitGPT2},
+	"jina-v1-en":   {split: splitGPT2},
+	"jina-v2-es":   {split: splitGPT2},
+	"jina-v2-de":   {split: splitGPT2},
+	"jina-v2-code": {split: splitGPT2},
+
+	"starcoder":  {split: splitStarCoder},
+	"refact":     {split: splitStarCoder},
+	"command-r":  {split: splitStarCoder},
+	"smollm":     {split: splitStarCoder},
+	"codeshell":  {split: splitStarCoder},
+	"exaone":     {split: splitStarCoder},
+	"minerva-7b": {split: splitStarCoder},
+
+	"falcon": {split: splitFalcon},
 
 	"llama-bpe": {split: splitLlama3, addBOS: true, ignoreMerges: true},
 	"llama3":    {split: splitLlama3, addBOS: true, ignoreMerges: true},
@@ -42,6 +67,10 @@ var preTokenizers = map[string]preTokenizer{
 	"qwen2":            {split: splitQwen2},
 	"deepseek-r1-qwen": {split: splitQwen2},
 	"stablelm2":        {split: splitQwen2},
+	"megrez":           {split: splitQwen2},
+
+	"deepseek-llm":   {split: splitDeepSeekLLM},
+	"deepseek-coder": {split: splitDeepSeekCoder},
 
 	"deepseek-v3":   {split: splitDeepSeek3},
 	"hunyuan-dense": {split: splitDeepSeek3},
@@ -66,6 +95,181 @@ func lookupPre(name string) (preTokenizer, string) {
 func splitGPT2(text string, yield func(string) bool) {
 	splitSpan(span{text, len(text)}, 0, gpt2Piece, yield)
 }
+
+// splitStarCoder cuts text as StarCoder's pre-tokenizer (llama.cpp's
+// starcoder, refact, command-r and others) does: each \p{N} character a
+// piece, then GPT-2's pattern over every piece.
+var splitStarCoder = cascade(isolated(oneNumber), isolated(gpt2Piece))
+
+// splitFalcon cuts text as Falcon's pre-tokenizer does, three patterns in
+// turn:
+//
+//	[\p{P}\$\+<=>\^~\|`]+
+//	GPT-2's
+//	[0-9][0-9][0-9]
+var splitFalcon = cascade(isolated(falconPunct), isolated(gpt2Piece), isolated(threeASCIIDigits))
+
+// splitDeepSeekLLM cuts text as DeepSeek-LLM's pre-tokenizer (also
+// DeepSeek-V2's and Coder-V2's) does, six patterns in turn:
+//
+//	[\r\n]
+//	\s?[A-Za-zµÀ-ÖØ-öø-ƺ...]+   (deepseekLLMLetters)
+//	\s?[!-/:-~！-／：-～‘-‟　-。]+
+//	\s+$
+//	[一-龥ࠀ-一가-퟿]+
+//	\p{N}+
+var splitDeepSeekLLM = cascade(isolated(newline),
+	isolated(func(p span, i int) int { return p.lead(i, isSpace, deepseekLLMLetters.has, false) }),
+	isolated(func(p span, i int) int { return p.lead(i, isSpace, deepseekLLMPunct.has, false) }),
+	trailingSpaces,
+	isolated(func(p span, i int) int { return p.runOf(i, deepseekCJK.has) }),
+	isolated(func(p span, i int) int { return p.runOf(i, isNumber) }))
+
+// splitDeepSeekCoder cuts text as DeepSeek-Coder's pre-tokenizer does,
+// five patterns in turn:
+//
+//	[\r\n]
+//	\s?\p{L}+
+//	\s?\p{P}+
+//	[一-龥ࠀ-一가-퟿]+
+//	\p{N}
+var splitDeepSeekCoder = cascade(isolated(newline),
+	isolated(func(p span, i int) int { return p.lead(i, isSpace, isLetter, false) }),
+	isolated(func(p span, i int) int { return p.lead(i, isSpace, isPunct, false) }),
+	isolated(func(p span, i int) int { return p.runOf(i, deepseekCJK.has) }),
+	isolated(oneNumber))
+
+// cascade returns the split that cuts text with each stage in turn, each
+// cutting every piece of the one before.
+func cascade(stages ...func(text string, yield func(string) bool) bool) func(string, func(string) bool) {
+	var run func(k int, text string, yield func(string) bool) bool
+	run = func(k int, text string, yield func(string) bool) bool {
+		if k == len(stages) {
+			return yield(text)
+		}
+		return stages[k](text, func(piece string) bool { return run(k+1, piece, yield) })
+	}
+	return func(text string, yield func(string) bool) { run(0, text, yield) }
+}
+
+// isolated is the stage that cuts text with piece's matches: matches and
+// the text between them both become pieces (Hugging Face's "Isolated"
+// split).
+func isolated(piece func(p span, i int) int) func(string, func(string) bool) bool {
+	return func(text string, yield func(string) bool) bool {
+		return splitSpan(span{text, len(text)}, 0, piece, yield)
+	}
+}
+
+// trailingSpaces is the stage \s+$: the whitespace that ends text is a
+// piece of its own. (Written out, as a match tried at each position would
+// scan every run of spaces to its end: quadratic.)
+func trailingSpaces(text string, yield func(string) bool) bool {
+	k := len(text)
+	for k > 0 {
+		r, n := utf8.DecodeLastRuneInString(text[:k])
+		if runeClass(r) != classSpace {
+			break
+		}
+		k -= n
+	}
+	if k > 0 && !yield(text[:k]) {
+		return false
+	}
+	return k == len(text) || yield(text[k:])
+}
+
+// oneNumber matches \p{N}: one number character.
+func oneNumber(p span, i int) int {
+	if _, n, c := p.at(i); c == classNumber {
+		return i + n
+	}
+	return -1
+}
+
+// newline matches [\r\n]: one of them.
+func newline(p span, i int) int {
+	if r, n, _ := p.at(i); r == '\r' || r == '\n' {
+		return i + n
+	}
+	return -1
+}
+
+// threeASCIIDigits matches [0-9][0-9][0-9].
+func threeASCIIDigits(p span, i int) int {
+	if i+3 > p.end {
+		return -1
+	}
+	for _, b := range []byte(p.s[i : i+3]) {
+		if b < '0' || b > '9' {
+			return -1
+		}
+	}
+	return i + 3
+}
+
+// falconPunct matches [\p{P}\$\+<=>\^~\|`]+.
+func falconPunct(p span, i int) int {
+	return p.runOf(i, func(r rune, c charClass) bool {
+		return c == classPunct || strings.ContainsRune("$+<=>^~|`", r)
+	})
+}
+
+// runOf matches in+ at i, or returns -1.
+func (p span) runOf(i int, in charSet) int {
+	if j := p.run(i, in); j > i {
+		return j
+	}
+	return -1
+}
+
+// runeRanges is a regex character class as ranges: sorted, disjoint.
+type runeRanges []struct{ lo, hi rune }
+
+// parseRuneRanges reads the inside of a character class of single
+// characters and ranges (a-z), as llama.cpp's patterns write them: in
+// any order, overlapping.
+func parseRuneRanges(class string) runeRanges {
+	rs := []rune(class)
+	var in runeRanges
+	for k := 0; k < len(rs); {
+		lo, hi := rs[k], rs[k]
+		k++
+		if k+1 < len(rs) && rs[k] == '-' {
+			hi = rs[k+1]
+			k += 2
+		}
+		if lo > hi {
+			panic("experts: bad range in character class " + class)
+		}
+		in = append(in, struct{ lo, hi rune }{lo, hi})
+	}
+	slices.SortFunc(in, func(a, b struct{ lo, hi rune }) int { return int(a.lo - b.lo) })
+	var out runeRanges
+	for _, r := range in {
+		if n := len(out); n > 0 && r.lo <= out[n-1].hi+1 {
+			out[n-1].hi = max(out[n-1].hi, r.hi)
+			continue
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+func (rr runeRanges) has(r rune, _ charClass) bool {
+	k := sort.Search(len(rr), func(k int) bool { return rr[k].hi >= r })
+	return k < len(rr) && rr[k].lo <= r
+}
+
+// The classes of DeepSeek-LLM's and DeepSeek-Coder's patterns, as
+// llama.cpp (and the models' tokenizer.json) write them. The letters are
+// Unicode's cased letters (Lu, Ll, Lt) of the version they were written
+// with.
+var (
+	deepseekLLMLetters = parseRuneRanges("A-Za-z\u00b5À-ÖØ-öø-ƺƼ-ƿ\u01c4-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-\u03f5Ϸ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-\u1f7dᾀ-ᾴᾶ-ᾼ\u1fbeῂ-ῄῆ-ῌῐ-\u1fd3ῖ-\u1fdbῠ-Ῥῲ-ῴῶ-ῼ\u2102\u2107\u210a-\u2113\u2115\u2119-\u211d\u2124\u2126\u2128\u212a-\u212d\u212f-\u2134\u2139\u213c-\u213f\u2145-\u2149ⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿ\ufb00-\ufb06\ufb13-\ufb17\uff21-\uff3a\uff41-\uff5a\U00010400-\U0001044f\U000104b0-\U000104d3\U000104d8-\U000104fb\U00010c80-\U00010cb2\U00010cc0-\U00010cf2\U000118a0-\U000118df\U0001e900-\U0001e943")
+	deepseekLLMPunct   = parseRuneRanges("!-/:-~\uff01-\uff0f\uff1a-\uff5e‘-‟\u3000-。")
+	deepseekCJK        = parseRuneRanges("一-龥ࠀ-一가-\ud7ff")
+)
 
 // splitLlama3 cuts text as Llama 3's pattern (llama.cpp's llama-bpe) does:
 //
@@ -198,6 +402,8 @@ func (p span) at(i int) (rune, int, charClass) {
 type charSet func(r rune, c charClass) bool
 
 func isLetter(_ rune, c charClass) bool      { return c == classLetter }
+func isPunct(_ rune, c charClass) bool       { return c == classPunct }
+func isSpace(_ rune, c charClass) bool       { return c == classSpace }
 func isNumber(_ rune, c charClass) bool      { return c == classNumber }
 func isLetterMark(_ rune, c charClass) bool  { return c == classLetter || c == classMark }
 func isPunctSymbol(_ rune, c charClass) bool { return c == classPunct || c == classSymbol }

@@ -10,7 +10,7 @@ import (
 
 // goldenPres are the pre-tokenizers testdata/presplit.json holds splits
 // for, under these names.
-var goldenPres = []string{"gpt2", "llama-bpe", "qwen2", "deepseek-v3"}
+var goldenPres = []string{"gpt2", "llama-bpe", "qwen2", "deepseek-v3", "starcoder", "falcon", "deepseek-llm", "deepseek-coder"}
 
 func splitWith(name, text string) []string {
 	var got []string
@@ -105,19 +105,37 @@ func TestTokenizePreSplit(t *testing.T) {
 		{"deepseek-v3", "~x", []string{"~x"}},
 		{"deepseek-v3", "~é", []string{"~", "é"}}, // llama.cpp: one piece (its ~ is neither P nor S)
 		{"deepseek-v3", "€~", []string{"€~"}},
+		// StarCoder: each number character apart, then GPT-2's pattern.
+		{"starcoder", "x 12½", []string{"x", " ", "1", "2", "½"}},
+		// Falcon: punctuation runs apart, then GPT-2's, then ASCII digits
+		// in threes from the left.
+		{"falcon", "a, b!!c 12345", []string{"a", ",", " b", "!!", "c", " ", "123", "45"}},
+		// DeepSeek-LLM: \r and \n alone; one space of any kind joins the
+		// cased letters or the punctuation after it; trailing spaces of a
+		// piece apart; invalid UTF-8 is no letter; U+0800 to U+9FA5 (U+3000
+		// too) are "CJK".
+		{"deepseek-llm", "a\r\n\u00a0b ,x\xff 12", []string{"a", "\r", "\n", "\u00a0b", " ,", "x", "\xff ", "12"}},
+		{"deepseek-llm", "\u3000b", []string{"\u3000", "b"}},
+		{"deepseek-llm", "x 1  ", []string{"x", " ", "1", "  "}},
+		{"deepseek-coder", "x 12 ", []string{"x", " ", "1", "2", " "}},
 	} {
 		if got := splitWith(tc.pre, tc.in); !slices.Equal(got, tc.want) {
 			t.Errorf("%s: split(%q) = %q; want %q", tc.pre, tc.in, got, tc.want)
 		}
 	}
 	// Every name of the table splits as the golden name llama.cpp gives
-	// it the pattern of, on a text that tells the four apart.
+	// it the pattern of, on a text that tells the golden ones apart.
 	const probe = "I'M 1234 日本~é\x01a  1"
 	want := map[string]string{
 		"gpt2": "gpt2", "gpt-2": "gpt2",
 		"llama-bpe": "llama-bpe", "llama3": "llama-bpe", "llama-v3": "llama-bpe", "falcon3": "llama-bpe", "dbrx": "llama-bpe", "smaug-bpe": "llama-bpe",
 		"qwen2": "qwen2", "deepseek-r1-qwen": "qwen2", "stablelm2": "qwen2",
 		"deepseek-v3": "deepseek-v3", "hunyuan-dense": "deepseek-v3", "joyai-llm": "deepseek-v3",
+		"mpt": "gpt2", "olmo": "gpt2", "jais": "gpt2", "phi-2": "gpt2", "roberta-bpe": "gpt2", "gigachat": "gpt2",
+		"jina-es": "gpt2", "jina-de": "gpt2", "jina-v1-en": "gpt2", "jina-v2-es": "gpt2", "jina-v2-de": "gpt2", "jina-v2-code": "gpt2",
+		"starcoder": "starcoder", "refact": "starcoder", "command-r": "starcoder", "smollm": "starcoder",
+		"codeshell": "starcoder", "exaone": "starcoder", "minerva-7b": "starcoder",
+		"megrez": "qwen2", "falcon": "falcon", "deepseek-llm": "deepseek-llm", "deepseek-coder": "deepseek-coder",
 	}
 	if len(want) != len(preTokenizers) {
 		t.Errorf("the table has %d names, this test %d", len(preTokenizers), len(want))

@@ -294,12 +294,13 @@ func roundTripCodecs(t testing.TB) []*TokenCodec {
 	var cs []*TokenCodec
 	for _, tk := range []*Tokenizer{
 		spmVocab([]string{"▁", "a", "b", "▁a", "ab", "é", "▁é"}, []float32{0, 0, 0, -1, -2, 0, -1}, nil),
-		gpt2Vocab("Ġ a", "a b", "Ġa b", "Ã ©", "' s", "Ċ Ċ"),
+		// User-defined tokens: found before the split, their text raw.
+		withUserDefined(gpt2Vocab("Ġ a", "a b", "Ġa b", "Ã ©", "' s", "Ċ Ċ"), "<u>", "  ", "é", "a<u"),
 	} {
 		if tk.Model == "gpt2" {
 			// Every split: Llama 3's (whole pieces taken as tokens), Qwen2's,
-			// DeepSeek-V3's, GPT-2's.
-			for _, pre := range []string{"llama-bpe", "qwen2", "deepseek-v3"} {
+			// DeepSeek-V3's, DeepSeek-LLM's, StarCoder's, Falcon's, GPT-2's.
+			for _, pre := range []string{"llama-bpe", "qwen2", "deepseek-v3", "deepseek-llm", "deepseek-coder", "starcoder", "falcon"} {
 				v := *tk
 				v.Pre = pre
 				cs = append(cs, newCodecTB(t, &v))
@@ -319,7 +320,7 @@ func newCodecTB(t testing.TB, tk *Tokenizer) *TokenCodec {
 }
 
 func FuzzTokenizeRoundTrip(f *testing.F) {
-	for _, s := range []string{"", "a b", " ab  é", "don't\n\n", "\xff\xc3", "日本語 123", "a\u3000 b", "'s'S", "€", "a\x01\x01b 1234~é\r\n  "} {
+	for _, s := range []string{"", "a b", " ab  é", "don't\n\n", "\xff\xc3", "日本語 123", "a\u3000 b", "'s'S", "€", "a\x01\x01b 1234~é\r\n  ", "a<u>b <u a<u>"} {
 		f.Add(s)
 	}
 	cs := roundTripCodecs(f)
@@ -457,6 +458,95 @@ func TestTokenizeSpecialTokens(t *testing.T) {
 	tk.BOS, tk.EOS, tk.AddBOS, tk.AddEOS = -1, -1, &no, &no
 	if ids, err := newCodec(t, tk).Encode("a"); err != nil || !slices.Equal(ids, []int{3, 4}) {
 		t.Errorf("no BOS, no EOS: Encode = %v, %v; want [3 4]", ids, err)
+	}
+}
+
+// withUserDefined appends tokens of type user-defined to tk.
+func withUserDefined(tk *Tokenizer, texts ...string) *Tokenizer {
+	for _, s := range texts {
+		tk.Tokens = append(tk.Tokens, s)
+		tk.Types = append(tk.Types, tokenUserDefined)
+		if tk.Scores != nil {
+			tk.Scores = append(tk.Scores, 0)
+		}
+	}
+	return tk
+}
+
+// TestTokenizeUserDefined: user-defined tokens are found in the text
+// before the pre-tokenizer and the merges run (llama.cpp's
+// tokenizer_st_partition): from each position the longest, the leftmost
+// first; the text between them is encoded as usual.
+func TestTokenizeUserDefined(t *testing.T) {
+	// No merge reaches any of them: only the first pass can.
+	tk := withUserDefined(gpt2Vocab("Ġ t"), "<think>", "</think>", "  ", "   ", "ab", "bcd", "é")
+	c := newCodec(t, tk)
+	checkEncode(t, c, tk, []encodeCase{
+		{"<think>", []string{"<think>"}},
+		{"a<think>b</think>c", []string{"a", "<think>", "b", "</think>", "c"}},
+		// Cut short, or inside another token's text: bytes.
+		{"<think", []string{"<", "t", "h", "i", "n", "k"}},
+		{"<<think>>", []string{"<", "<think>", ">"}},
+		// The longest at a position: three spaces, not two and one. The
+		// text around is split as usual (" t" merges).
+		{"x    t", []string{"x", "   ", "Ġt"}},
+		// The leftmost first: ab, not bcd (llama.cpp, which takes the
+		// longer tokens first anywhere, gives a bcd; Hugging Face ab c d).
+		{"abcd", []string{"ab", "c", "d"}},
+		// A user-defined token's text is its raw text, not GPT-2's
+		// mapped bytes ("é" is the byte E9 in that mapping).
+		{"é", []string{"é"}},
+		// A control token's text stays text.
+		{"<|endoftext|>", []string{"<", "|", "e", "n", "d", "o", "f", "t", "e", "x", "t", "|", ">"}},
+	})
+	// The byte E9 alone is its byte's token, not the user-defined "é"
+	// that GPT-2's byte mapping spells alike.
+	if ids, err := c.Encode("\xe9"); err != nil || !slices.Equal(ids, []int{0xE9}) {
+		t.Errorf("Encode(\"\\xe9\") = %v, %v; want [233]", ids, err)
+	}
+	if got := c.Decode([]int{tk.BOS, 'a', len(tk.Tokens) - 7, len(tk.Tokens) - 1}); got != "a<think>é" {
+		t.Errorf("Decode = %q; want \"a<think>é\"", got)
+	}
+
+	// SentencePiece: each stretch of text around a user-defined token
+	// gets the "▁" prefix, as llama.cpp's tokenize gives it.
+	spm := withUserDefined(spmVocab([]string{"▁", "a", "▁a"}, []float32{0, 0, 1}, nil), "<b>")
+	if ids, err := newCodec(t, spm).Encode("a<b>a"); err != nil || !slices.Equal(texts(spm, ids), []string{"<s>", "▁a", "<b>", "▁a"}) {
+		t.Errorf("spm: Encode(\"a<b>a\") = %q, %v; want [<s> ▁a <b> ▁a]", texts(spm, ids), err)
+	}
+
+	// Never from text, whatever their type: BOS, EOS and the unknown
+	// token. A user-defined token too long to look for is reached
+	// through merges only, and the warning says so.
+	long := strings.Repeat("x", maxUserTokenBytes+1)
+	tk = withUserDefined(gpt2Vocab(), "<bos>", "<eos>", "<unk>", long)
+	n := len(tk.Tokens)
+	unk := n - 2
+	tk.BOS, tk.EOS, tk.UNK = n-4, n-3, &unk
+	c = newCodec(t, tk)
+	for _, s := range []string{"<bos>", "<eos>", "<unk>", long} {
+		ids, err := c.Encode(s)
+		if err != nil || len(ids) != len(s) {
+			t.Errorf("Encode(%.10q) = %q, %v; want its bytes", s, texts(tk, ids), err)
+		}
+	}
+	if w := c.Warning(); !strings.Contains(w, "longer than") {
+		t.Errorf("Warning() = %q; want it to name the user-defined token too long to match", w)
+	}
+}
+
+// TestTokenizeUserDefinedHostile: the first pass reads at most
+// maxUserTokenBytes of the text per position, and a prompt at the limit
+// stays within it.
+func TestTokenizeUserDefinedHostile(t *testing.T) {
+	// At every position the walk reads maxUserTokenBytes-1 bytes before
+	// it fails, and "a" matches.
+	tk := withUserDefined(gpt2Vocab(), "a", strings.Repeat("a", maxUserTokenBytes-1)+"b", strings.Repeat("a", maxUserTokenBytes-1)+"c")
+	c := newCodec(t, tk)
+	long := strings.Repeat("a", MaxPromptBytes)
+	ids, err := c.Encode(long)
+	if err != nil || len(ids) != MaxPromptBytes || c.Decode(ids) != long {
+		t.Errorf("a prompt at the limit: %d tokens, %v", len(ids), err)
 	}
 }
 
