@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strings"
 	"unicode/utf8"
+
+	"golang.org/x/text/unicode/norm"
 )
 
 // Token types of GGUF's tokenizer.ggml.token_type (llama.cpp's
@@ -49,10 +51,10 @@ const spmSpace = "\u2581"
 //     leftmost). For Llama 3's names a piece that is a token is taken
 //     whole, as llama.cpp does.
 //
-// Against llama.cpp's test vectors (TestLlamaVocab) the ids are those of
-// Hugging Face's tokenizers, except where a model's tokenizer normalizes
-// the text first (Qwen2's NFC), which neither llama.cpp nor this codec
-// does.
+// Where the model's own tokenizer normalizes text to NFC (Qwen2's), the
+// text between user-defined tokens is normalized too (llama.cpp does not).
+// Against llama.cpp's test vectors and Hugging Face's (TestLlamaVocab)
+// the ids are Hugging Face's.
 //
 // Special tokens follow the model's metadata where it has it and
 // llama.cpp's defaults where not: BOS is prepended when add_bos says so,
@@ -77,6 +79,7 @@ type TokenCodec struct {
 	addEOS       bool
 	split        func(text string, yield func(string) bool) // BPE: the pre-tokenizer
 	ignoreMerges bool                                       // BPE: a piece that is a token is taken whole
+	nfc          bool                                       // BPE: text is normalized to NFC before the split
 	user         *userTokens                                // user-defined tokens, matched in the text first; nil for none
 	warning      string
 	byteTok      [256]int     // SPM: <0xXX>; BPE: the mapped byte's token; -1: none
@@ -103,7 +106,7 @@ func NewTokenCodec(t *Tokenizer) (*TokenCodec, error) {
 	case "gpt2":
 		var pre preTokenizer
 		pre, c.warning = lookupPre(t.Pre)
-		c.split, c.ignoreMerges = pre.split, pre.ignoreMerges
+		c.split, c.ignoreMerges, c.nfc = pre.split, pre.ignoreMerges, pre.nfc
 		c.addBOS = t.BOS >= 0 && pre.addBOS
 	default:
 		return nil, fmt.Errorf("tokenizer: model %q is not supported (llama and gpt2 are)", t.Model)
@@ -296,6 +299,12 @@ func (c *TokenCodec) encode(text string, special bool) ([]int, error) {
 func (c *TokenCodec) encodeText(out []int, text string) ([]int, error) {
 	if c.spm {
 		return c.encodeSPM(out, spmSpace+strings.ReplaceAll(text, " ", spmSpace))
+	}
+	if c.nfc {
+		// After the user-defined tokens are found, as Hugging Face
+		// normalizes only the text between added tokens. NFC can lengthen
+		// text by a small constant factor at most.
+		text = norm.NFC.String(text)
 	}
 	var err error
 	var buf []byte

@@ -26,6 +26,9 @@ type preTokenizer struct {
 	// says otherwise (tokenizer.ggml.add_bos_token), and a piece that is a
 	// token taken whole without running the merges.
 	addBOS, ignoreMerges bool
+	// nfc: the model's own tokenizer normalizes text to Unicode NFC
+	// before the split (Hugging Face's normalizer; llama.cpp does not).
+	nfc bool
 }
 
 // preTokenizers maps the tokenizer.ggml.pre names llama.cpp gives each of
@@ -64,8 +67,11 @@ var preTokenizers = map[string]preTokenizer{
 	"dbrx":      {split: splitLlama3},
 	"smaug-bpe": {split: splitLlama3},
 
-	"qwen2":            {split: splitQwen2},
-	"deepseek-r1-qwen": {split: splitQwen2},
+	// Qwen2's tokenizer.json (and the DeepSeek-R1 distillations' made
+	// from Qwen2.5's) has an NFC normalizer; of the others checked, Llama
+	// 3's and DeepSeek-V3's have none.
+	"qwen2":            {split: splitQwen2, nfc: true},
+	"deepseek-r1-qwen": {split: splitQwen2, nfc: true},
 	"stablelm2":        {split: splitQwen2},
 	"megrez":           {split: splitQwen2},
 
