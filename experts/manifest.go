@@ -70,12 +70,14 @@ type Tokenizer struct {
 	EOS    int       `json:"eos"`
 	// Optional (absent in manifests made before them, and where the GGUF
 	// file has no such key): tokenizer.ggml.add_bos_token and
-	// add_eos_token (absent: llama.cpp's default for the model), and
-	// unknown_token_id and padding_token_id.
-	AddBOS *bool `json:"add_bos,omitempty"`
-	AddEOS *bool `json:"add_eos,omitempty"`
-	UNK    *int  `json:"unk,omitempty"`
-	PAD    *int  `json:"pad,omitempty"`
+	// add_eos_token (absent: llama.cpp's default for the model),
+	// unknown_token_id and padding_token_id, and add_space_prefix
+	// (SentencePiece's "▁" in front of the text; absent: true).
+	AddBOS         *bool `json:"add_bos,omitempty"`
+	AddEOS         *bool `json:"add_eos,omitempty"`
+	UNK            *int  `json:"unk,omitempty"`
+	PAD            *int  `json:"pad,omitempty"`
+	AddSpacePrefix *bool `json:"add_space_prefix,omitempty"`
 }
 
 // MaxVocab bounds a tokenizer's tokens.

@@ -38,7 +38,8 @@ const spmSpace = "\u2581"
 // model's algorithm:
 //
 //   - model "llama": SentencePiece BPE as llama.cpp runs it. The text gets
-//     a "▁" prefix and its spaces become "▁"; starting from its UTF-8
+//     a "▁" prefix (unless add_space_prefix is false) and its spaces
+//     become "▁"; starting from its UTF-8
 //     characters, the adjacent pair whose concatenation is a token with the
 //     highest score merges first (ties: leftmost); a character that is no
 //     token becomes its bytes' "<0xXX>" tokens, or the unknown token.
@@ -73,6 +74,7 @@ const spmSpace = "\u2581"
 type TokenCodec struct {
 	t            *Tokenizer
 	spm          bool
+	spacePrefix  bool           // SPM: "▁" in front of the text (add_space_prefix)
 	ids          map[string]int // text -> token, for tokens text may become (BPE: GPT-2's mapped text; no user-defined token)
 	unk          int            // -1: none
 	addBOS       bool
@@ -118,6 +120,7 @@ func NewTokenCodec(t *Tokenizer) (*TokenCodec, error) {
 	if t.AddEOS != nil {
 		c.addEOS = *t.AddEOS
 	}
+	c.spacePrefix = c.spm && (t.AddSpacePrefix == nil || *t.AddSpacePrefix)
 	for i := range c.byteTok {
 		c.byteTok[i] = -1
 	}
@@ -294,11 +297,14 @@ func (c *TokenCodec) encode(text string, special bool) ([]int, error) {
 }
 
 // encodeText encodes text that holds no user-defined token. For llama
-// models it gets the "▁" prefix: as llama.cpp, each stretch of text
-// between user-defined tokens does.
+// models it gets the "▁" prefix (unless add_space_prefix is false): as
+// llama.cpp, each stretch of text between user-defined tokens does.
 func (c *TokenCodec) encodeText(out []int, text string) ([]int, error) {
 	if c.spm {
-		return c.encodeSPM(out, spmSpace+strings.ReplaceAll(text, " ", spmSpace))
+		if c.spacePrefix {
+			text = " " + text
+		}
+		return c.encodeSPM(out, strings.ReplaceAll(text, " ", spmSpace))
 	}
 	if c.nfc {
 		// After the user-defined tokens are found, as Hugging Face
@@ -505,13 +511,14 @@ var byteToUnicode, unicodeToByte = func() ([256]string, map[rune]byte) {
 
 // Decode returns the text of tokens: control tokens are left out, the
 // unknown token (and an id outside the vocabulary) is U+FFFD, and for
-// llama models the space that Encode put in front is taken off. For
+// llama models the space that Encode put in front (add_space_prefix) is
+// taken off. For
 // text without "▁" that the vocabulary covers, Decode(Encode(s)) == s,
 // except, for llama models, after a user-defined token (Encode puts a
 // space in front of the text that follows it, as llama.cpp does).
 func (c *TokenCodec) Decode(ids []int) string {
 	d := c.NewDecoder()
-	d.strip = c.spm
+	d.strip = c.spacePrefix
 	var b strings.Builder
 	for _, id := range ids {
 		b.WriteString(d.Next(id))

@@ -309,6 +309,12 @@ func roundTripCodecs(t testing.TB) []*TokenCodec {
 			}
 		}
 		cs = append(cs, newCodecTB(t, tk))
+		if tk.Model == "llama" {
+			// Without the "▁" in front (Gemma's add_space_prefix false).
+			v, no := *tk, false
+			v.AddSpacePrefix = &no
+			cs = append(cs, newCodecTB(t, &v))
+		}
 	}
 	return cs
 }
@@ -364,7 +370,7 @@ func checkRoundTrip(t *testing.T, cs []*TokenCodec, s string) {
 		}
 		parts = append(parts, d.Flush())
 		whole := strings.Join(parts, "")
-		if c.spm {
+		if c.spacePrefix {
 			whole = strings.TrimPrefix(whole, " ")
 		}
 		if whole != want {
@@ -431,6 +437,8 @@ func TestTokenizeSpecialTokens(t *testing.T) {
 		{"spm default", spm(), nil, []int{1, 3, 4}},
 		{"spm add_bos false", spm(), func(t *Tokenizer) { t.AddBOS = &no }, []int{3, 4}},
 		{"spm add_eos", spm(), func(t *Tokenizer) { t.AddEOS = &yes }, []int{1, 3, 4, 2}},
+		{"spm add_space_prefix false", spm(), func(t *Tokenizer) { t.AddSpacePrefix = &no }, []int{1, 4}},
+		{"spm add_space_prefix true", spm(), func(t *Tokenizer) { t.AddSpacePrefix = &yes }, []int{1, 3, 4}},
 		{"llama-bpe default", bpe("llama-bpe"), nil, []int{256, 'a'}},
 		{"llama-bpe add_bos false", bpe("llama-bpe"), func(t *Tokenizer) { t.AddBOS = &no }, []int{'a'}},
 		{"qwen2 default", bpe("qwen2"), nil, []int{'a'}},
@@ -632,14 +640,14 @@ func TestTokenizeManifestFields(t *testing.T) {
 	if err != nil {
 		t.Fatalf("a manifest without the new fields: %v", err)
 	}
-	if tk := old.Tokenizer; tk.AddBOS != nil || tk.AddEOS != nil || tk.UNK != nil || tk.PAD != nil {
+	if tk := old.Tokenizer; tk.AddBOS != nil || tk.AddEOS != nil || tk.UNK != nil || tk.PAD != nil || tk.AddSpacePrefix != nil {
 		t.Errorf("absent fields decoded as add_bos %s, add_eos %s, unk %s, pad %s; want all absent", opt(tk.AddBOS), opt(tk.AddEOS), opt(tk.UNK), opt(tk.PAD))
 	}
-	m, err := Decode(with(`{` + base + `, "add_bos": false, "add_eos": true, "unk": 0, "pad": 1}`))
+	m, err := Decode(with(`{` + base + `, "add_bos": false, "add_eos": true, "unk": 0, "pad": 1, "add_space_prefix": false}`))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if tk := m.Tokenizer; tk.AddBOS == nil || *tk.AddBOS || tk.AddEOS == nil || !*tk.AddEOS || tk.UNK == nil || *tk.UNK != 0 || tk.PAD == nil || *tk.PAD != 1 {
+	if tk := m.Tokenizer; tk.AddBOS == nil || *tk.AddBOS || tk.AddEOS == nil || !*tk.AddEOS || tk.UNK == nil || *tk.UNK != 0 || tk.PAD == nil || *tk.PAD != 1 || tk.AddSpacePrefix == nil || *tk.AddSpacePrefix {
 		t.Errorf("decoded add_bos %s, add_eos %s, unk %s, pad %s; want false, true, 0, 1", opt(tk.AddBOS), opt(tk.AddEOS), opt(tk.UNK), opt(tk.PAD))
 	}
 	// Encode writes them back (unk 0 is not left out).
@@ -647,8 +655,9 @@ func TestTokenizeManifestFields(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if again, err := Decode(out); err != nil || again.Tokenizer.UNK == nil || *again.Tokenizer.UNK != 0 || again.Tokenizer.AddBOS == nil || *again.Tokenizer.AddBOS {
-		t.Errorf("round trip: %v; want unk 0, add_bos false", err)
+	if again, err := Decode(out); err != nil || again.Tokenizer.UNK == nil || *again.Tokenizer.UNK != 0 || again.Tokenizer.AddBOS == nil || *again.Tokenizer.AddBOS ||
+		again.Tokenizer.AddSpacePrefix == nil || *again.Tokenizer.AddSpacePrefix {
+		t.Errorf("round trip: %v; want unk 0, add_bos false, add_space_prefix false", err)
 	}
 	for field, extra := range map[string]string{
 		"tokenizer.unk":     `, "unk": 3`,

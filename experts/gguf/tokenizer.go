@@ -12,8 +12,9 @@ type Tokenizer struct {
 	Merges []string  // tokenizer.ggml.merges (BPE), or nil
 	// Special token ids, -1 when absent.
 	BOS, EOS, UNK, PAD int
-	// tokenizer.ggml.add_bos_token and add_eos_token, nil when absent.
-	AddBOS, AddEOS *bool
+	// tokenizer.ggml.add_bos_token, add_eos_token and add_space_prefix,
+	// nil when absent.
+	AddBOS, AddEOS, AddSpacePrefix *bool
 }
 
 // Tokenizer returns the file's tokenizer, or nil if it has no
@@ -67,7 +68,7 @@ func (f *File) Tokenizer() (*Tokenizer, error) {
 		}
 		*dst = int(id)
 	}
-	for key, dst := range map[string]**bool{"add_bos_token": &tk.AddBOS, "add_eos_token": &tk.AddEOS} {
+	for key, dst := range map[string]**bool{"add_bos_token": &tk.AddBOS, "add_eos_token": &tk.AddEOS, "add_space_prefix": &tk.AddSpacePrefix} {
 		v, present := f.kv[p+key]
 		if !present {
 			continue
