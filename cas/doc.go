@@ -14,8 +14,10 @@
 //
 // It owns: storing a stream durably in one pass (Put, AddFile with 64 MiB
 // shards and a collection blob), verified reads of any range (every group
-// is checked against the CID before it is returned or served), bao slices
-// for the network (AppendSlice) and verified partial downloads that resume
+// is checked against the CID before it is returned), bao slices for the
+// network (AppendSlice; AppendSliceUnchecked for a server whose receivers
+// verify, with CheckRange for what one refused) and verified partial
+// downloads that resume
 // after a restart (Partial), pins and links, GC under a byte budget, and
 // scrub. It does not own the network (swarm) or any file format above the
 // byte level (experts owns manifests).

@@ -287,8 +287,23 @@ func (p *Partial) WriteSlice(off, n int64, slice []byte) error {
 	start, end := bao.Cover(p.size, off, n)
 	rb := readBufs.Get().(*readBuf)
 	defer readBufs.Put(rb)
-	rb.setCover(end - start)
-	if err := bao.DecodeSlice(rb.cover, slice, p.cid.Digest(), p.size, off, n, &rb.scratch); err != nil {
+	// The groups are verified in place and written from the slice, the
+	// runs of them that lie together in it as one buffer (both parts of
+	// slice: g starts where the last run ends when as much capacity is
+	// left after the run as g has).
+	iov := rb.iov[:0]
+	err := bao.VerifySlice(slice, p.cid.Digest(), p.size, off, n, &rb.scratch, func(g []byte, _ int64) {
+		if k := len(iov) - 1; k >= 0 && cap(iov[k])-len(iov[k]) == cap(g) {
+			iov[k] = iov[k][:len(iov[k])+len(g)]
+			return
+		}
+		iov = append(iov, g)
+	})
+	defer func() {
+		clear(iov) // keeps no part of slice
+		rb.iov = iov[:0]
+	}()
+	if err != nil {
 		return p.s.rangeError(p.cid, err)
 	}
 	p.mu.Lock()
@@ -297,7 +312,7 @@ func (p *Partial) WriteSlice(off, n int64, slice []byte) error {
 		return ErrClosed
 	}
 	p.mu.Unlock()
-	if _, err := p.f.WriteAt(rb.cover, start); err != nil {
+	if err := writeAtv(p.f, iov, start); err != nil {
 		return fmt.Errorf("partial %s: write: %w", p.cid, err)
 	}
 	p.mu.Lock()
@@ -558,4 +573,123 @@ func (s *Store) AppendPartialSlice(dst []byte, c CID, off, n int64) ([]byte, err
 		return dst, s.rangeError(c, err)
 	}
 	return bao.AppendSlice(dst, p.ob, rb.cover, size, off, n)
+}
+
+// AppendPartialSliceUnchecked is AppendPartialSlice without hashing the
+// groups again: they were verified before they were written, and the
+// receiver verifies them again (see AppendSliceUnchecked, and CheckRange
+// for a range a receiver refused). The tree nodes are the download's
+// own, which came with the slices that proved its groups. Safe for
+// concurrent use; dst is not kept.
+func (s *Store) AppendPartialSliceUnchecked(dst []byte, c CID, off, n int64) ([]byte, error) {
+	if err := s.checkOpen(); err != nil {
+		return dst, err
+	}
+	p := s.openPartial(c)
+	if p == nil {
+		return dst, notFound(c)
+	}
+	p.mu.Lock()
+	if p.done != nil {
+		p.mu.Unlock()
+		return s.AppendSliceUnchecked(dst, c.Raw(), off, n)
+	}
+	if p.closed || p.f == nil {
+		p.mu.Unlock()
+		return dst, notFound(c)
+	}
+	size, f := p.size, p.f
+	if off < 0 || n <= 0 || off > size || n > size-off || n > maxRead {
+		p.mu.Unlock()
+		return dst, fmt.Errorf("blob %s: slice [%d, %d) invalid for a blob of %d bytes (at most %d bytes per slice)", c, off, off+n, size, maxRead)
+	}
+	start, end := bao.Cover(size, off, n)
+	for g := start / GroupSize; g*GroupSize < end; g++ {
+		if !p.hasGroup(g) {
+			p.mu.Unlock()
+			return dst, fmt.Errorf("%w: %s: group %d of its download is not verified yet", ErrNotFound, c, g)
+		}
+	}
+	// The slice is laid out under the lock (the nodes are copied from
+	// p.ob, which WriteSlice writes to), its data read after it into the
+	// room left for it: verified groups are never rewritten with other
+	// bytes, and a file closed meanwhile (the download finished or
+	// stopped) fails the read.
+	type run struct {
+		p   []byte
+		off int64
+	}
+	var runs []run
+	orig := len(dst)
+	dst, err := bao.AppendSliceAt(dst, p.ob, size, off, n, func(b []byte, at int64) error {
+		runs = append(runs, run{b, at})
+		return nil
+	})
+	p.mu.Unlock()
+	if err != nil {
+		return dst, err
+	}
+	for _, r := range runs {
+		if err := readFull(f, r.p, r.off, c, "partial file"); err != nil {
+			if errors.Is(err, os.ErrClosed) {
+				err = fmt.Errorf("%w: %s: its download closed", ErrNotFound, c)
+			}
+			return dst[:orig], err
+		}
+	}
+	return dst, nil
+}
+
+// openPartial returns the open download of c, or nil.
+func (s *Store) openPartial(c CID) *Partial {
+	s.pmu.Lock()
+	defer s.pmu.Unlock()
+	return s.partials[c.Digest()]
+}
+
+// checkRange is CheckRange for an open download: every verified group
+// covering [off, off+n) is read back and verified, and those that fail
+// are marked missing again. ok is false when the blob is stored whole
+// (or the download closed): CheckRange then checks the stored blob.
+func (p *Partial) checkRange(off, n int64) (err error, ok bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.done != nil || p.closed || p.f == nil {
+		return nil, false
+	}
+	if off < 0 || n <= 0 || off > p.size || n > p.size-off {
+		return fmt.Errorf("partial %s: range [%d, %d) invalid for a blob of %d bytes", p.cid, off, off+n, p.size), true
+	}
+	rb := readBufs.Get().(*readBuf)
+	defer readBufs.Put(rb)
+	start, end := bao.Cover(p.size, off, n)
+	var bad []error
+	for g := start / GroupSize; g*GroupSize < end; g++ {
+		if !p.hasGroup(g) {
+			continue
+		}
+		a := g * GroupSize
+		k := min(GroupSize, p.size-a)
+		rb.setCover(k)
+		if err := readFull(p.f, rb.cover, a, p.cid, "partial file"); err != nil {
+			var re *RangeError
+			if !errors.As(err, &re) {
+				return err, true
+			}
+			bad = append(bad, err)
+		} else if err := bao.VerifyCover(p.cid.Digest(), p.ob, rb.cover, p.size, a, k, &rb.scratch); err != nil {
+			bad = append(bad, p.s.rangeError(p.cid, err))
+		} else {
+			continue
+		}
+		p.have[g/64] &^= 1 << (g % 64)
+		p.missing++
+	}
+	if len(bad) == 0 {
+		return nil, true
+	}
+	if err := p.s.db.Update(p.saveBitmap); err != nil {
+		bad = append(bad, err)
+	}
+	return errors.Join(bad...), true
 }

@@ -19,6 +19,7 @@ const maxRead = 4 << 20
 type readBuf struct {
 	cover   []byte
 	scratch [bao.GroupSize]byte
+	iov     [][]byte // a slice's groups being written (Partial.WriteSlice)
 }
 
 // readBufs holds the buffers of verified reads and slice writes. A buffer
@@ -147,6 +148,92 @@ func (s *Store) AppendSlice(dst []byte, c CID, off, n int64) ([]byte, error) {
 	}
 	s.touch(c)
 	return bao.AppendSlice(dst, ob, rb.cover, r.Size, off, n)
+}
+
+// AppendSliceUnchecked is AppendSlice without hashing the bytes again:
+// the tree nodes and the data are appended as stored (the data read
+// straight into dst), for a server whose receiver verifies every group
+// against the CID before it uses any (package swarm; PROTOCOL.md section
+// 4). They were verified when they were stored, so a second hash here
+// protects only against this disk changing them since; such a change
+// reaches the receiver, which refuses it, and CheckRange (or Scrub) then
+// finds it here and marks the blob corrupt. A blob marked corrupt is
+// refused, as by AppendSlice. Safe for concurrent use.
+func (s *Store) AppendSliceUnchecked(dst []byte, c CID, off, n int64) ([]byte, error) {
+	r, err := s.servable(c)
+	if err != nil {
+		return dst, err
+	}
+	if off < 0 || n <= 0 || off+n > r.Size || n > maxRead {
+		return dst, fmt.Errorf("blob %s: slice [%d, %d) invalid for a blob of %d bytes (at most %d bytes per slice)", c, off, off+n, r.Size, maxRead)
+	}
+	ob, err := s.outboard(c, r.Size)
+	if err != nil {
+		return dst, err
+	}
+	f, err := s.openBlob(c, r.Size)
+	if err != nil {
+		return dst, err
+	}
+	defer f.Close()
+	s.touch(c)
+	return bao.AppendSliceAt(dst, ob, r.Size, off, n, func(p []byte, at int64) error {
+		return readFull(f, p, at, c, "blob file")
+	})
+}
+
+// readFull reads len(p) bytes of c's file f at off; a short file is a
+// *RangeError.
+func readFull(f *os.File, p []byte, off int64, c CID, what string) error {
+	m, err := f.ReadAt(p, off)
+	if m == len(p) {
+		return nil
+	}
+	if err == io.EOF || err == nil {
+		return &RangeError{CID: c, Off: off + int64(m), Len: int64(len(p) - m), Reason: what + " is truncated"}
+	}
+	return fmt.Errorf("blob %s: %w", c, err)
+}
+
+// CheckRange reads [off, off+n) of c back and verifies it, as Scrub does
+// for a whole blob: for a server told by a peer that bytes it served
+// (AppendSliceUnchecked, AppendPartialSliceUnchecked) failed
+// verification. A stored blob that fails is marked corrupt (not served
+// again until a scrub finds it good or a new copy replaces it); groups of
+// a download in progress that fail are marked missing again, so that the
+// download fetches them anew (they are no longer served either). The
+// error then wraps a *RangeError for each bad range; it wraps ErrNotFound
+// if c is neither stored nor being downloaded. Safe for concurrent use.
+func (s *Store) CheckRange(c CID, off, n int64) error {
+	if p := s.openPartial(c); p != nil {
+		if err, ok := p.checkRange(off, n); ok {
+			return err
+		}
+	}
+	rd, err := s.Open(c)
+	if err != nil {
+		return err
+	}
+	defer rd.Close()
+	if off < 0 || n <= 0 || off+n > rd.size {
+		return fmt.Errorf("blob %s: range [%d, %d) invalid for a blob of %d bytes", c, off, off+n, rd.size)
+	}
+	rb := readBufs.Get().(*readBuf)
+	defer readBufs.Put(rb)
+	for a := off; a < off+n; {
+		k := min(off+n-a, maxRead)
+		if _, _, err := s.readCover(rd.f, c, rd.size, a, k, rb); err != nil {
+			var re *RangeError
+			if errors.As(err, &re) {
+				if merr := s.markCorrupt(c); merr != nil {
+					return errors.Join(err, merr)
+				}
+			}
+			return err
+		}
+		a += k
+	}
+	return nil
 }
 
 // ReadAt reads len(p) bytes of c at off into p, verifying them first. It

@@ -39,7 +39,9 @@ type Options struct {
 }
 
 // Store is a content-addressed store of blobs on local disk. Every byte it
-// returns has been verified against its CID; a blob is either absent or
+// returns has been verified against its CID (the Unchecked methods, for
+// servers whose receivers verify, return bytes verified when they were
+// stored and not since); a blob is either absent or
 // whole and correct, whatever the moment of a crash. A Store is safe for
 // concurrent use; one process at a time can open a home.
 type Store struct {

@@ -1,6 +1,7 @@
 package cas
 
 import (
+	"io"
 	"os"
 
 	"golang.org/x/sys/unix"
@@ -19,4 +20,46 @@ func startWriteback(f *os.File, off, n int64) {
 // small readahead. Only a hint.
 func willNeed(f *os.File, off, n int64) {
 	unix.Fadvise(int(f.Fd()), off, n, unix.FADV_WILLNEED)
+}
+
+// writeAtv writes bufs one after another at off of f, in one pwritev(2)
+// (more only if the kernel writes less), so that data scattered in a
+// buffer is written without first being gathered by a copy.
+func writeAtv(f *os.File, bufs [][]byte, off int64) error {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	for {
+		for len(bufs) > 0 && len(bufs[0]) == 0 {
+			bufs = bufs[1:]
+		}
+		if len(bufs) == 0 {
+			return nil
+		}
+		var n int
+		var werr error
+		if err := rc.Write(func(fd uintptr) bool {
+			n, werr = unix.Pwritev(int(fd), bufs, off)
+			return werr != unix.EAGAIN
+		}); err != nil {
+			return &os.PathError{Op: "pwritev", Path: f.Name(), Err: os.ErrClosed}
+		}
+		switch {
+		case werr == unix.EINTR:
+			continue
+		case werr != nil:
+			return &os.PathError{Op: "pwritev", Path: f.Name(), Err: werr}
+		case n == 0:
+			return &os.PathError{Op: "pwritev", Path: f.Name(), Err: io.ErrShortWrite}
+		}
+		off += int64(n)
+		for n > 0 {
+			k := min(n, len(bufs[0]))
+			n -= k
+			if bufs[0] = bufs[0][k:]; len(bufs[0]) == 0 {
+				bufs = bufs[1:]
+			}
+		}
+	}
 }

@@ -25,12 +25,38 @@ type Source interface {
 	AppendSlice(dst []byte, c cas.CID, off, n int64) ([]byte, error)
 }
 
+// UncheckedSource is a Source (and PartialSource) that can serve what it
+// stored verified without hashing it again (*cas.Store implements it). A
+// node serves through it unless Config.VerifyServed is set: every
+// receiver verifies every group before it uses any (PROTOCOL.md section
+// 4), so a server's second hash of its own copy protects only against
+// its disk having changed the bytes since they were verified, and costs
+// a sixth of a seeder's CPU on loopback (swarm/BENCHMARKS.md). Such a
+// change reaches the receiver, which bans the server and says so
+// (REJECT bad_data); the node then checks what it served that peer
+// lately (CheckRange), and what fails is no longer served.
+type UncheckedSource interface {
+	// AppendSliceUnchecked is AppendSlice with the bytes as stored, not
+	// hashed again. Safe for concurrent use; dst is not kept.
+	AppendSliceUnchecked(dst []byte, c cas.CID, off, n int64) ([]byte, error)
+	// AppendPartialSliceUnchecked is PartialSource's AppendPartialSlice
+	// with the bytes as stored. Safe for concurrent use; dst is not kept.
+	AppendPartialSliceUnchecked(dst []byte, c cas.CID, off, n int64) ([]byte, error)
+	// CheckRange reads [off, off+n) of c, stored whole or being
+	// downloaded, and verifies it; what fails is not served again (an
+	// error wrapping cas.ErrCorrupt). Safe for concurrent use.
+	CheckRange(c cas.CID, off, n int64) error
+}
+
 // Config configures a Node. Identity is required; zero values of the rest
 // take the documented defaults.
 type Config struct {
 	Identity *Identity
 	// Source is what the node serves to peers; nil serves nothing.
 	Source Source
+	// VerifyServed hashes every slice served again as it is read, even
+	// from a Source that could serve it unchecked (UncheckedSource).
+	VerifyServed bool
 	// Logger (default: discard). Now is the clock (default time.Now).
 	Logger *slog.Logger
 	Now    func() time.Time

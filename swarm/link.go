@@ -154,6 +154,11 @@ type link struct {
 	stale    int                       // frames for requests finished or forgotten
 	serving  map[uint32]bool           // queued or running REQUESTs of the peer -> cancelled
 	labels   map[string]bool           // channels the peer announced (answerer)
+
+	// served: the last requests served, servedNext counts them all
+	// (checkServed).
+	served     [servedMemory]servedRange
+	servedNext int
 }
 
 func newLink(n *Node, remote peer.ID, pc *webrtc.PeerConnection, expectBulk int) *link {
@@ -405,6 +410,9 @@ func (l *link) handle(ch *channel, f *wire.Frame) error {
 			level = slog.LevelDebug
 		}
 		l.n.log.Log(l.ctx, level, "swarm: peer closed the connection", "peer", l.remote, "code", f.Code, "reason", f.Reason)
+		if f.Code == wire.CodeBadData {
+			l.checkServed()
+		}
 		l.close(err)
 		return errStop
 	}

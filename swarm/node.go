@@ -15,6 +15,7 @@ import (
 
 	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/peer"
+	piontransport "github.com/pion/transport/v4"
 	"github.com/rdrr/peer/cas"
 	"github.com/rdrr/peer/signaling"
 	"github.com/rdrr/peer/swarm/wire"
@@ -66,6 +67,10 @@ type Stats struct {
 	FetchingBytes int64
 	FetchRequests int
 	BadSlices     int64 // slices that failed verification
+	// CorruptServed counts ranges we served that a peer refused and
+	// that then failed our own check (UncheckedSource): the disk
+	// changed them.
+	CorruptServed int64
 	Bans          int64
 	LinksAccepted int64
 	LinksDialed   int64
@@ -73,6 +78,7 @@ type Stats struct {
 
 type nodeStats struct {
 	fetchedBytes, servedBytes, servedPartialBytes, badSlices, bans, accepted, dialed atomic.Int64
+	corruptServed                                                                    atomic.Int64
 }
 
 const (
@@ -104,6 +110,9 @@ type Node struct {
 	readSem chan struct{}
 	pace    *pacer // Config.ServeRate; nil: no cap
 	prio    *prioGate
+	// checkSem lets one check of what we served run at a time
+	// (checkServed).
+	checkSem chan struct{}
 
 	mu       sync.Mutex
 	closed   bool
@@ -156,6 +165,12 @@ type testHooks struct {
 	// noPartialCap leaves CapPartial out of our HELLO: a peer from before
 	// partial serving.
 	noPartialCap bool
+	// checked sees the result of each check of what we served
+	// (checkServed).
+	checked func(c cas.CID, off, n int64, err error)
+	// wrapUDP, if set, wraps every UDP socket pion opens (a path with a
+	// delay).
+	wrapUDP func(piontransport.UDPConn) piontransport.UDPConn
 }
 
 type setupKey struct {
@@ -194,6 +209,7 @@ func NewNode(cfg Config) (*Node, error) {
 		fetching:  newFetchBudget(cfg.FetchBudget, cfg.MaxFetchRequests),
 		open:      make(openSlots, cfg.MaxOpenBlobs),
 		readSem:   make(chan struct{}, max(2, runtime.GOMAXPROCS(0))),
+		checkSem:  make(chan struct{}, 1),
 		pace:      newPacer(cfg.ServeRate),
 		prio:      newPrioGate(),
 	}, nil
@@ -337,6 +353,7 @@ func (n *Node) Stats() Stats {
 		FetchingBytes:      fetching.bytes,
 		FetchRequests:      fetching.n,
 		BadSlices:          n.stats.badSlices.Load(),
+		CorruptServed:      n.stats.corruptServed.Load(),
 		Bans:               n.stats.bans.Load(),
 		LinksAccepted:      n.stats.accepted.Load(),
 		LinksDialed:        n.stats.dialed.Load(),

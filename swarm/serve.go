@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -191,6 +192,83 @@ func (p *pacer) wait(ctx context.Context, n int64) error {
 	}
 }
 
+// uncheckedSource returns the node's Source as an UncheckedSource, if it
+// is one and Config.VerifyServed is off.
+func (n *Node) uncheckedSource() (UncheckedSource, bool) {
+	if n.cfg.VerifyServed {
+		return nil, false
+	}
+	us, ok := n.cfg.Source.(UncheckedSource)
+	return us, ok
+}
+
+// servedMemory is how many requests a link remembers having served, for
+// checking them when the peer says one failed verification: more than a
+// fetcher keeps in flight on one connection (Config.Window, 4), so the one
+// it refused is among them.
+const servedMemory = 16
+
+// servedRange is a request a link served (or began serving).
+type servedRange struct {
+	cid    cas.CID
+	off, n int64
+}
+
+// remember records that job is being served.
+func (l *link) remember(job serveJob) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.served[l.servedNext%servedMemory] = servedRange{job.cid, job.off, job.n}
+	l.servedNext++
+}
+
+// checkServed checks, as stored, what the link served lately (unchecked:
+// UncheckedSource): the peer refused a slice of ours (REJECT bad_data),
+// so our copy may have changed on disk since it was verified. What fails
+// is no longer served (the Source marks it), and is logged. The checks
+// run one at a time per node, in the background.
+func (l *link) checkServed() {
+	us, ok := l.n.uncheckedSource()
+	if !ok {
+		return // what we served was hashed as it was read
+	}
+	l.mu.Lock()
+	var todo []servedRange
+	for i := range min(l.servedNext, servedMemory) {
+		if r := l.served[i]; !slices.Contains(todo, r) {
+			todo = append(todo, r)
+		}
+	}
+	l.mu.Unlock()
+	if len(todo) == 0 {
+		return
+	}
+	l.n.wg.Add(1)
+	go func() {
+		defer l.n.wg.Done()
+		select {
+		case l.n.checkSem <- struct{}{}:
+		case <-l.n.ctx.Done():
+			return
+		}
+		defer func() { <-l.n.checkSem }()
+		for _, r := range todo {
+			if l.n.ctx.Err() != nil {
+				return
+			}
+			err := us.CheckRange(r.cid, r.off, r.n)
+			if errors.Is(err, cas.ErrCorrupt) {
+				l.n.stats.corruptServed.Add(1)
+				l.n.log.Error("swarm: a peer refused what we served, and our copy is corrupt: no longer served",
+					"peer", l.remote, "cid", r.cid, "off", r.off, "len", r.n, "err", err)
+			}
+			if h := l.n.cfg.testHooks.checked; h != nil {
+				h(r.cid, r.off, r.n, err)
+			}
+		}
+	}()
+}
+
 // serveJob is a REQUEST from the peer, accepted and queued.
 type serveJob struct {
 	req          uint32
@@ -341,6 +419,7 @@ func (l *link) serveOne(ch *channel, job serveJob) error {
 	if l.cancelled(job.req) {
 		return nil
 	}
+	l.remember(job)
 	maxData := int(l.peerHello().MaxFrame) - wire.PieceHeaderSize
 	firstWait := min(5*time.Second, l.n.cfg.RequestTimeout/2)
 	for a := job.off; a < job.off+job.n; {
@@ -415,15 +494,22 @@ func (l *link) serveChunk(ch *channel, job serveJob, k sliceChunk, maxData int) 
 		buf = make([]byte, wire.PieceHeaderSize, wire.PieceHeaderSize+int(sub)) // not pooled: out of the ordinary
 	}
 	l.n.readSem <- struct{}{}
+	whole, partial := l.n.cfg.Source.AppendSlice, (func([]byte, cas.CID, int64, int64) ([]byte, error))(nil)
+	if ps, ok := l.n.partialSource(); ok {
+		partial = ps.AppendPartialSlice
+	}
+	if us, ok := l.n.uncheckedSource(); ok {
+		whole, partial = us.AppendSliceUnchecked, us.AppendPartialSliceUnchecked
+	}
 	var err error
-	if ps, ok := l.n.partialSource(); ok && job.partial {
-		buf, err = ps.AppendPartialSlice(buf, job.cid, a, b-a)
+	if partial != nil && job.partial {
+		buf, err = partial(buf, job.cid, a, b-a)
 		if errors.Is(err, cas.ErrNotFound) {
 			// The download may have finished meanwhile: then it is whole.
-			buf, err = l.n.cfg.Source.AppendSlice(buf[:wire.PieceHeaderSize], job.cid, a, b-a)
+			buf, err = whole(buf[:wire.PieceHeaderSize], job.cid, a, b-a)
 		}
 	} else {
-		buf, err = l.n.cfg.Source.AppendSlice(buf, job.cid, a, b-a)
+		buf, err = whole(buf, job.cid, a, b-a)
 	}
 	<-l.n.readSem
 	if err == nil && int64(len(buf)) != wire.PieceHeaderSize+sub {

@@ -55,7 +55,7 @@ func newTransport(cfg Config) (*transport, error) {
 		if err != nil {
 			return se, err
 		}
-		se.SetNet(bufferedNet{Net: n, size: cfg.SocketBuffer})
+		se.SetNet(bufferedNet{Net: n, size: cfg.SocketBuffer, wrap: cfg.testHooks.wrapUDP})
 		if cfg.Loopback {
 			se.SetIncludeLoopbackCandidate(true)
 			se.SetIPFilter(func(ip net.IP) bool { return ip.IsLoopback() })
@@ -112,6 +112,7 @@ const (
 type bufferedNet struct {
 	*stdnet.Net
 	size int
+	wrap func(piontransport.UDPConn) piontransport.UDPConn // testHooks.wrapUDP
 }
 
 func (n bufferedNet) ListenUDP(network string, laddr *net.UDPAddr) (piontransport.UDPConn, error) {
@@ -122,5 +123,8 @@ func (n bufferedNet) ListenUDP(network string, laddr *net.UDPAddr) (piontranspor
 	// Best effort: the kernel clamps to its maximum; failure is not fatal.
 	_ = c.SetReadBuffer(n.size)
 	_ = c.SetWriteBuffer(n.size)
+	if n.wrap != nil {
+		return n.wrap(c), nil
+	}
 	return c, nil
 }

@@ -114,12 +114,8 @@ func putCV(b []byte, cv *[8]uint32) {
 }
 
 // groupNode returns the BLAKE3 node of one group's data (at most
-// GroupSize bytes) at group index g (compressGroup). On amd64 the data is
-// first copied into scratch: the 16-way SIMD compression reads 16 chunks
-// 1 KiB apart, which the
-// hardware prefetcher serves badly from memory, and a sequential copy into
-// a cache-hot buffer makes the whole step ~20% faster (measured on the
-// 2-core AMD EPYC dev machine, 64 MiB input: 2.04 -> 2.50 GB/s).
+// GroupSize bytes) at group index g (compressGroup; on amd64 without
+// AVX-512 the data is first copied into scratch, see copyGroup).
 func groupNode(data []byte, g int64, scratch *[GroupSize]byte) guts.Node {
 	return compressGroup(data, uint64(g)<<GroupLog, scratch)
 }

@@ -83,6 +83,18 @@ func TestSlicesMatchReference(t *testing.T) {
 			if !bytes.Equal(got, want.Bytes()) {
 				t.Fatalf("size %d [%d,+%d): slice differs from reference", size, off, n)
 			}
+			// AppendSliceAt builds the same bytes, after what dst held,
+			// reading data only inside the cover.
+			at, err := AppendSliceAt([]byte("prefix"), ob, size, off, n, func(p []byte, o int64) error {
+				if o < start || o+int64(len(p)) > end {
+					t.Fatalf("size %d [%d,+%d): read [%d,+%d) outside the cover [%d,%d)", size, off, n, o, len(p), start, end)
+				}
+				copy(p, data[o:])
+				return nil
+			})
+			if err != nil || !bytes.Equal(at, append([]byte("prefix"), got...)) {
+				t.Fatalf("size %d [%d,+%d): AppendSliceAt differs from AppendSlice (%v)", size, off, n, err)
+			}
 			if SliceLen(size, off, n) != int64(len(got)) {
 				t.Fatalf("size %d [%d,+%d): SliceLen %d; want %d", size, off, n, SliceLen(size, off, n), len(got))
 			}
@@ -98,6 +110,52 @@ func TestSlicesMatchReference(t *testing.T) {
 				t.Fatalf("reference rejects our slice: %v %v", ok, err)
 			}
 		}
+	}
+}
+
+// AppendSliceAt reads each run of consecutive groups with one call, and
+// returns dst as it was when a read fails.
+func TestAppendSliceAtRuns(t *testing.T) {
+	size := int64(64 * GroupSize)
+	data := randBytes(rand.New(rand.NewPCG(7, 8)), size)
+	var e Encoder
+	e.Write(data)
+	_, ob := e.Sum(nil)
+	for _, tc := range []struct {
+		off, n int64
+		reads  int // a subtree of 2^k aligned groups: a node between every pair
+	}{
+		{0, GroupSize, 1},
+		{0, 2 * GroupSize, 1},
+		{0, 16 * GroupSize, 8},
+		{16 * GroupSize, 16 * GroupSize, 8},
+		{GroupSize, 2 * GroupSize, 2},
+	} {
+		var reads int
+		got, err := AppendSliceAt(nil, ob, size, tc.off, tc.n, func(p []byte, o int64) error {
+			reads++
+			copy(p, data[o:])
+			return nil
+		})
+		start, end := Cover(size, tc.off, tc.n)
+		want, _ := AppendSlice(nil, ob, data[start:end], size, tc.off, tc.n)
+		if err != nil || !bytes.Equal(got, want) {
+			t.Fatalf("[%d,+%d): slice differs (%v)", tc.off, tc.n, err)
+		}
+		if reads != tc.reads {
+			t.Errorf("[%d,+%d): %d reads; want %d", tc.off, tc.n, reads, tc.reads)
+		}
+	}
+	boom := errors.New("boom")
+	dst := []byte("kept")
+	got, err := AppendSliceAt(dst, ob, size, 0, 16*GroupSize, func(p []byte, o int64) error {
+		if o > 0 {
+			return boom
+		}
+		return nil
+	})
+	if !errors.Is(err, boom) || string(got) != "kept" {
+		t.Fatalf("failed read: %q, %v; want %q, %v", got, err, "kept", boom)
 	}
 }
 

@@ -3,6 +3,7 @@ package bao
 import (
 	"encoding/binary"
 	"fmt"
+	"slices"
 
 	"lukechampine.com/blake3/guts"
 )
@@ -126,11 +127,86 @@ func AppendSlice(dst, outboard, cover []byte, size, off, n int64) ([]byte, error
 	return dst, nil
 }
 
+// AppendSliceAt is AppendSlice with the data read straight into dst: the
+// tree nodes come from outboard, and each run of consecutive covering
+// groups is read by one call of readAt (whose p is dst's room for the
+// run and off the run's offset in the blob; it must fill p or fail), so
+// the data is copied once, from its source into the slice. Like
+// AppendSlice it does not verify: it is for a reader whose receiver
+// verifies the slice. On an error from readAt dst is returned as it was.
+func AppendSliceAt(dst, outboard []byte, size, off, n int64, readAt func(p []byte, off int64) error) ([]byte, error) {
+	if err := checkRange(size, off, n); err != nil {
+		return dst, err
+	}
+	if int64(len(outboard)) != OutboardSize(size) {
+		return dst, &Error{Off: 0, Len: size, Reason: "outboard does not match blob size"}
+	}
+	orig := len(dst)
+	dst = binary.LittleEndian.AppendUint64(dst, uint64(size))
+	if n == 0 {
+		return dst, nil
+	}
+	dst = slices.Grow(dst, int(SliceLen(size, off, n))-HeaderSize)
+	nodes := outboard[HeaderSize:]
+	// The pending run of groups [runOff, runOff+runLen), placed at the
+	// end of dst once it is read.
+	var runOff, runLen int64
+	var err error
+	flush := func() {
+		if runLen == 0 || err != nil {
+			return
+		}
+		at := len(dst)
+		dst = dst[:at+int(runLen)]
+		err = readAt(dst[at:], runOff)
+		runLen = 0
+	}
+	var rec func(lo, k, at int64)
+	rec = func(lo, k, at int64) {
+		if !intersects(lo, k, off, n) || err != nil {
+			return
+		}
+		if k == 1 {
+			if runLen == 0 {
+				runOff = lo * GroupSize
+			}
+			runLen += min(GroupSize, size-lo*GroupSize)
+			return
+		}
+		flush()
+		dst = append(dst, nodes[at:at+NodeSize]...)
+		p := leftGroups(k)
+		rec(lo, p, at+NodeSize)
+		rec(lo+p, k-p, at+NodeSize*p)
+	}
+	rec(0, Groups(size), 0)
+	flush()
+	if err != nil {
+		return dst[:orig], err
+	}
+	return dst, nil
+}
+
 // DecodeSlice verifies a slice encoding of [off, off+n) against root and
 // size, and copies the data of the covering groups into dst, which must hold
 // at least end-start bytes (see Cover). Nothing is copied past the first
 // failure, and dst must not be trusted unless the error is nil.
 func DecodeSlice(dst, slice []byte, root [32]byte, size, off, n int64, scratch *[GroupSize]byte) error {
+	start, end := Cover(size, off, n)
+	if n > 0 && int64(len(dst)) < end-start && checkRange(size, off, n) == nil {
+		return &Error{Off: start, Len: end - start, Reason: "destination too small"}
+	}
+	return VerifySlice(slice, root, size, off, n, scratch, func(g []byte, at int64) {
+		copy(dst[at-start:], g)
+	})
+}
+
+// VerifySlice verifies a slice encoding of [off, off+n) against root and
+// size in place. group, if not nil, is called with each covering group's
+// data (a part of slice) and its offset in the blob, in order, once the
+// group has verified; the groups must not be trusted unless VerifySlice
+// returns nil (a later one may fail).
+func VerifySlice(slice []byte, root [32]byte, size, off, n int64, scratch *[GroupSize]byte, group func(data []byte, off int64)) error {
 	if err := checkRange(size, off, n); err != nil {
 		return err
 	}
@@ -142,10 +218,6 @@ func DecodeSlice(dst, slice []byte, root [32]byte, size, off, n int64, scratch *
 	}
 	if want := SliceLen(size, off, n); int64(len(slice)) != want {
 		return &Error{Off: off, Len: n, Reason: fmt.Sprintf("slice is %d bytes; want %d", len(slice), want)}
-	}
-	start, end := Cover(size, off, n)
-	if int64(len(dst)) < end-start {
-		return &Error{Off: start, Len: end - start, Reason: "destination too small"}
 	}
 	v := verifier{size: size, off: off, n: n, scratch: scratch}
 	pos := HeaderSize
@@ -161,7 +233,9 @@ func DecodeSlice(dst, slice []byte, root [32]byte, size, off, n int64, scratch *
 			if nodeCV(groupNode(g, lo, scratch), flags) != cv {
 				return v.fail(lo, 1, "group hash mismatch")
 			}
-			copy(dst[lo*GroupSize-start:], g)
+			if group != nil {
+				group(g, lo*GroupSize)
+			}
 			return nil
 		}
 		node := slice[pos : pos+NodeSize]
