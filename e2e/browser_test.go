@@ -280,12 +280,25 @@ func randBytes(seed uint64, n int) []byte {
 
 // corruptSource serves st's blobs with one byte flipped in every chunk
 // that starts a 1 MiB piece: the last byte of the chunk's slice, in the
-// last of its 16 groups (serve reads 256 KiB chunks).
+// last of its 16 groups (serve reads 256 KiB chunks). It embeds the
+// store, so a node serves through its unchecked path (as a peer whose
+// disk changed the bytes): that path is corrupted too.
 type corruptSource struct{ *cas.Store }
 
 func (s corruptSource) AppendSlice(dst []byte, c cas.CID, off, n int64) ([]byte, error) {
 	out, err := s.Store.AppendSlice(dst, c, off, n)
-	if err == nil && off%(1<<20) == 0 && len(out) > len(dst) {
+	return flipPieceStart(out, err, len(dst), off)
+}
+
+func (s corruptSource) AppendSliceUnchecked(dst []byte, c cas.CID, off, n int64) ([]byte, error) {
+	out, err := s.Store.AppendSliceUnchecked(dst, c, off, n)
+	return flipPieceStart(out, err, len(dst), off)
+}
+
+// flipPieceStart flips the last byte of a slice appended to out from
+// index start, if the slice starts a 1 MiB piece (corruptSource).
+func flipPieceStart(out []byte, err error, start int, off int64) ([]byte, error) {
+	if err == nil && off%(1<<20) == 0 && len(out) > start {
 		out[len(out)-1] ^= 0x20
 	}
 	return out, err

@@ -35,6 +35,10 @@ type Source interface {
 // change reaches the receiver, which bans the server and says so
 // (REJECT bad_data); the node then checks what it served that peer
 // lately (CheckRange), and what fails is no longer served.
+//
+// A Source that embeds a *cas.Store and changes what AppendSlice gives
+// must change the Unchecked methods likewise (or hide them): embedding
+// promotes them, and the node serves through them.
 type UncheckedSource interface {
 	// AppendSliceUnchecked is AppendSlice with the bytes as stored, not
 	// hashed again. Safe for concurrent use; dst is not kept.
