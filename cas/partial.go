@@ -521,36 +521,15 @@ func (s *Store) PartialVerified(c CID) (size int64, groups []uint64, ok bool) {
 // verified, or a blob with no open download, is an error wrapping
 // ErrNotFound. Safe for concurrent use; dst is not kept.
 func (s *Store) AppendPartialSlice(dst []byte, c CID, off, n int64) ([]byte, error) {
-	if err := s.checkOpen(); err != nil {
-		return dst, err
-	}
-	s.pmu.Lock()
-	p := s.partials[c.Digest()]
-	s.pmu.Unlock()
-	if p == nil {
-		return dst, notFound(c)
-	}
-	p.mu.Lock()
-	if p.done != nil {
-		p.mu.Unlock()
+	p, done, err := s.lockServable(c, off, n)
+	if done {
 		return s.AppendSlice(dst, c.Raw(), off, n)
 	}
-	if p.closed || p.f == nil {
-		p.mu.Unlock()
-		return dst, notFound(c)
+	if err != nil {
+		return dst, err
 	}
 	size, f := p.size, p.f
-	if off < 0 || n <= 0 || off > size || n > size-off || n > maxRead {
-		p.mu.Unlock()
-		return dst, fmt.Errorf("blob %s: slice [%d, %d) invalid for a blob of %d bytes (at most %d bytes per slice)", c, off, off+n, size, maxRead)
-	}
 	start, end := bao.Cover(size, off, n)
-	for g := start / GroupSize; g*GroupSize < end; g++ {
-		if !p.hasGroup(g) {
-			p.mu.Unlock()
-			return dst, fmt.Errorf("%w: %s: group %d of its download is not verified yet", ErrNotFound, c, g)
-		}
-	}
 	p.mu.Unlock()
 	rb := readBufs.Get().(*readBuf)
 	defer readBufs.Put(rb)
@@ -582,34 +561,14 @@ func (s *Store) AppendPartialSlice(dst []byte, c CID, off, n int64) ([]byte, err
 // own, which came with the slices that proved its groups. Safe for
 // concurrent use; dst is not kept.
 func (s *Store) AppendPartialSliceUnchecked(dst []byte, c CID, off, n int64) ([]byte, error) {
-	if err := s.checkOpen(); err != nil {
-		return dst, err
-	}
-	p := s.openPartial(c)
-	if p == nil {
-		return dst, notFound(c)
-	}
-	p.mu.Lock()
-	if p.done != nil {
-		p.mu.Unlock()
+	p, done, err := s.lockServable(c, off, n)
+	if done {
 		return s.AppendSliceUnchecked(dst, c.Raw(), off, n)
 	}
-	if p.closed || p.f == nil {
-		p.mu.Unlock()
-		return dst, notFound(c)
+	if err != nil {
+		return dst, err
 	}
 	size, f := p.size, p.f
-	if off < 0 || n <= 0 || off > size || n > size-off || n > maxRead {
-		p.mu.Unlock()
-		return dst, fmt.Errorf("blob %s: slice [%d, %d) invalid for a blob of %d bytes (at most %d bytes per slice)", c, off, off+n, size, maxRead)
-	}
-	start, end := bao.Cover(size, off, n)
-	for g := start / GroupSize; g*GroupSize < end; g++ {
-		if !p.hasGroup(g) {
-			p.mu.Unlock()
-			return dst, fmt.Errorf("%w: %s: group %d of its download is not verified yet", ErrNotFound, c, g)
-		}
-	}
 	// The slice is laid out under the lock (the nodes are copied from
 	// p.ob, which WriteSlice writes to), its data read after it into the
 	// room left for it: verified groups are never rewritten with other
@@ -621,7 +580,7 @@ func (s *Store) AppendPartialSliceUnchecked(dst []byte, c CID, off, n int64) ([]
 	}
 	var runs []run
 	orig := len(dst)
-	dst, err := bao.AppendSliceAt(dst, p.ob, size, off, n, func(b []byte, at int64) error {
+	dst, err = bao.AppendSliceAt(dst, p.ob, size, off, n, func(b []byte, at int64) error {
 		runs = append(runs, run{b, at})
 		return nil
 	})
@@ -638,6 +597,40 @@ func (s *Store) AppendPartialSliceUnchecked(dst []byte, c CID, off, n int64) ([]
 		}
 	}
 	return dst, nil
+}
+
+// lockServable finds c's download and checks that [off, off+n) is a
+// slice of it that may be served: within the blob, at most maxRead, every
+// group covering it verified. On success it returns the download with
+// p.mu held, for the caller to unlock. done says that the download has
+// finished meanwhile (the blob is stored whole; nothing is held).
+func (s *Store) lockServable(c CID, off, n int64) (p *Partial, done bool, err error) {
+	if err := s.checkOpen(); err != nil {
+		return nil, false, err
+	}
+	if p = s.openPartial(c); p == nil {
+		return nil, false, notFound(c)
+	}
+	p.mu.Lock()
+	switch {
+	case p.done != nil:
+		p.mu.Unlock()
+		return nil, true, nil
+	case p.closed || p.f == nil:
+		p.mu.Unlock()
+		return nil, false, notFound(c)
+	case off < 0 || n <= 0 || off > p.size || n > p.size-off || n > maxRead:
+		p.mu.Unlock()
+		return nil, false, fmt.Errorf("blob %s: slice [%d, %d) invalid for a blob of %d bytes (at most %d bytes per slice)", c, off, off+n, p.size, maxRead)
+	}
+	start, end := bao.Cover(p.size, off, n)
+	for g := start / GroupSize; g*GroupSize < end; g++ {
+		if !p.hasGroup(g) {
+			p.mu.Unlock()
+			return nil, false, fmt.Errorf("%w: %s: group %d of its download is not verified yet", ErrNotFound, c, g)
+		}
+	}
+	return p, false, nil
 }
 
 // openPartial returns the open download of c, or nil.

@@ -128,26 +128,37 @@ func (s *Store) openBlob(c CID, size int64) (*os.File, error) {
 // package bao). The data is verified as it is read, so a corrupt blob is
 // never served: the error is a *RangeError. Safe for concurrent use.
 func (s *Store) AppendSlice(dst []byte, c CID, off, n int64) ([]byte, error) {
-	r, err := s.servable(c)
-	if err != nil {
-		return dst, err
-	}
-	if off < 0 || n <= 0 || off+n > r.Size || n > maxRead {
-		return dst, fmt.Errorf("blob %s: slice [%d, %d) invalid for a blob of %d bytes (at most %d bytes per slice)", c, off, off+n, r.Size, maxRead)
-	}
-	f, err := s.openBlob(c, r.Size)
+	size, f, err := s.openSlice(c, off, n)
 	if err != nil {
 		return dst, err
 	}
 	defer f.Close()
 	rb := readBufs.Get().(*readBuf)
 	defer readBufs.Put(rb)
-	_, ob, err := s.readCover(f, c, r.Size, off, n, rb)
+	_, ob, err := s.readCover(f, c, size, off, n, rb)
 	if err != nil {
 		return dst, err
 	}
 	s.touch(c)
-	return bao.AppendSlice(dst, ob, rb.cover, r.Size, off, n)
+	return bao.AppendSlice(dst, ob, rb.cover, size, off, n)
+}
+
+// openSlice opens stored blob c for a slice [off, off+n) of it, which it
+// checks (within the blob, at most maxRead): the blob's size and its open
+// file, for the caller to close.
+func (s *Store) openSlice(c CID, off, n int64) (int64, *os.File, error) {
+	r, err := s.servable(c)
+	if err != nil {
+		return 0, nil, err
+	}
+	if off < 0 || n <= 0 || off+n > r.Size || n > maxRead {
+		return 0, nil, fmt.Errorf("blob %s: slice [%d, %d) invalid for a blob of %d bytes (at most %d bytes per slice)", c, off, off+n, r.Size, maxRead)
+	}
+	f, err := s.openBlob(c, r.Size)
+	if err != nil {
+		return 0, nil, err
+	}
+	return r.Size, f, nil
 }
 
 // AppendSliceUnchecked is AppendSlice without hashing the bytes again:
@@ -160,24 +171,17 @@ func (s *Store) AppendSlice(dst []byte, c CID, off, n int64) ([]byte, error) {
 // finds it here and marks the blob corrupt. A blob marked corrupt is
 // refused, as by AppendSlice. Safe for concurrent use.
 func (s *Store) AppendSliceUnchecked(dst []byte, c CID, off, n int64) ([]byte, error) {
-	r, err := s.servable(c)
-	if err != nil {
-		return dst, err
-	}
-	if off < 0 || n <= 0 || off+n > r.Size || n > maxRead {
-		return dst, fmt.Errorf("blob %s: slice [%d, %d) invalid for a blob of %d bytes (at most %d bytes per slice)", c, off, off+n, r.Size, maxRead)
-	}
-	ob, err := s.outboard(c, r.Size)
-	if err != nil {
-		return dst, err
-	}
-	f, err := s.openBlob(c, r.Size)
+	size, f, err := s.openSlice(c, off, n)
 	if err != nil {
 		return dst, err
 	}
 	defer f.Close()
+	ob, err := s.outboard(c, size)
+	if err != nil {
+		return dst, err
+	}
 	s.touch(c)
-	return bao.AppendSliceAt(dst, ob, r.Size, off, n, func(p []byte, at int64) error {
+	return bao.AppendSliceAt(dst, ob, size, off, n, func(p []byte, at int64) error {
 		return readFull(f, p, at, c, "blob file")
 	})
 }
