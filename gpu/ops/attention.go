@@ -94,7 +94,7 @@ func AttentionLaunches(s AttnShape) (split, merge Launch, partials uint64, err e
 		Params: gpu.Params{}.U32(uint32(s.Heads)).U32(uint32(s.KVHeads)).U32(uint32(s.HeadDim)).U32(uint32(s.KVLen)).F32(s.Scale).
 			U32(uint32(chunks)).U32(0).U32(0),
 		Bindings: append(binds[:3:3], Binding{"partials", partials})}
-	merge = Launch{Kernel: "attention_merge", Groups: [3]uint32{uint32(s.Heads), 1, 1},
+	merge = Launch{Kernel: "attention_merge", Groups: [3]uint32{uint32(s.Heads), uint32((s.HeadDim + 31) / 32), 1},
 		Params:   gpu.Params{}.U32(uint32(s.Heads)).U32(uint32(s.HeadDim)).U32(uint32(chunks)).U32(0),
 		Bindings: []Binding{{"partials", partials}, binds[3]}}
 	return split, merge, partials, nil

@@ -616,8 +616,40 @@ func (m *meter) attention(b *testing.B, heads, kvHeads, hd, kvLen int) result {
 	}
 	outs := [2]*gpu.Buffer{m.alloc(b, uint64(heads*hd*4)), m.alloc(b, uint64(heads*hd*4))}
 	s := AttnShape{Heads: heads, KVHeads: kvHeads, HeadDim: hd, KVLen: kvLen, Scale: 0.088}
-	per := m.timeDispatches(b, func(bt *gpu.Batch, i int) error {
+	record := func(bt *gpu.Batch, i int) error {
 		return m.k.Attention(ctx, bt, q, ks[i%nr], vs[i%nr], outs[i%2], s)
-	})
+	}
+	per := m.timeDispatches(b, record)
+	m.profileDispatches(b, record)
 	return result{bw: float64(2*kv+uint64(2*heads*hd*4)) / per.Seconds(), per: per}
+}
+
+// profileDispatches, with RDRR_BENCH_PROFILE=1, times 64 batches of one
+// record each on the GPU (timestamps: every dispatch in a pass of its own)
+// and reports each kernel's mean time as "<kernel>-us", so that an op of
+// several dispatches says where its time goes.
+func (m *meter) profileDispatches(b *testing.B, record func(bt *gpu.Batch, i int) error) {
+	if os.Getenv("RDRR_BENCH_PROFILE") != "1" {
+		return
+	}
+	ctx := context.Background()
+	if err := m.d.StartProfile(); err != nil {
+		b.Fatal(err)
+	}
+	for i := 0; i < 64; i++ {
+		bt := m.d.Batch()
+		if err := record(bt, i); err != nil {
+			b.Fatal(err)
+		}
+		if err := bt.Submit(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+	p, err := m.d.StopProfile(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, k := range p.Kernels {
+		b.ReportMetric(float64(k.Total.Nanoseconds())/float64(k.Count)/1e3, k.Kernel+"-us")
+	}
 }

@@ -399,6 +399,8 @@ func TestAttention(t *testing.T) {
 		// and a count that is not a multiple of 8.
 		{Heads: 128, KVHeads: 8, HeadDim: 128, KVLen: 70},
 		{Heads: 12, KVHeads: 1, HeadDim: 64, KVLen: 200},
+		// More chunks than the merge keeps weights of at a time (1024).
+		{Heads: 2, KVHeads: 1, HeadDim: 32, KVLen: 40000},
 	} {
 		// Every chunk size the kernel takes (attnChunk, the rule's, first).
 		for _, ch := range []int{attnChunk, 16, 64} {

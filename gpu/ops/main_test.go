@@ -43,6 +43,9 @@ func TestMain(m *testing.M) {
 // testOptions honours RDRR_GPU_BACKEND (vulkan, gl, ...).
 func testOptions() gpu.Options {
 	var o gpu.Options
+	// RDRR_BENCH_PROFILE=1: timestamps, so that benchmarks can say what
+	// each kernel of an op took (profileDispatches).
+	o.Profile = os.Getenv("RDRR_BENCH_PROFILE") == "1"
 	if s := os.Getenv("RDRR_GPU_BACKEND"); s != "" {
 		b, err := gpu.ParseBackend(s)
 		if err == nil {

@@ -1,10 +1,16 @@
-// Decode attention, pass 2 of 2 (see attention_split): workgroup h merges
-// query head h's chunk partials, out[h][d] = sum_c exp(m_c - M) acc_c[d] /
-// sum_c exp(m_c - M) l_c with M the largest chunk max. The chunks are
-// spread over the threads (their maxima and weights), then R = 256 / hd
-// threads per dimension sum shares of the chunks, four loads in flight
-// each: a merge of a few dozen chunks is bound by load latency, not
-// bandwidth. hd <= 256.
+// Decode attention, pass 2 of 2 (see attention_split): workgroup (h, b)
+// merges query head h's chunk partials for dimensions 32b .. 32b + 31,
+// out[h][d] = sum_c exp(m_c - M) acc_c[d] / sum_c exp(m_c - M) l_c with M
+// the largest chunk max. A merge is a chain of latencies, not a stream of
+// bytes (a few MB of partials), so it is spread wide (a workgroup per head
+// and 32 dimensions) and keeps its loads in flight together: the chunks'
+// maxima are reduced in workgroup memory, their weights kept there (BLK
+// chunks at a time); then thread (column, group) sums four consecutive
+// dimensions of the chunks of its group (chunks group, group + 32, ...),
+// eight chunks' loads at once, and the 32 groups' sums are added in
+// workgroup memory. hd <= 256. On the H100 at 4096 positions (32 heads of
+// 128, 128 chunks) it takes 9.4 us timed alone, against 12.3 for one
+// workgroup a head whose threads walked half the chunks four at a time.
 
 struct Params {
   n_heads: u32,
@@ -19,10 +25,13 @@ struct Params {
 
 const WG: u32 = 256u;
 const BLK: u32 = 1024u; // chunk weights kept at a time
+const COLS: u32 = 8u;   // threads across the 32 dimensions, four each
+const GROUPS: u32 = WG / COLS;
 const NEG: f32 = -3.0e38;
 
 var<workgroup> ws: array<f32, BLK>;
 var<workgroup> red: array<f32, WG>;
+var<workgroup> acc: array<vec4<f32>, WG>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
@@ -32,6 +41,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let row = hd + 2u;
   let base = h * nc * row;
 
+  // The largest chunk max.
   var m = NEG;
   for (var c = tid; c < nc; c += WG) {
     m = max(m, part[base + c * row]);
@@ -46,11 +56,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   workgroupBarrier();
   let mx = red[0];
 
-  let R = max(WG / hd, 1u);
-  let d = tid % hd;
-  let r = tid / hd;
+  let col = tid % COLS;
+  let grp = tid / COLS;
+  let d0 = wid.y * 32u + 4u * col; // this thread's first dimension
+  let live = d0 < hd;
+  var a = vec4<f32>(0.0);
   var l = 0.0;
-  var acc = 0.0;
   for (var c0 = 0u; c0 < nc; c0 += BLK) {
     let n = min(BLK, nc - c0);
     workgroupBarrier();
@@ -61,49 +72,51 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       l += w * part[at + 1u];
     }
     workgroupBarrier();
-    if (r < R) {
-      let o0 = base + c0 * row + 2u + d;
-      var i = r;
-      var a0 = 0.0;
-      var a1 = 0.0;
-      var a2 = 0.0;
-      var a3 = 0.0;
-      for (; i + 3u * R < n; i += 4u * R) {
-        let v0 = part[o0 + i * row];
-        let v1 = part[o0 + (i + R) * row];
-        let v2 = part[o0 + (i + 2u * R) * row];
-        let v3 = part[o0 + (i + 3u * R) * row];
-        a0 += ws[i] * v0;
-        a1 += ws[i + R] * v1;
-        a2 += ws[i + 2u * R] * v2;
-        a3 += ws[i + 3u * R] * v3;
+    if (live) {
+      // Dimensions d0 .. d0 + 3 (hd is a multiple of 4) of chunks grp,
+      // grp + GROUPS, ...: eight chunks' loads, then their sums.
+      let o0 = base + c0 * row + 2u + d0;
+      var i = grp;
+      for (; i + 7u * GROUPS < n; i += 8u * GROUPS) {
+        var x: array<vec4<f32>, 8>;
+        for (var u = 0u; u < 8u; u++) {
+          let at = o0 + (i + u * GROUPS) * row;
+          x[u] = vec4<f32>(part[at], part[at + 1u], part[at + 2u], part[at + 3u]);
+        }
+        for (var u = 0u; u < 8u; u++) {
+          a += ws[i + u * GROUPS] * x[u];
+        }
       }
-      for (; i < n; i += R) {
-        a0 += ws[i] * part[o0 + i * row];
+      for (; i < n; i += GROUPS) {
+        let at = o0 + i * row;
+        a += ws[i] * vec4<f32>(part[at], part[at + 1u], part[at + 2u], part[at + 3u]);
       }
-      acc += (a0 + a1) + (a2 + a3);
     }
   }
-  // The sum of the weighted l over all threads, then the R shares of each
-  // dimension.
+  // The weighted sums of l over all threads, and of each column's groups.
   workgroupBarrier();
   red[tid] = l;
+  acc[tid] = a;
   for (var st = WG / 2u; st > 0u; st >>= 1u) {
     workgroupBarrier();
     if (tid < st) {
       red[tid] += red[tid + st];
     }
   }
-  workgroupBarrier();
-  let total = red[0];
-  workgroupBarrier();
-  red[tid] = acc;
-  workgroupBarrier();
-  if (r == 0u) {
-    var s = 0.0;
-    for (var i = 0u; i < R; i++) {
-      s += red[i * hd + d];
+  // Groups: GROUPS / 2, / 4, ... of each column, as the sums above.
+  for (var st = GROUPS / 2u; st > 0u; st >>= 1u) {
+    workgroupBarrier();
+    if (grp < st) {
+      acc[tid] += acc[tid + st * COLS];
     }
-    o[h * hd + d] = s / total;
+  }
+  workgroupBarrier();
+  if (grp == 0u && live) {
+    let s = acc[col] / red[0];
+    let ob = h * hd + d0;
+    o[ob] = s.x;
+    o[ob + 1u] = s.y;
+    o[ob + 2u] = s.z;
+    o[ob + 3u] = s.w;
   }
 }
