@@ -82,7 +82,26 @@ fn keptAt(b: u32) -> u32 { return BASE + 2u * p.nb + b; }
 fn lastAt(b: u32) -> u32 { return BASE + 3u * p.nb + b; }
 
 fn prob(i: u32) -> f32 {
-  return exp(logits[i] * p.inv_temp - m) * inv_z;
+  return probOf(logits[i]);
+}
+
+fn probOf(x: f32) -> f32 {
+  return exp(x * p.inv_temp - m) * inv_z;
+}
+
+// VPT is the values a thread loads at once in a pass over its block: all
+// of them before it uses any, so that their latencies overlap (a loop
+// that loaded one value, then hashed it into the histogram with an
+// atomic, waited for each load in turn).
+const VPT: u32 = 16u;
+var<private> xv: array<f32, VPT>;
+
+// loadRun fills xv with values i0 + tid + k WG (k < VPT); those at hi or
+// past it read value hi - 1 and are not used.
+fn loadRun(i0: u32, hi: u32, tid: u32) {
+  for (var k = 0u; k < VPT; k++) {
+    xv[k] = logits[min(i0 + tid + k * WG, hi - 1u)];
+  }
 }
 
 // reduceMaxSum combines the threads' (max, sum of exp(x - max)) pairs in
@@ -240,11 +259,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   if (p.stage == 0u) {
     var mx = -3.0e38;
     var zs = 0.0;
-    for (var i = lo + tid; i < hi; i += WG) {
-      let v = logits[i] * p.inv_temp;
-      let nm = max(mx, v);
-      zs = zs * exp(mx - nm) + exp(v - nm);
-      mx = nm;
+    for (var i0 = lo; i0 < hi; i0 += VPT * WG) {
+      loadRun(i0, hi, tid);
+      for (var k = 0u; k < VPT; k++) {
+        if (i0 + tid + k * WG < hi) {
+          let v = xv[k] * p.inv_temp;
+          let nm = max(mx, v);
+          zs = zs * exp(mx - nm) + exp(v - nm);
+          mx = nm;
+        }
+      }
     }
     red[tid] = mx;
     red2[tid] = zs;
@@ -284,20 +308,26 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     // few buckets, and one atomic a value on them serializes the block.
     var cb = NONE;
     var cs = 0u;
-    for (var i = lo + tid; i < hi; i += WG) {
-      let q = prob(i);
-      let bits = bitcast<u32>(q);
-      if (r == 0u || (bits >> (shift + 10u)) == (chosen >> (shift + 10u))) {
-        let bk = (bits >> shift) & (NB - 1u);
-        let v = u32(q * FX + 0.5);
-        if (bk == cb) {
-          cs += v;
-        } else {
-          if (cb != NONE) {
-            atomicAdd(&hist[cb], cs);
+    for (var i0 = lo; i0 < hi; i0 += VPT * WG) {
+      loadRun(i0, hi, tid);
+      for (var k = 0u; k < VPT; k++) {
+        if (i0 + tid + k * WG >= hi) {
+          break;
+        }
+        let q = probOf(xv[k]);
+        let bits = bitcast<u32>(q);
+        if (r == 0u || (bits >> (shift + 10u)) == (chosen >> (shift + 10u))) {
+          let bk = (bits >> shift) & (NB - 1u);
+          let v = u32(q * FX + 0.5);
+          if (bk == cb) {
+            cs += v;
+          } else {
+            if (cb != NONE) {
+              atomicAdd(&hist[cb], cs);
+            }
+            cb = bk;
+            cs = v;
           }
-          cb = bk;
-          cs = v;
         }
       }
     }
@@ -326,11 +356,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   if (p.stage == 4u) {
     var cs = 0.0;
     var lastKept = NONE;
-    for (var i = lo + tid; i < hi; i += WG) {
-      let q = prob(i);
-      if (q >= t) {
-        cs += q;
-        lastKept = i; // rising within a thread
+    for (var i0 = lo; i0 < hi; i0 += VPT * WG) {
+      loadRun(i0, hi, tid);
+      for (var k = 0u; k < VPT; k++) {
+        let i = i0 + tid + k * WG;
+        if (i < hi) {
+          let q = probOf(xv[k]);
+          if (q >= t) {
+            cs += q;
+            lastKept = i; // rising within a thread
+          }
+        }
       }
     }
     red[tid] = cs;
