@@ -34,7 +34,8 @@
 // Scratch s (u32 words): [0, 3072) the three rounds' 1024-bucket
 // histograms; [3072, 3084) the select's state after rounds 0, 1, 2
 // (chosen bits, mass above them, kept mass, every token kept), four words
-// each; then from BASE, per block b: its max and sum (f32 bits) at
+// each; [3084, 3086) the softmax's max and 1 / sum that stage 1 keeps
+// (SOFT); then from BASE, per block b: its max and sum (f32 bits) at
 // BASE + 2b and + 1, its kept mass (f32 bits) at BASE + 2 nb + b, its last
 // kept token at BASE + 3 nb + b.
 
@@ -57,6 +58,7 @@ struct Params {
 const WG: u32 = 256u;
 const NB: u32 = 1024u; // buckets a round
 const STATE: u32 = 3072u;
+const SOFT: u32 = 3084u; // the softmax's max and 1 / sum (f32 bits)
 const BASE: u32 = 3088u;
 const NONE: u32 = 0xffffffffu;
 const FX: f32 = 2147483648.0;
@@ -284,7 +286,24 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     return;
   }
-  softmax(tid);
+  // Stage 1 combines the blocks' pairs into the softmax's max and 1 / sum
+  // (every workgroup the same way, so the same bits) and its workgroup 0
+  // keeps them at SOFT for the later stages, which then read two words
+  // instead of reducing the blocks' pairs again.
+  if (p.stage == 1u) {
+    softmax(tid);
+    if (wid.x == 0u && tid == 0u) {
+      atomicStore(&s[SOFT], bitcast<u32>(m));
+      atomicStore(&s[SOFT + 1u], bitcast<u32>(inv_z));
+    }
+  } else {
+    if (tid == 0u) {
+      stv = vec4<u32>(atomicLoad(&s[SOFT]), atomicLoad(&s[SOFT + 1u]), 0u, 0u);
+    }
+    let sv = workgroupUniformLoad(&stv);
+    m = bitcast<f32>(sv.x);
+    inv_z = bitcast<f32>(sv.y);
+  }
   if (p.stage <= 3u) {
     let r = p.stage - 1u;
     var st = vec4<u32>(0u);
