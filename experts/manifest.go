@@ -78,6 +78,13 @@ type Tokenizer struct {
 	UNK            *int  `json:"unk,omitempty"`
 	PAD            *int  `json:"pad,omitempty"`
 	AddSpacePrefix *bool `json:"add_space_prefix,omitempty"`
+	// Optional, ascending token ids: where the text of such a token is
+	// found in a prompt and becomes that token, the ASCII whitespace next
+	// to it, on its left (LStrip) or right (RStrip), is dropped
+	// (llama.cpp's token attributes LSTRIP and RSTRIP; a GGUF file gets
+	// them from llama.cpp's rules for its model, gguf.Tokenizer).
+	LStrip []int `json:"lstrip,omitempty"`
+	RStrip []int `json:"rstrip,omitempty"`
 }
 
 // MaxVocab bounds a tokenizer's tokens.
@@ -106,6 +113,20 @@ func (t *Tokenizer) validate() error {
 		return fieldErr("tokenizer.add_bos", "true, but there is no bos token")
 	case t.AddEOS != nil && *t.AddEOS && t.EOS < 0:
 		return fieldErr("tokenizer.add_eos", "true, but there is no eos token")
+	}
+	for _, f := range []struct {
+		name string
+		ids  []int
+	}{{"tokenizer.lstrip", t.LStrip}, {"tokenizer.rstrip", t.RStrip}} {
+		// Strictly ascending ids of the vocabulary: one way to write a
+		// set, and at most one entry per token.
+		prev := -1
+		for i, id := range f.ids {
+			if id <= prev || id >= n {
+				return fieldErr(f.name, "[%d] = %d (want ascending token ids, each 0 to %d)", i, id, n-1)
+			}
+			prev = id
+		}
 	}
 	return nil
 }

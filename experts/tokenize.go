@@ -68,9 +68,15 @@ const spmSpace = "\u2581"
 // whatever their type, neither by the first pass nor by the vocabulary
 // lookup after the merges, so a prompt cannot spell out "</s>" (llama.cpp
 // matches control tokens in the text only when asked to parse special
-// tokens). User-defined tokens longer than maxUserTokenBytes are not
-// looked for in the text (a llama model's merges may still reach them),
-// with a Warning.
+// tokens, as EncodeSpecial does). User-defined tokens longer than
+// maxUserTokenBytes are not looked for in the text (a llama model's
+// merges may still reach them), with a Warning.
+//
+// A token found by the first pass may strip the whitespace next to it
+// (the tokenizer's LStrip and RStrip; llama.cpp's LSTRIP and RSTRIP
+// attributes, which it sets for Phi-3's special tokens, among others):
+// the ASCII whitespace between it and the text on that side is dropped,
+// so that "<|user|>\n Hello" reads as "<|user|>Hello".
 type TokenCodec struct {
 	t            *Tokenizer
 	spm          bool
@@ -83,6 +89,7 @@ type TokenCodec struct {
 	ignoreMerges bool                                       // BPE: a piece that is a token is taken whole
 	nfc          bool                                       // BPE: text is normalized to NFC before the split
 	user         *userTokens                                // user-defined tokens, matched in the text first; nil for none
+	special      *userTokens                                // EncodeSpecial's: user-defined, control and unknown tokens; nil for none
 	warning      string
 	byteTok      [256]int     // SPM: <0xXX>; BPE: the mapped byte's token; -1: none
 	byteVal      []int16      // SPM: the byte a byte token stands for, -1 for other tokens
@@ -183,23 +190,32 @@ func NewTokenCodec(t *Tokenizer) (*TokenCodec, error) {
 			delete(c.ids, t.Tokens[id])
 		}
 	}
-	// User-defined tokens are matched in the text before anything else
-	// (llama.cpp's tokenizer_st_partition, which leaves control and
-	// unknown tokens out unless asked to parse special tokens, as Encode
-	// never does).
-	user := make(map[string]int)
+	// User-defined tokens are matched in the text before anything else,
+	// and for EncodeSpecial also control and unknown ones (llama.cpp's
+	// tokenizer_st_partition, which leaves control and unknown tokens out
+	// unless asked to parse special tokens).
+	strip := stripFlags(t)
+	user, special := make(map[string]int), make(map[string]int)
 	var long []string
 	for id, s := range t.Tokens {
+		typ := c.typ(id)
+		// BOS, EOS and the unknown token never come from Encode's text.
+		fromText := typ == tokenUserDefined && id != t.BOS && id != t.EOS && id != c.unk
 		switch {
-		case c.typ(id) != tokenUserDefined || s == "":
-		case id == t.BOS || id == t.EOS || id == c.unk: // never from text
+		case typ != tokenUserDefined && typ != tokenControl && typ != tokenUnknown || s == "":
 		case len(s) > maxUserTokenBytes:
-			long = append(long, s)
+			if fromText {
+				long = append(long, s)
+			}
 		default:
-			user[s] = id // the last of duplicates, as ids
+			special[s] = id // the last of duplicates, as ids
+			if fromText {
+				user[s] = id
+			}
 		}
 	}
-	c.user = newUserTokens(user)
+	c.user = newUserTokens(user, strip)
+	c.special = newUserTokens(special, strip)
 	if w := tooLongWarning(long); w != "" {
 		c.warning = strings.TrimPrefix(c.warning+"; "+w, "; ")
 	}
@@ -227,6 +243,23 @@ func NewTokenCodec(t *Tokenizer) (*TokenCodec, error) {
 		}
 	}
 	return c, nil
+}
+
+// stripFlags returns each token's strip flags, indexed by id, from the
+// tokenizer's LStrip and RStrip; nil where both are empty. validate
+// checked the ids.
+func stripFlags(t *Tokenizer) []uint8 {
+	if len(t.LStrip) == 0 && len(t.RStrip) == 0 {
+		return nil
+	}
+	flags := make([]uint8, len(t.Tokens))
+	for _, id := range t.LStrip {
+		flags[id] |= stripLeft
+	}
+	for _, id := range t.RStrip {
+		flags[id] |= stripRight
+	}
+	return flags
 }
 
 func (c *TokenCodec) typ(id int) int32 {
@@ -263,24 +296,43 @@ func parseByteToken(s string) (byte, bool) {
 // Encode fails where a character has neither a token, byte tokens nor an
 // unknown token.
 func (c *TokenCodec) Encode(text string) ([]int, error) {
-	return c.encode(text, true)
+	return c.encode(text, true, false)
 }
 
-// encode is Encode, with BOS and EOS only where special says so
-// (llama.cpp's add_special; its tokenizer tests run without).
-func (c *TokenCodec) encode(text string, special bool) ([]int, error) {
+// EncodeSpecial is Encode for text that spells out the model's special
+// tokens, as a chat template's text does ("<|user|>\nHi<|end|>\n"):
+// besides the user-defined tokens, the text of a control or unknown
+// token (BOS, EOS and the unknown token included) becomes that token,
+// as llama.cpp's parse_special does. The whitespace next to a token that
+// strips it is dropped as in Encode. Control and unknown tokens longer
+// than maxUserTokenBytes are not looked for. Only for text the caller
+// trusts to hold such tokens: a user's text given to it can end a turn
+// or the generation.
+func (c *TokenCodec) EncodeSpecial(text string) ([]int, error) {
+	return c.encode(text, true, true)
+}
+
+// encode is Encode, with BOS and EOS only where addSpecial says so
+// (llama.cpp's add_special; its tokenizer tests run without), and
+// control and unknown tokens found in the text where parseSpecial says
+// so (llama.cpp's parse_special).
+func (c *TokenCodec) encode(text string, addSpecial, parseSpecial bool) ([]int, error) {
 	if len(text) > MaxPromptBytes {
 		return nil, fmt.Errorf("%w: %d bytes (the limit is %d)", ErrPromptTooLong, len(text), MaxPromptBytes)
 	}
 	var out []int
-	if special && c.addBOS {
+	if addSpecial && c.addBOS {
 		out = append(out, c.t.BOS)
+	}
+	first := c.user
+	if parseSpecial {
+		first = c.special
 	}
 	var err error
 	switch {
 	case text == "":
-	case c.user != nil:
-		err = c.user.cut(text, func(raw string) (err error) {
+	case first != nil:
+		err = first.cut(text, func(raw string) (err error) {
 			out, err = c.encodeText(out, raw)
 			return err
 		}, func(id int) { out = append(out, id) })
@@ -290,7 +342,7 @@ func (c *TokenCodec) encode(text string, special bool) ([]int, error) {
 	if err != nil {
 		return nil, err
 	}
-	if special && c.addEOS {
+	if addSpecial && c.addEOS {
 		out = append(out, c.t.EOS)
 	}
 	return out, nil
@@ -298,7 +350,8 @@ func (c *TokenCodec) encode(text string, special bool) ([]int, error) {
 
 // encodeText encodes text that holds no user-defined token. For llama
 // models it gets the "▁" prefix (unless add_space_prefix is false): as
-// llama.cpp, each stretch of text between user-defined tokens does.
+// llama.cpp, each stretch of text between user-defined tokens does (the
+// stretch that strip flags leave, and none where they leave nothing).
 func (c *TokenCodec) encodeText(out []int, text string) ([]int, error) {
 	if c.spm {
 		if c.spacePrefix {
@@ -515,7 +568,8 @@ var byteToUnicode, unicodeToByte = func() ([256]string, map[rune]byte) {
 // taken off. For
 // text without "▁" that the vocabulary covers, Decode(Encode(s)) == s,
 // except, for llama models, after a user-defined token (Encode puts a
-// space in front of the text that follows it, as llama.cpp does).
+// space in front of the text that follows it, as llama.cpp does), and
+// for the whitespace that Encode dropped next to a token that strips it.
 func (c *TokenCodec) Decode(ids []int) string {
 	d := c.NewDecoder()
 	d.strip = c.spacePrefix

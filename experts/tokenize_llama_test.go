@@ -89,7 +89,7 @@ func checkLlamaVocab(t *testing.T, file string) {
 		}
 		n := len(failed)
 		for i, tc := range cases {
-			got, err := c.encode(tc.text, false)
+			got, err := c.encode(tc.text, false, false)
 			if err != nil || !slices.Equal(got, tc.ids) {
 				failed = append(failed, fmt.Sprintf("%s text %d %q:\n\tgot  %v %q, %v\n\twant %v %q",
 					filepath.Base(set), i, tc.text, got, texts(tk, got), err, tc.ids, texts(tk, tc.ids)))
@@ -174,5 +174,90 @@ func readGGUFTokenizer(file string) (*Tokenizer, error) {
 		return &v
 	}
 	return &Tokenizer{Model: g.Model, Pre: g.Pre, Tokens: g.Tokens, Scores: g.Scores, Types: g.Types,
-		Merges: g.Merges, BOS: g.BOS, EOS: g.EOS, AddBOS: g.AddBOS, AddEOS: g.AddEOS, UNK: id(g.UNK), PAD: id(g.PAD)}, nil
+		Merges: g.Merges, BOS: g.BOS, EOS: g.EOS, AddBOS: g.AddBOS, AddEOS: g.AddEOS, UNK: id(g.UNK), PAD: id(g.PAD),
+		AddSpacePrefix: g.AddSpacePrefix, LStrip: g.LStrip, RStrip: g.RStrip}, nil
+}
+
+// TestLlamaVocabStrip checks Phi-3's stripping on its real vocabulary
+// (ggml-vocab-phi-3.gguf in $RDRR_LLAMA_VOCAB_DIR): the file gets
+// llama.cpp's phi-3 rule (RSTRIP on its special tokens but <unk>, <s>
+// and <|endoftext|>), and prompts that spell out special tokens encode
+// as llama.cpp's rule gives. Each want is written as llama.cpp's
+// tokenizer_st_partition cuts the text (parse_special for
+// EncodeSpecial): the special tokens, and the raw fragments between them
+// with the whitespace after a stripping token taken off by hand; each
+// fragment is then encoded alone with the tokenizer TestLlamaVocab
+// checks (a SentencePiece fragment gets " " in front, as llama.cpp gives
+// every fragment after a token).
+func TestLlamaVocabStrip(t *testing.T) {
+	dir := os.Getenv(llamaVocabDirEnv)
+	if dir == "" {
+		t.Skipf("%s is not set", llamaVocabDirEnv)
+	}
+	file := filepath.Join(dir, "ggml-vocab-phi-3.gguf")
+	if _, err := os.Stat(file); err != nil {
+		t.Skip(err)
+	}
+	tk, err := readGGUFTokenizer(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newCodec(t, tk)
+	id := func(s string) int {
+		for i, x := range tk.Tokens {
+			if x == s {
+				return i
+			}
+		}
+		t.Fatalf("no token %q", s)
+		return -1
+	}
+	for _, s := range []string{"</s>", "<|user|>", "<|end|>", "<|assistant|>", "<|system|>", "[PAD32011]"} {
+		if _, found := slices.BinarySearch(tk.RStrip, id(s)); !found {
+			t.Errorf("%s does not strip on its right", s)
+		}
+	}
+	for _, s := range []string{"<unk>", "<s>", "<|endoftext|>", "▁Hello"} {
+		if _, found := slices.BinarySearch(tk.RStrip, id(s)); found {
+			t.Errorf("%s strips on its right", s)
+		}
+	}
+	if tk.LStrip != nil {
+		t.Errorf("lstrip %v; want none", tk.LStrip)
+	}
+
+	// tok marks a special token among a want's parts.
+	const tok = "\x00"
+	for _, tc := range []struct {
+		special bool
+		in      string
+		parts   []string
+	}{
+		{true, "<|user|>\n Hello<|end|>\n", []string{tok + "<|user|>", "Hello", tok + "<|end|>"}},
+		{true, "<|system|>\nYou are helpful.<|end|>\n<|user|>\nHi there  <|end|>\n<|assistant|>\n",
+			[]string{tok + "<|system|>", "You are helpful.", tok + "<|end|>", tok + "<|user|>", "Hi there  ", tok + "<|end|>", tok + "<|assistant|>"}},
+		// <s> and <|endoftext|> keep what follows them.
+		{true, "a</s>\t b<|endoftext|> c<s> d", []string{"a", tok + "</s>", "b", tok + "<|endoftext|>", " c", tok + "<s>", " d"}},
+		// <unk> too; [PAD32011] (unknown) strips.
+		{true, "<unk>  x [PAD32011]\ny", []string{tok + "<unk>", "  x ", tok + "[PAD32011]", "y"}},
+		// Without parse special only </s> (user-defined) is found.
+		{false, "Hello</s>\n Hello <|end|>\n", []string{"Hello", tok + "</s>", "Hello <|end|>\n"}},
+	} {
+		var want []int
+		for _, p := range tc.parts {
+			if s, ok := strings.CutPrefix(p, tok); ok {
+				want = append(want, id(s))
+				continue
+			}
+			ids, err := c.encode(p, false, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want = append(want, ids...)
+		}
+		got, err := c.encode(tc.in, false, tc.special)
+		if err != nil || !slices.Equal(got, want) {
+			t.Errorf("encode(%q, parse special %v) = %v %q, %v\n\twant %v %q", tc.in, tc.special, got, texts(tk, got), err, want, texts(tk, want))
+		}
+	}
 }

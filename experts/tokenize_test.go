@@ -1,6 +1,7 @@
 package experts
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"unicode/utf8"
 
+	"github.com/rdrr/peer/experts/gguf"
 	"golang.org/x/text/unicode/norm"
 )
 
@@ -316,7 +318,14 @@ func roundTripCodecs(t testing.TB) []*TokenCodec {
 			cs = append(cs, newCodecTB(t, &v))
 		}
 	}
-	return cs
+	// Tokens that strip the whitespace next to them: <u> on its right,
+	// a<u on its left, the control <c> (EncodeSpecial's) on both. No
+	// token starts or ends with whitespace (stripReference needs that).
+	tk := withUserDefined(gpt2Vocab("Ġ a", "a b", "Ċ Ċ"), "<u>", "é", "a<u")
+	ctl := withTyped(tk, tokenControl, "<c>")
+	n := len(tk.Tokens)
+	tk.LStrip, tk.RStrip = []int{n - 2, ctl[0]}, []int{n - 4, ctl[0]}
+	return append(cs, newCodecTB(t, tk))
 }
 
 func newCodecTB(t testing.TB, tk *Tokenizer) *TokenCodec {
@@ -328,7 +337,8 @@ func newCodecTB(t testing.TB, tk *Tokenizer) *TokenCodec {
 }
 
 func FuzzTokenizeRoundTrip(f *testing.F) {
-	for _, s := range []string{"", "a b", " ab  é", "don't\n\n", "\xff\xc3", "日本語 123", "a\u3000 b", "'s'S", "€", "a\x01\x01b 1234~é\r\n  ", "a<u>b <u a<u>"} {
+	for _, s := range []string{"", "a b", " ab  é", "don't\n\n", "\xff\xc3", "日本語 123", "a\u3000 b", "'s'S", "€", "a\x01\x01b 1234~é\r\n  ", "a<u>b <u a<u>",
+		"x <u>\n\ty a<u  z <c>\v\f", "\t<c> <u> a<u\r\n"} {
 		f.Add(s)
 	}
 	cs := roundTripCodecs(f)
@@ -359,6 +369,9 @@ func checkRoundTrip(t *testing.T, cs []*TokenCodec, s string) {
 			t.Fatalf("%s/%s: Encode(%q): %v", c.t.Model, c.t.Pre, s, err)
 		}
 		want := nfcBetweenUserTokens(c, s)
+		if c.user != nil && c.user.strip != nil {
+			want = stripReference(c, s)
+		}
 		if got := c.Decode(ids); got != want {
 			t.Fatalf("%s/%s: Decode(Encode(%q)) = %q (%q)", c.t.Model, c.t.Pre, s, got, texts(c.t, ids))
 		}
@@ -383,7 +396,69 @@ func checkRoundTrip(t *testing.T, cs []*TokenCodec, s string) {
 				}
 			}
 		}
+		// EncodeSpecial is Encode where the text spells no token that
+		// only it looks for.
+		special, err := c.EncodeSpecial(s)
+		if err != nil {
+			t.Fatalf("%s/%s: EncodeSpecial(%q): %v", c.t.Model, c.t.Pre, s, err)
+		}
+		if !spellsSpecial(c, s) && !slices.Equal(special, ids) {
+			t.Fatalf("%s/%s: EncodeSpecial(%q) = %q; Encode gave %q", c.t.Model, c.t.Pre, s, texts(c.t, special), texts(c.t, ids))
+		}
 	}
+}
+
+// spellsSpecial reports whether s holds the text of a token that
+// EncodeSpecial looks for and Encode does not.
+func spellsSpecial(c *TokenCodec, s string) bool {
+	if c.special == nil {
+		return false
+	}
+	for _, tok := range c.special.text {
+		if c.user != nil {
+			if _, found := slices.BinarySearch(c.user.text, tok); found {
+				continue
+			}
+		}
+		if strings.Contains(s, tok) {
+			return true
+		}
+	}
+	return false
+}
+
+// stripReference is what Decode(Encode(s)) gives for a codec whose
+// user-defined tokens strip whitespace (a byte-level one, without NFC),
+// found the other way round: s is cut at its user-defined tokens as if
+// none stripped, then each stretch of text loses its ASCII whitespace
+// next to a token that strips on that side. The two agree where no
+// user-defined token starts or ends with whitespace.
+func stripReference(c *TokenCodec, s string) string {
+	plain := *c.user
+	plain.strip = nil
+	type piece struct {
+		text string
+		id   int // -1: text
+	}
+	var pieces []piece
+	plain.cut(s, func(raw string) error {
+		pieces = append(pieces, piece{raw, -1})
+		return nil
+	}, func(id int) { pieces = append(pieces, piece{c.t.Tokens[id], id}) })
+	strips := func(id int, side []int) bool { return id >= 0 && slices.Contains(side, id) }
+	var b strings.Builder
+	for i, p := range pieces {
+		if p.id < 0 {
+			if i > 0 && strips(pieces[i-1].id, c.t.RStrip) {
+				p.text = strings.TrimLeft(p.text, " \t\n\v\f\r")
+			}
+			if i+1 < len(pieces) && strips(pieces[i+1].id, c.t.LStrip) {
+				p.text = strings.TrimRight(p.text, " \t\n\v\f\r")
+			}
+		}
+		b.WriteString(p.text)
+	}
+	return b.String()
 }
 
 // nfcBetweenUserTokens is what Decode(Encode(s)) gives: s, with the text
@@ -640,15 +715,18 @@ func TestTokenizeManifestFields(t *testing.T) {
 	if err != nil {
 		t.Fatalf("a manifest without the new fields: %v", err)
 	}
-	if tk := old.Tokenizer; tk.AddBOS != nil || tk.AddEOS != nil || tk.UNK != nil || tk.PAD != nil || tk.AddSpacePrefix != nil {
+	if tk := old.Tokenizer; tk.AddBOS != nil || tk.AddEOS != nil || tk.UNK != nil || tk.PAD != nil || tk.AddSpacePrefix != nil || tk.LStrip != nil || tk.RStrip != nil {
 		t.Errorf("absent fields decoded as add_bos %s, add_eos %s, unk %s, pad %s; want all absent", opt(tk.AddBOS), opt(tk.AddEOS), opt(tk.UNK), opt(tk.PAD))
 	}
-	m, err := Decode(with(`{` + base + `, "add_bos": false, "add_eos": true, "unk": 0, "pad": 1, "add_space_prefix": false}`))
+	m, err := Decode(with(`{` + base + `, "add_bos": false, "add_eos": true, "unk": 0, "pad": 1, "add_space_prefix": false, "lstrip": [2], "rstrip": [0, 2]}`))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if tk := m.Tokenizer; tk.AddBOS == nil || *tk.AddBOS || tk.AddEOS == nil || !*tk.AddEOS || tk.UNK == nil || *tk.UNK != 0 || tk.PAD == nil || *tk.PAD != 1 || tk.AddSpacePrefix == nil || *tk.AddSpacePrefix {
 		t.Errorf("decoded add_bos %s, add_eos %s, unk %s, pad %s; want false, true, 0, 1", opt(tk.AddBOS), opt(tk.AddEOS), opt(tk.UNK), opt(tk.PAD))
+	}
+	if tk := m.Tokenizer; !slices.Equal(tk.LStrip, []int{2}) || !slices.Equal(tk.RStrip, []int{0, 2}) {
+		t.Errorf("decoded lstrip %v, rstrip %v; want [2], [0 2]", tk.LStrip, tk.RStrip)
 	}
 	// Encode writes them back (unk 0 is not left out).
 	out, err := m.Encode()
@@ -656,14 +734,21 @@ func TestTokenizeManifestFields(t *testing.T) {
 		t.Fatal(err)
 	}
 	if again, err := Decode(out); err != nil || again.Tokenizer.UNK == nil || *again.Tokenizer.UNK != 0 || again.Tokenizer.AddBOS == nil || *again.Tokenizer.AddBOS ||
-		again.Tokenizer.AddSpacePrefix == nil || *again.Tokenizer.AddSpacePrefix {
-		t.Errorf("round trip: %v; want unk 0, add_bos false, add_space_prefix false", err)
+		again.Tokenizer.AddSpacePrefix == nil || *again.Tokenizer.AddSpacePrefix || !slices.Equal(again.Tokenizer.RStrip, []int{0, 2}) {
+		t.Errorf("round trip: %v; want unk 0, add_bos false, add_space_prefix false, rstrip [0 2]", err)
 	}
-	for field, extra := range map[string]string{
-		"tokenizer.unk":     `, "unk": 3`,
-		"tokenizer.pad":     `, "pad": -1`,
-		"tokenizer.add_bos": `, "bos": -1, "add_bos": true`,
+	for _, tc := range []struct{ field, extra string }{
+		{"tokenizer.unk", `, "unk": 3`},
+		{"tokenizer.pad", `, "pad": -1`},
+		{"tokenizer.add_bos", `, "bos": -1, "add_bos": true`},
+		// Strip lists: ascending ids of the vocabulary, each once.
+		{"tokenizer.lstrip", `, "lstrip": [3]`},
+		{"tokenizer.lstrip", `, "lstrip": [-1]`},
+		{"tokenizer.rstrip", `, "rstrip": [2, 1]`},
+		{"tokenizer.rstrip", `, "rstrip": [1, 1]`},
+		{"tokenizer.rstrip", `, "rstrip": [0, 4294967296]`},
 	} {
+		field, extra := tc.field, tc.extra
 		tok := `{` + base + extra + `}`
 		if field == "tokenizer.add_bos" {
 			tok = strings.Replace(tok, `"bos": 2, `, "", 1)
@@ -681,4 +766,181 @@ func opt[T any](p *T) string {
 		return "absent"
 	}
 	return fmt.Sprint(*p)
+}
+
+// withTyped appends tokens of type typ to tk and returns their ids.
+func withTyped(tk *Tokenizer, typ int32, texts ...string) []int {
+	var ids []int
+	for _, s := range texts {
+		ids = append(ids, len(tk.Tokens))
+		tk.Tokens = append(tk.Tokens, s)
+		tk.Types = append(tk.Types, typ)
+		if tk.Scores != nil {
+			tk.Scores = append(tk.Scores, 0)
+		}
+	}
+	return ids
+}
+
+// phi3Vocab is a toy vocabulary shaped like Phi-3's: SentencePiece,
+// <unk> (unknown), <s> (control, BOS), </s> (user-defined, as Phi-3's
+// GGUF types it), pieces that merge into "▁Hello", all byte tokens, then
+// the chat's control tokens, <|endoftext|> the EOS. rstrip is what
+// llama.cpp's phi-3 rule (gguf.Tokenizer's RStrip) gives it: every
+// token of type unknown, control or user-defined, and </s>, except
+// <unk>, <s> and <|endoftext|>.
+func phi3Vocab() (tk *Tokenizer, rstrip []int) {
+	// Merges, highest score first: He and ll (1, He leftmost), llo (2),
+	// Hello (3), ▁Hello (4).
+	tk = spmVocab([]string{"▁", "H", "e", "l", "o", "ll", "He", "llo", "Hello", "▁Hello"},
+		[]float32{0, 0, 0, 0, 0, 1, 1, 2, 3, 4}, nil)
+	tk.Types[2] = tokenUserDefined // </s>
+	ctl := withTyped(tk, tokenControl, "<|endoftext|>", "<|assistant|>", "<|end|>", "<|user|>")
+	tk.EOS = ctl[0]
+	return tk, append([]int{2}, ctl[1:]...)
+}
+
+// TestTokenizeStrip: a token that strips the whitespace next to it
+// (llama.cpp's LSTRIP and RSTRIP attributes) takes the ASCII whitespace
+// on that side out of the neighbouring text, wherever the first pass
+// finds it (Encode: user-defined tokens; EncodeSpecial: control and
+// unknown ones too). Each want is derived from llama.cpp's
+// tokenizer_st_partition by hand: the text is cut at the special tokens
+// it finds; next to a token with RSTRIP (LSTRIP) the raw fragment on its
+// right (left) loses its leading (trailing) isspace bytes, and a fragment
+// left empty is dropped; then each raw fragment is encoded alone (for
+// SentencePiece with " " in front, as every fragment after a token or at
+// the start gets). noRule is the same vocabulary without the attributes,
+// as a model that llama.cpp gives none: nothing is stripped.
+func TestTokenizeStrip(t *testing.T) {
+	phi3, rstrip := phi3Vocab()
+	// The rule as gguf.Tokenizer applies it to a file named Phi3 (as
+	// llama.cpp's ggml-vocab-phi-3.gguf is) gives the list above.
+	var buf bytes.Buffer
+	err := gguf.Write(&buf, []gguf.KV{
+		{Key: "general.name", Value: "Phi3"},
+		{Key: "tokenizer.ggml.model", Value: "llama"},
+		{Key: "tokenizer.ggml.tokens", Value: gguf.Array{Type: gguf.TypeString, Values: phi3.Tokens}},
+		{Key: "tokenizer.ggml.token_type", Value: gguf.Array{Type: gguf.TypeInt32, Values: phi3.Types}},
+	}, nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := gguf.Read(bytes.NewReader(buf.Bytes()), int64(buf.Len()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g, err := f.Tokenizer(); err != nil || g.LStrip != nil || !slices.Equal(g.RStrip, rstrip) {
+		t.Fatalf("gguf.Tokenizer of a Phi3 file: %v; want rstrip %v", err, rstrip)
+	}
+	phi3Rule := *phi3
+	phi3Rule.RStrip = rstrip
+	// A Jina-v2-like byte-level vocabulary: <mask> (control) strips on
+	// its left (llama.cpp's rule for jina-v2-de, -es, -code).
+	jina := gpt2Vocab("Ġ b")
+	mask := withTyped(jina, tokenControl, "<mask>")
+	jinaRule := *jina
+	jinaRule.LStrip = mask
+
+	for _, tc := range []struct {
+		name         string
+		tk, rule     *Tokenizer
+		special      bool // EncodeSpecial, else Encode
+		in           string
+		want, noRule []string
+	}{
+		{
+			// Fragments: <|user|>, "\n Hello", <|end|>, "\n". RSTRIP drops
+			// "\n " and all of the last "\n"; " Hello" is ▁Hello. Without
+			// the rule: " \n Hello" is ▁ <0x0A> ▁Hello, " \n" ▁ <0x0A>.
+			name: "phi-3 chat turn", tk: phi3, rule: &phi3Rule, special: true,
+			in:     "<|user|>\n Hello<|end|>\n",
+			want:   []string{"<s>", "<|user|>", "▁Hello", "<|end|>"},
+			noRule: []string{"<s>", "<|user|>", "▁", "<0x0A>", "▁Hello", "<|end|>", "▁", "<0x0A>"},
+		},
+		{
+			// Whitespace between two stripping tokens vanishes; " \nHello"
+			// without the rule is ▁ <0x0A> Hello ("\nH" is no token).
+			name: "phi-3 two turns", tk: phi3, rule: &phi3Rule, special: true,
+			in:     "<|user|>\nHello<|end|>\n<|assistant|>",
+			want:   []string{"<s>", "<|user|>", "▁Hello", "<|end|>", "<|assistant|>"},
+			noRule: []string{"<s>", "<|user|>", "▁", "<0x0A>", "Hello", "<|end|>", "▁", "<0x0A>", "<|assistant|>"},
+		},
+		{
+			// RSTRIP leaves the left side: " Hello " is ▁Hello ▁.
+			name: "phi-3 left kept", tk: phi3, rule: &phi3Rule, special: true,
+			in:     "Hello <|end|>",
+			want:   []string{"<s>", "▁Hello", "▁", "<|end|>"},
+			noRule: []string{"<s>", "▁Hello", "▁", "<|end|>"},
+		},
+		{
+			// isspace's six bytes go; U+00A0 is not one of them: " \u00a0Hello"
+			// is ▁, its two bytes, Hello.
+			name: "phi-3 C whitespace", tk: phi3, rule: &phi3Rule, special: true,
+			in:     "<|end|>\t\r\v\f \u00a0Hello",
+			want:   []string{"<s>", "<|end|>", "▁", "<0xC2>", "<0xA0>", "Hello"},
+			noRule: []string{"<s>", "<|end|>", "▁", "<0x09>", "<0x0D>", "<0x0B>", "<0x0C>", "▁", "<0xC2>", "<0xA0>", "Hello"},
+		},
+		{
+			// <|endoftext|> is one of the rule's exceptions: "  Hello" is
+			// ▁ ▁Hello either way.
+			name: "phi-3 endoftext", tk: phi3, rule: &phi3Rule, special: true,
+			in:     "<|endoftext|> Hello",
+			want:   []string{"<s>", "<|endoftext|>", "▁", "▁Hello"},
+			noRule: []string{"<s>", "<|endoftext|>", "▁", "▁Hello"},
+		},
+		{
+			// </s> is user-defined (and not the EOS): Encode finds it, and
+			// its RSTRIP applies without parse special too.
+			name: "phi-3 </s> in Encode", tk: phi3, rule: &phi3Rule,
+			in:     "Hello</s>\n Hello",
+			want:   []string{"<s>", "▁Hello", "</s>", "▁Hello"},
+			noRule: []string{"<s>", "▁Hello", "</s>", "▁", "<0x0A>", "▁Hello"},
+		},
+		{
+			// LSTRIP: "a " loses its space; " b" is Ġb.
+			name: "jina <mask>", tk: jina, rule: &jinaRule, special: true,
+			in:     "a <mask> b",
+			want:   []string{"a", "<mask>", "Ġb"},
+			noRule: []string{"a", "Ġ", "<mask>", "Ġb"},
+		},
+		{
+			// A fragment of whitespace only vanishes.
+			name: "jina <mask> after newlines", tk: jina, rule: &jinaRule, special: true,
+			in:     "\n\n<mask>",
+			want:   []string{"<mask>"},
+			noRule: []string{"Ċ", "Ċ", "<mask>"},
+		},
+	} {
+		for _, v := range []struct {
+			tk   *Tokenizer
+			want []string
+		}{{tc.rule, tc.want}, {tc.tk, tc.noRule}} {
+			c := newCodec(t, v.tk)
+			enc, how := c.Encode, "Encode"
+			if tc.special {
+				enc, how = c.EncodeSpecial, "EncodeSpecial"
+			}
+			ids, err := enc(tc.in)
+			if got := texts(v.tk, ids); err != nil || !slices.Equal(got, v.want) {
+				t.Errorf("%s, strip %v/%v: %s(%q) = %q, %v; want %q", tc.name, v.tk.LStrip, v.tk.RStrip, how, tc.in, got, err, v.want)
+			}
+		}
+	}
+
+	// Without parse special the control tokens stay text, so nothing
+	// strips next to them: Encode never yields <|user|> or <|end|>.
+	c := newCodec(t, &phi3Rule)
+	ids, err := c.Encode("<|user|>\n Hello<|end|>\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range ids {
+		if phi3.Types[id] == tokenControl && id != phi3.BOS {
+			t.Errorf("Encode gave the control token %q", phi3.Tokens[id])
+		}
+	}
+	if got, want := c.Decode(ids), "<|user|>\n Hello<|end|>\n"; got != want {
+		t.Errorf("Decode(Encode(chat)) = %q; want %q", got, want)
+	}
 }

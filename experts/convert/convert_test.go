@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -65,7 +66,9 @@ func f16s(r *rand.Rand, n int) []byte {
 
 // writeMixtralGGUF writes a small Mixtral-shaped GGUF: stacked Q4_K
 // experts, F16 attention, F32 norms and router, a tokenizer.
-func writeMixtralGGUF(t *testing.T, path string, stacked bool, alignment uint64) map[string][]byte {
+// writeMixtralGGUF writes a tiny Mixtral-shaped GGUF; extra keys replace
+// the default ones of the same name or are added.
+func writeMixtralGGUF(t *testing.T, path string, stacked bool, alignment uint64, extra ...gguf.KV) map[string][]byte {
 	r := rand.New(rand.NewPCG(1, 2))
 	want := map[string][]byte{} // RDRR name -> bytes
 	var ts []gguf.WriteTensor
@@ -129,6 +132,14 @@ func writeMixtralGGUF(t *testing.T, path string, stacked bool, alignment uint64)
 		{Key: "tokenizer.ggml.eos_token_id", Value: uint32(2)},
 		{Key: "tokenizer.ggml.unknown_token_id", Value: uint32(0)},
 		{Key: "tokenizer.ggml.add_bos_token", Value: false},
+	}
+	for _, e := range extra {
+		i := slices.IndexFunc(kv, func(k gguf.KV) bool { return k.Key == e.Key })
+		if i < 0 {
+			kv = append(kv, e)
+		} else {
+			kv[i] = e
+		}
 	}
 	var buf bytes.Buffer
 	if err := gguf.Write(&buf, kv, ts, alignment); err != nil {
@@ -213,6 +224,29 @@ func TestConvertGGUF(t *testing.T) {
 				t.Errorf("down_proj shape %v; want [%d %d]", sh, hidden, ffn)
 			}
 		})
+	}
+}
+
+// A model llama.cpp strips whitespace for (Phi-3: its control tokens strip
+// on the right) keeps those ids in its manifest's tokenizer.
+func TestConvertGGUFStrip(t *testing.T) {
+	dir := t.TempDir()
+	in := filepath.Join(dir, "m.gguf")
+	types := make([]int32, vocab)
+	for i := range types {
+		types[i] = 1 // normal
+	}
+	types[1], types[2], types[5] = 3, 3, 3 // control: BOS, EOS and one more
+	want := writeMixtralGGUF(t, in, true, 32,
+		gguf.KV{Key: "general.name", Value: "Phi-3-tiny"},
+		gguf.KV{Key: "tokenizer.ggml.token_type", Value: gguf.Array{Type: gguf.TypeInt32, Values: types}})
+	out := filepath.Join(dir, "out")
+	if _, err := Convert(context.Background(), in, out, Options{}); err != nil {
+		t.Fatal(err)
+	}
+	m := checkConverted(t, out, want)
+	if tk := m.Tokenizer; tk == nil || !slices.Equal(tk.RStrip, []int{1, 2, 5}) || tk.LStrip != nil {
+		t.Fatalf("tokenizer strips %v on the left, %v on the right; want none, [1 2 5]", tk.LStrip, tk.RStrip)
 	}
 }
 

@@ -121,7 +121,7 @@ func ggufManifest(g *gguf.File) (*experts.Manifest, error) {
 	if tk != nil {
 		m.Tokenizer = &experts.Tokenizer{Model: tk.Model, Pre: tk.Pre, Tokens: tk.Tokens, Scores: tk.Scores, Types: tk.Types,
 			Merges: tk.Merges, BOS: tk.BOS, EOS: tk.EOS, AddBOS: tk.AddBOS, AddEOS: tk.AddEOS, UNK: optionalID(tk.UNK), PAD: optionalID(tk.PAD),
-			AddSpacePrefix: tk.AddSpacePrefix}
+			AddSpacePrefix: tk.AddSpacePrefix, LStrip: tk.LStrip, RStrip: tk.RStrip}
 		m.Config.VocabSize = len(tk.Tokens)
 	}
 	if v := u("vocab_size"); v > 0 {

@@ -15,6 +15,12 @@ type Tokenizer struct {
 	// tokenizer.ggml.add_bos_token, add_eos_token and add_space_prefix,
 	// nil when absent.
 	AddBOS, AddEOS, AddSpacePrefix *bool
+	// LStrip and RStrip are the ids, ascending, of the tokens whose
+	// whitespace on the left (right) llama.cpp drops where it finds them
+	// in a prompt's text, nil for none. No GGUF key holds them: they are
+	// llama.cpp's rules for the model that general.name,
+	// general.architecture and tokenizer.ggml.pre name (stripRules).
+	LStrip, RStrip []int
 }
 
 // Tokenizer returns the file's tokenizer, or nil if it has no
@@ -86,5 +92,9 @@ func (f *File) Tokenizer() (*Tokenizer, error) {
 	if tk.AddEOS != nil && *tk.AddEOS && tk.EOS < 0 {
 		return nil, formatErr("%sadd_eos_token is true, but %seos_token_id is not set", p, p)
 	}
+	// Names of another type count as absent: they only select the rules.
+	name, _ := f.String("general.name")
+	arch, _ := f.String("general.architecture")
+	tk.LStrip, tk.RStrip = stripRules(name, arch, tk.Pre, tk.Tokens, tk.Types)
 	return tk, nil
 }
