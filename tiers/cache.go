@@ -118,8 +118,8 @@ type Config struct {
 	HostRAM bool
 	// Disk and Swarm are the sources, tried in that order (either may be nil).
 	Disk, Swarm Source
-	// Policy names the eviction policy of both cached levels: lru, lfu or
-	// cost (default cost).
+	// Policy names the eviction policy of both cached levels: lru, lfu,
+	// cost or cycle (default cycle: tiers/BENCHMARKS.md).
 	Policy string
 	// PrefetchWorkers bounds prefetches running at once (default 2).
 	PrefetchWorkers int
@@ -200,7 +200,7 @@ type entry struct {
 // are the caller's to clamp (see Clamp).
 func New(cfg Config) (*Cache, error) {
 	if cfg.Policy == "" {
-		cfg.Policy = "cost"
+		cfg.Policy = "cycle"
 	}
 	if cfg.PrefetchWorkers <= 0 {
 		cfg.PrefetchWorkers = 2
@@ -552,9 +552,13 @@ func (c *Cache) readSource(ctx context.Context, k Key, dst []byte) error {
 	return fmt.Errorf("%w: %v", ErrNoSource, k)
 }
 
-// touchLocked tells the policy of an access and re-ranks id.
+// touchLocked tells the policy of an access and re-ranks id (an
+// AgingPolicy ranks its entries itself: no heap).
 func (lv *cacheLevel) touchLocked(id int, size int64, now int64, hit bool) {
 	lv.policy.Access(id, size, now, hit)
+	if _, ok := lv.policy.(AgingPolicy); ok {
+		return
+	}
 	lv.ver[id]++
 	heap.Push(&lv.heap, heapItem{lv.policy.Score(id), id, lv.ver[id]})
 }
@@ -563,6 +567,9 @@ func (lv *cacheLevel) touchLocked(id int, size int64, now int64, hit bool) {
 // first; a prefetch asked at askedAt evicts nothing demanded since) and
 // counts its bytes.
 func (lv *cacheLevel) reserveLocked(c *Cache, e *entry, askedAt int64) error {
+	if ap, ok := lv.policy.(AgingPolicy); ok {
+		return lv.reserveAgingLocked(c, e, askedAt, ap)
+	}
 	var skipped []heapItem
 	defer func() {
 		for _, it := range skipped {
@@ -582,16 +589,44 @@ func (lv *cacheLevel) reserveLocked(c *Cache, e *entry, askedAt int64) error {
 			skipped = append(skipped, it)
 			continue
 		}
-		lv.dropLocked(v)
-		lv.policy.Remove(v.id)
-		c.stats[lv.level].evictions++
-		c.stats[lv.level].bytesDown += v.size
+		lv.evictLocked(c, v)
 	}
+	lv.admitLocked(e)
+	return nil
+}
+
+// reserveAgingLocked is reserveLocked for a policy that picks each victim
+// itself; the entries it may pick are the same.
+func (lv *cacheLevel) reserveAgingLocked(c *Cache, e *entry, askedAt int64, ap AgingPolicy) error {
+	evictable := func(id int) bool {
+		v, ok := lv.entries[id]
+		return ok && v.ready && v.leases == 0 && (askedAt < 0 || v.lastDemand <= askedAt)
+	}
+	for lv.used+e.size > lv.budget || (lv.level == VRAM && lv.place.nfree == 0) {
+		id, ok := ap.Victim(c.now, evictable)
+		if !ok {
+			return fmt.Errorf("%w (%s: %d of %d bytes)", ErrFull, lv.level, lv.used, lv.budget)
+		}
+		lv.evictLocked(c, lv.entries[id])
+	}
+	lv.admitLocked(e)
+	return nil
+}
+
+// evictLocked evicts v and tells the policy.
+func (lv *cacheLevel) evictLocked(c *Cache, v *entry) {
+	lv.dropLocked(v)
+	lv.policy.Remove(v.id)
+	c.stats[lv.level].evictions++
+	c.stats[lv.level].bytesDown += v.size
+}
+
+// admitLocked counts e's bytes and, in VRAM, gives it a slot.
+func (lv *cacheLevel) admitLocked(e *entry) {
 	lv.used += e.size
 	if lv.level == VRAM {
 		e.slot = lv.place.take(e.id)
 	}
-	return nil
 }
 
 // dropLocked removes e and frees its room.

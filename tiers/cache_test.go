@@ -118,19 +118,39 @@ type levelCase struct {
 	target Level
 	source string // disk or swarm
 	host   bool   // Config.HostRAM (with a HostArena)
+	policy string // Config.Policy (default lru)
+}
+
+// withPolicies returns each case under each policy of PolicyNames.
+func withPolicies(cases []levelCase) []levelCase {
+	var out []levelCase
+	for _, lc := range cases {
+		for _, p := range PolicyNames {
+			lc.policy = p
+			out = append(out, lc)
+		}
+	}
+	return out
+}
+
+func (lc levelCase) policyName() string {
+	if lc.policy == "" {
+		return "lru"
+	}
+	return lc.policy
 }
 
 var conformance = []levelCase{
-	{"ram from disk", RAM, "disk", false},
-	{"ram from swarm", RAM, "swarm", false},
-	{"vram from disk", VRAM, "disk", false},
-	{"vram from swarm", VRAM, "swarm", false},
+	{"ram from disk", RAM, "disk", false, ""},
+	{"ram from swarm", RAM, "swarm", false, ""},
+	{"vram from disk", VRAM, "disk", false, ""},
+	{"vram from swarm", VRAM, "swarm", false, ""},
 }
 
 func (lc levelCase) cache(t testing.TB, w *world, slots int, arena Arena) (*Cache, *storeFetcher) {
 	t.Helper()
 	f := &storeFetcher{st: w.st}
-	cfg := Config{RAM: int64(slots) * keyLen, Now: fakeNow(), Policy: "lru"}
+	cfg := Config{RAM: int64(slots) * keyLen, Now: fakeNow(), Policy: lc.policyName()}
 	if lc.source == "disk" {
 		cfg.Disk = DiskSource{w.st}
 	} else {
@@ -163,8 +183,8 @@ func leaseBytes(l *Lease, arena *memArena) []byte {
 // The conformance suite: every level serves the right bytes, keeps its
 // budget through evictions, and never evicts a lease.
 func TestConformance(t *testing.T) {
-	for _, lc := range conformance {
-		t.Run(lc.name, func(t *testing.T) {
+	for _, lc := range withPolicies(conformance) {
+		t.Run(lc.name+"/"+lc.policy, func(t *testing.T) {
 			w := newWorld(t, 8)
 			arena := newMemArena(3, keyLen)
 			c, _ := lc.cache(t, w, 3, arena)
@@ -391,12 +411,12 @@ func TestPrefetchPriority(t *testing.T) {
 // groups contend for banks while evictions free and take slots; check
 // verifies the placer's books after every operation.
 func TestRandomWorkload(t *testing.T) {
-	for _, lc := range conformance {
+	for _, lc := range withPolicies(conformance) {
 		for _, grouped := range []bool{false, true} {
 			if grouped && lc.target != VRAM {
 				continue
 			}
-			name := lc.name
+			name := lc.name + "/" + lc.policy
 			if grouped {
 				name += ", grouped in banks"
 			}
@@ -421,7 +441,7 @@ func randomWorkload(t *testing.T, lc levelCase, grouped bool) {
 	}
 	if lc.target == RAM {
 		c.Close()
-		c, _ = New(Config{RAM: 4 * keyLen, Disk: DiskSource{w.st}, Swarm: SwarmSource{&storeFetcher{st: w.st}}, Now: fakeNow()})
+		c, _ = New(Config{RAM: 4 * keyLen, Disk: DiskSource{w.st}, Swarm: SwarmSource{&storeFetcher{st: w.st}}, Now: fakeNow(), Policy: lc.policyName()})
 		defer c.Close()
 	}
 	var wg sync.WaitGroup
@@ -483,28 +503,32 @@ func randomWorkload(t *testing.T, lc levelCase, grouped bool) {
 	}
 }
 
-// The recorder writes what the pager demanded, replayable.
+// The recorder writes what the pager demanded, replayable: under every
+// policy, a replay counts what the cache counted.
 func TestTraceRecorder(t *testing.T) {
-	w := newWorld(t, 4)
-	rec := &TraceRecorder{}
-	c, _ := New(Config{RAM: 2 * keyLen, Disk: DiskSource{w.st}, Trace: rec, Now: fakeNow()})
-	defer c.Close()
-	for tok, i := range []int{0, 1, 0, 2, 1, 0} {
-		rec.SetToken(tok)
-		l, err := c.Get(context.Background(), w.keys[i], RAM)
-		if err != nil {
-			t.Fatal(err)
-		}
-		l.Release()
-	}
-	tr := rec.Trace()
-	if len(tr.Keys) != 3 || len(tr.Accesses) != 6 || tr.Accesses[5].Token != 5 {
-		t.Fatalf("trace: %d keys, %d accesses", len(tr.Keys), len(tr.Accesses))
-	}
-	// The replay agrees with what the cache counted.
-	sim := Simulate(tr, mustPolicy("cost"), 2*keyLen)
-	if got := c.Stats()[RAM]; sim.Hits != int(got.Hits) || sim.Misses != int(got.Misses) {
-		t.Fatalf("replay: %d hits %d misses; the cache counted %d and %d", sim.Hits, sim.Misses, got.Hits, got.Misses)
+	for _, policy := range PolicyNames {
+		t.Run(policy, func(t *testing.T) {
+			w := newWorld(t, 4)
+			rec := &TraceRecorder{}
+			c, _ := New(Config{RAM: 2 * keyLen, Disk: DiskSource{w.st}, Trace: rec, Now: fakeNow(), Policy: policy})
+			defer c.Close()
+			for tok, i := range []int{0, 1, 0, 2, 1, 0} {
+				rec.SetToken(tok)
+				l, err := c.Get(context.Background(), w.keys[i], RAM)
+				if err != nil {
+					t.Fatal(err)
+				}
+				l.Release()
+			}
+			tr := rec.Trace()
+			if len(tr.Keys) != 3 || len(tr.Accesses) != 6 || tr.Accesses[5].Token != 5 {
+				t.Fatalf("trace: %d keys, %d accesses", len(tr.Keys), len(tr.Accesses))
+			}
+			sim := Simulate(tr, mustPolicy(policy), 2*keyLen)
+			if got := c.Stats()[RAM]; sim.Hits != int(got.Hits) || sim.Misses != int(got.Misses) {
+				t.Fatalf("replay: %d hits %d misses; the cache counted %d and %d", sim.Hits, sim.Misses, got.Hits, got.Misses)
+			}
+		})
 	}
 }
 

@@ -5,6 +5,7 @@
 // until released; concurrent gets of one key share one load; prefetches
 // queue by priority behind every demand and never evict a lease or a
 // later demand; budgets are never exceeded. Eviction policies (LRU, LFU,
-// GreedyDual-Size-Frequency) are measured against Belady's MIN on traces
-// in the format of TRACE.md. See DESIGN.md, "Tiers".
+// GreedyDual-Size-Frequency, and Cycle, which learns the pager's layer
+// cycle) are measured against Belady's MIN on traces in the format of
+// TRACE.md. See DESIGN.md, "Tiers".
 package tiers

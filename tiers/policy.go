@@ -20,9 +20,8 @@ type Policy interface {
 	Score(id int) float64
 }
 
-// NewPolicy returns the policy called name: lru, lfu or cost.
-// cost is the refetch cost of a byte from the level below (any unit: only
-// ratios between keys matter; 1 when all keys come from one place).
+// NewPolicy returns the policy called name: lru, lfu, cost (with a
+// refetch cost of 1 per byte for every key) or cycle (an AgingPolicy).
 func NewPolicy(name string) (Policy, error) {
 	switch name {
 	case "lru":
@@ -31,12 +30,14 @@ func NewPolicy(name string) (Policy, error) {
 		return NewLFU(), nil
 	case "cost":
 		return NewCostAware(nil), nil
+	case "cycle":
+		return NewCycle(), nil
 	}
-	return nil, fmt.Errorf("unknown policy %q (want lru, lfu or cost)", name)
+	return nil, fmt.Errorf("unknown policy %q (want lru, lfu, cost or cycle)", name)
 }
 
 // PolicyNames lists the policies NewPolicy knows.
-var PolicyNames = []string{"lru", "lfu", "cost"}
+var PolicyNames = []string{"lru", "lfu", "cost", "cycle"}
 
 // LRU evicts the entry used longest ago.
 type LRU struct{ last map[int]int64 }

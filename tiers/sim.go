@@ -39,22 +39,31 @@ type SimResult struct {
 	MissBytes  int64   `json:"missBytes"`
 	ToBelady   float64 `json:"ofBelady,omitempty"` // hit rate / Belady's at the same budget
 	Evictions  int     `json:"evictions"`
-	Prefetches int     `json:"prefetches,omitempty"`
+	Prefetches int     `json:"prefetches,omitempty"` // prefetch requests that loaded their key
 }
+
+// Loads is how many keys the replay loaded: misses and prefetches.
+func (r SimResult) Loads() int { return r.Misses + r.Prefetches }
 
 // Simulate replays t's accesses against policy p with budget bytes of
 // cache. Demand accesses count as hits or misses; prefetch requests
-// insert their key without counting.
+// insert their key without counting. An AgingPolicy picks each victim
+// itself, as in the cache.
 func Simulate(t *Trace, p Policy, budget int64) SimResult {
 	res := SimResult{Policy: p.Name(), Budget: budget}
 	in := make([]bool, len(t.Keys))
 	ver := make([]uint64, len(t.Keys))
 	var used int64
 	var h evictHeap
+	aging, _ := p.(AgingPolicy)
 	push := func(id int) {
+		if aging != nil {
+			return
+		}
 		ver[id]++
 		heap.Push(&h, heapItem{p.Score(id), id, ver[id]})
 	}
+	isIn := func(id int) bool { return in[id] }
 	for now, a := range t.Accesses {
 		k := t.Keys[a.Key]
 		if in[a.Key] {
@@ -75,13 +84,19 @@ func Simulate(t *Trace, p Policy, budget int64) SimResult {
 			continue // never fits: served from below each time
 		}
 		for used+k.Size > budget {
-			it := heap.Pop(&h).(heapItem)
-			if !in[it.id] || it.ver != ver[it.id] {
-				continue
+			var id int
+			if aging != nil {
+				id, _ = aging.Victim(int64(now), isIn) // something is in: used > 0
+			} else {
+				it := heap.Pop(&h).(heapItem)
+				if !in[it.id] || it.ver != ver[it.id] {
+					continue
+				}
+				id = it.id
 			}
-			in[it.id] = false
-			used -= t.Keys[it.id].Size
-			p.Remove(it.id)
+			in[id] = false
+			used -= t.Keys[id].Size
+			p.Remove(id)
 			res.Evictions++
 		}
 		in[a.Key] = true
@@ -168,7 +183,19 @@ func (t *Trace) DemandOnly() *Trace {
 // Report replays t's demands against every policy and Belady's MIN at
 // each budget (a fraction of all keys' bytes).
 func Report(t *Trace, fractions []float64) []SimResult {
-	t = t.DemandOnly()
+	d := t.DemandOnly()
+	return report(d, d, fractions)
+}
+
+// ReportWithPrefetches is Report with the policies replaying t's prefetch
+// requests too, as the cache met them: what a recorded run's loads
+// (misses and prefetches, SimResult.Loads) would have been under each
+// policy. Belady's MIN still sees the demands only.
+func ReportWithPrefetches(t *Trace, fractions []float64) []SimResult {
+	return report(t, t.DemandOnly(), fractions)
+}
+
+func report(t, demands *Trace, fractions []float64) []SimResult {
 	var total int64
 	for _, k := range t.Keys {
 		total += k.Size
@@ -176,7 +203,7 @@ func Report(t *Trace, fractions []float64) []SimResult {
 	var out []SimResult
 	for _, f := range fractions {
 		budget := int64(f * float64(total))
-		b := Belady(t, budget)
+		b := Belady(demands, budget)
 		out = append(out, b)
 		for _, name := range PolicyNames {
 			p, _ := NewPolicy(name)
@@ -196,12 +223,12 @@ func PrintReport(w io.Writer, t *Trace, rs []SimResult) {
 	for _, k := range t.Keys {
 		total += k.Size
 	}
-	fmt.Fprintf(w, "%-8s %8s %8s %9s %9s\n", "budget", "policy", "hit rate", "of MIN", "evictions")
+	fmt.Fprintf(w, "%-8s %8s %8s %9s %9s %9s\n", "budget", "policy", "hit rate", "of MIN", "evictions", "loads")
 	for _, r := range rs {
 		of := "-"
 		if r.Policy != "belady" {
 			of = fmt.Sprintf("%.3f", r.ToBelady)
 		}
-		fmt.Fprintf(w, "%7.0f%% %8s %8.3f %9s %9d\n", 100*float64(r.Budget)/float64(total), r.Policy, r.HitRate, of, r.Evictions)
+		fmt.Fprintf(w, "%7.0f%% %8s %8.3f %9s %9d %9d\n", 100*float64(r.Budget)/float64(total), r.Policy, r.HitRate, of, r.Evictions, r.Loads())
 	}
 }

@@ -51,6 +51,11 @@ func TestBeladyIsAnUpperBound(t *testing.T) {
 // The policy report: on the DeepSeek-shaped trace the best shipped policy
 // reaches 0.9 of Belady's hit rate with 25% of the experts cached.
 func TestPolicyReport(t *testing.T) {
+	if raceEnabled && testing.Short() {
+		// A replay on one goroutine, ten times slower under the race
+		// detector: the run without it (make test's first pass) covers it.
+		t.Skip("single-goroutine replay; covered by the run without -race")
+	}
 	tr, err := SyntheticMoETrace(DeepSeekMoETrace)
 	if err != nil {
 		t.Fatal(err)

@@ -24,7 +24,7 @@ import (
 )
 
 func generateCmd(a *app) *cobra.Command {
-	var warm, profileGPU bool
+	var warm, profileGPU, special bool
 	var prompt, tracePath, cpuProfile, policy, engine, procedural string
 	var maxTokens int
 	var prefetch, hostRAM bool
@@ -54,6 +54,9 @@ tokens. --profile-gpu times every dispatch on the GPU.`,
 				prefetchLevel = tiers.RAM
 			default:
 				return fmt.Errorf("--prefetch-to %q: want ram or vram", prefetchTo)
+			}
+			if _, err := tiers.NewPolicy(policy); err != nil {
+				return fmt.Errorf("--policy: %w", err) // before the model loads
 			}
 			var ps *experts.ProceduralSource
 			if procedural != "" {
@@ -104,7 +107,7 @@ tokens. --profile-gpu times every dispatch on the GPU.`,
 						return err
 					}
 				}
-				codec, promptToks, err := promptTokens(m, prompt)
+				codec, promptToks, err := promptTokens(m, prompt, special)
 				if err != nil {
 					return err
 				}
@@ -296,11 +299,12 @@ tokens. --profile-gpu times every dispatch on the GPU.`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&prompt, "prompt", "Hello", "the prompt")
+	f.BoolVar(&special, "special", false, "the prompt spells out the model's special tokens, as a chat template's text does (\"<|user|>\\nHi<|end|>\\n\"): their text becomes those tokens, and the whitespace the model's rules strip next to them goes (llama.cpp's parse_special); without it such text is plain text")
 	f.IntVar(&maxTokens, "max-tokens", 32, "tokens to generate")
 	f.Float64Var(&s.Temperature, "temperature", 0, "sampling temperature (0: greedy)")
 	f.Float64Var(&s.TopP, "top-p", 1, "nucleus sampling mass")
 	f.Uint64Var(&s.Seed, "seed", 1, "sampling seed")
-	f.StringVar(&policy, "policy", "cost", "eviction policy: lru, lfu or cost")
+	f.StringVar(&policy, "policy", "cycle", "eviction policy: lru, lfu, cost (GreedyDual-Size-Frequency) or cycle (learns the layer cycle; tiers/BENCHMARKS.md)")
 	f.BoolVar(&warm, "warm", false, "gpu engine: before timing, load every expert into RAM, and into VRAM when --vram holds them all (the stats are then those of the timed run)")
 	f.BoolVar(&profileGPU, "profile-gpu", false, "gpu engine: time every dispatch on the GPU (timestamp queries, each dispatch in a pass of its own) and print where the steps' GPU time goes; without timestamps, wait for the GPU after each part of a resident layer instead (much slower)")
 	f.StringVar(&cpuProfile, "cpuprofile", "", "write a Go CPU profile of the generation (not the load) here")
@@ -308,7 +312,7 @@ tokens. --profile-gpu times every dispatch on the GPU.`,
 	f.StringVar(&engine, "engine", "ref", "decode engine: ref (float64 CPU reference) or gpu (wgpu kernels, experts paged into a VRAM arena of --vram bytes)")
 	f.BoolVar(&hostRAM, "host-ram", false, "gpu engine: keep the RAM level's experts in host memory the GPU copies from directly (an upload is one DMA copy, no memcpy into staging; off by default: on the H100 a RAM level of hundreds of such buffers slowed every step, see tiers/BENCHMARKS.md)")
 	f.BoolVar(&prefetch, "prefetch", true, "gpu engine: prefetch each next layer's likely experts (its router on the current hidden state)")
-	f.StringVar(&prefetchTo, "prefetch-to", "vram", "gpu engine: the level prefetches promote to: vram (through ram: fetched and uploaded) or ram (fetched from disk or the swarm only; the GPU's queue stays the demand's)")
+	f.StringVar(&prefetchTo, "prefetch-to", "ram", "gpu engine: the level prefetches promote to: vram (through ram: fetched and uploaded) or ram (fetched from disk or the swarm only; the GPU's queue stays the demand's)")
 	f.StringVar(&procedural, "procedural", "", "the manifest of a synthetic model to regenerate locally instead of reading a store (model argument: its CID or -)")
 	budgetFlags(cmd, &budgets)
 	nf.add(cmd)
@@ -317,8 +321,10 @@ tokens. --profile-gpu times every dispatch on the GPU.`,
 
 // promptTokens encodes the prompt with the model's tokenizer, or as bytes
 // for a model without one (synthetic: ids 0-255 are the bytes, so its
-// vocabulary must hold 256). The codec is nil for bytes.
-func promptTokens(m *experts.Manifest, prompt string) (*experts.TokenCodec, []int, error) {
+// vocabulary must hold 256). The codec is nil for bytes. With special,
+// the text of the model's control tokens becomes those tokens
+// (TokenCodec.EncodeSpecial).
+func promptTokens(m *experts.Manifest, prompt string, special bool) (*experts.TokenCodec, []int, error) {
 	var codec *experts.TokenCodec
 	var toks []int
 	if m.Tokenizer != nil {
@@ -326,7 +332,11 @@ func promptTokens(m *experts.Manifest, prompt string) (*experts.TokenCodec, []in
 		if codec, err = experts.NewTokenCodec(m.Tokenizer); err != nil {
 			return nil, nil, fmt.Errorf("generate: %w", err)
 		}
-		if toks, err = codec.Encode(prompt); err != nil {
+		encode := codec.Encode
+		if special {
+			encode = codec.EncodeSpecial
+		}
+		if toks, err = encode(prompt); err != nil {
 			return nil, nil, fmt.Errorf("generate: the prompt: %w", err)
 		}
 	} else {

@@ -23,14 +23,16 @@ func tiersCommands(a *app) []*cobra.Command {
 func tiersSimulateCmd(a *app) *cobra.Command {
 	var shape, tracePath, out string
 	var budgets []float64
+	var withPrefetches bool
 	p := tiers.DefaultMoETrace
 	cmd := &cobra.Command{
 		Use:   "simulate [--trace file | --shape mixtral|deepseek] [--budget 0.1,0.25,0.5]",
 		Short: "Replay an expert access trace against every eviction policy and Belady's MIN at several budgets",
 		Long: `simulate replays a trace (TRACE.md's format: one recorded by the pager, or a
 synthetic MoE routing trace with skewed popularity and per-token reuse) against
-lru, lfu and cost (GreedyDual-Size-Frequency) and against Belady's MIN, the
-best any policy can do, at each budget (a fraction of all experts' bytes).`,
+lru, lfu, cost (GreedyDual-Size-Frequency) and cycle (learns the layer cycle
+from reuse gaps; stale entries first) and against Belady's MIN, the best any
+policy can do, at each budget (a fraction of all experts' bytes).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var tr *tiers.Trace
@@ -84,6 +86,9 @@ best any policy can do, at each budget (a fraction of all experts' bytes).`,
 				}
 			}
 			rs := tiers.Report(tr, budgets)
+			if withPrefetches {
+				rs = tiers.ReportWithPrefetches(tr, budgets)
+			}
 			return a.print(map[string]any{"keys": len(tr.Keys), "accesses": len(tr.Accesses), "results": rs}, func(w io.Writer) {
 				fmt.Fprintf(w, "%d keys, %d accesses\n", len(tr.Keys), len(tr.Accesses))
 				tiers.PrintReport(w, tr, rs)
@@ -99,6 +104,7 @@ best any policy can do, at each budget (a fraction of all experts' bytes).`,
 	f.Uint64Var(&p.Seed, "seed", 0, "seed of the synthetic trace")
 	f.Float64SliceVar(&budgets, "budget", []float64{0.1, 0.25, 0.5}, "budgets as fractions of all experts' bytes")
 	f.StringVarP(&out, "out", "o", "", "also write the trace to this file")
+	f.BoolVar(&withPrefetches, "with-prefetches", false, "replay the trace's prefetch requests too (a recorded trace): loads counts misses and prefetches, as the pager's uploads; Belady's MIN still replays demands only")
 	return cmd
 }
 
@@ -157,7 +163,7 @@ func tiersStatsCmd(a *app) *cobra.Command {
 		},
 	}
 	budgetFlags(cmd, &budgets)
-	cmd.Flags().StringVar(&policy, "policy", "cost", "eviction policy: lru, lfu or cost")
+	cmd.Flags().StringVar(&policy, "policy", "cycle", "eviction policy: lru, lfu, cost (GreedyDual-Size-Frequency) or cycle (learns the layer cycle; tiers/BENCHMARKS.md)")
 	cmd.Flags().IntVar(&rounds, "rounds", 2, "passes over the experts")
 	return cmd
 }
