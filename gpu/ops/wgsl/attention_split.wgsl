@@ -54,6 +54,48 @@ fn vat(i: u32) -> f32 {
   return v[i >> 2u][i & 3u];
 }
 
+// chunkSoftmax turns the chunk's scores in sc (heads 0 .. g_n - 1, CH
+// each) into exp(s - m) and keeps each head's max m and sum in ml: CH
+// threads a head, WG / CH heads a round.
+fn chunkSoftmax(tid: u32, g_n: u32, t0: u32) {
+  let pi = tid % CH;
+  for (var g0 = 0u; g0 < g_n; g0 += WG / CH) {
+    let g = g0 + tid / CH;
+    let live = g < g_n;
+    var x = NEG;
+    if (live) {
+      x = sc[g * CH + pi];
+    }
+    red[tid] = x;
+    for (var st = CH / 2u; st > 0u; st >>= 1u) {
+      workgroupBarrier();
+      if (pi < st) {
+        red[tid] = max(red[tid], red[tid + st]);
+      }
+    }
+    workgroupBarrier();
+    let m = red[tid - pi];
+    workgroupBarrier();
+    let e = select(0.0, exp(x - m), live && t0 + pi < p.kv_len);
+    if (live) {
+      sc[g * CH + pi] = e;
+    }
+    red[tid] = e;
+    for (var st = CH / 2u; st > 0u; st >>= 1u) {
+      workgroupBarrier();
+      if (pi < st) {
+        red[tid] += red[tid + st];
+      }
+    }
+    workgroupBarrier();
+    if (live && pi == 0u) {
+      ml[2u * g] = m;
+      ml[2u * g + 1u] = red[tid];
+    }
+    workgroupBarrier();
+  }
+}
+
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
   // Chunks of 32 and hd of 32, 64 or 128: every load at once (main_v).
@@ -131,43 +173,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     workgroupBarrier();
   }
 
-  // The chunk's softmax: CH threads a head, WG / CH heads a round.
-  let pi = tid % CH;
-  for (var g0 = 0u; g0 < g_n; g0 += WG / CH) {
-    let g = g0 + tid / CH;
-    let live = g < g_n;
-    var x = NEG;
-    if (live) {
-      x = sc[g * CH + pi];
-    }
-    red[tid] = x;
-    for (var st = CH / 2u; st > 0u; st >>= 1u) {
-      workgroupBarrier();
-      if (pi < st) {
-        red[tid] = max(red[tid], red[tid + st]);
-      }
-    }
-    workgroupBarrier();
-    let m = red[tid - pi];
-    workgroupBarrier();
-    let e = select(0.0, exp(x - m), live && t0 + pi < p.kv_len);
-    if (live) {
-      sc[g * CH + pi] = e;
-    }
-    red[tid] = e;
-    for (var st = CH / 2u; st > 0u; st >>= 1u) {
-      workgroupBarrier();
-      if (pi < st) {
-        red[tid] += red[tid + st];
-      }
-    }
-    workgroupBarrier();
-    if (live && pi == 0u) {
-      ml[2u * g] = m;
-      ml[2u * g + 1u] = red[tid];
-    }
-    workgroupBarrier();
-  }
+  chunkSoftmax(tid, g_n, t0);
 
   // Outputs: dimension d, positions r, r + R, r + 2R, ... of the chunk
   // (R = 256 / hd threads a dimension), eight loads in flight; the R
@@ -319,41 +325,7 @@ fn main_v(wid: vec3<u32>, tid: u32) {
   }
   workgroupBarrier();
 
-  // The chunk's softmax: 32 threads a head, all eight heads at once.
-  let pi = tid % CV;
-  let gs = tid / CV;
-  let live = gs < g_n;
-  var x = NEG;
-  if (live) {
-    x = sc[gs * CV + pi];
-  }
-  red[tid] = x;
-  for (var st = CV / 2u; st > 0u; st >>= 1u) {
-    workgroupBarrier();
-    if (pi < st) {
-      red[tid] = max(red[tid], red[tid + st]);
-    }
-  }
-  workgroupBarrier();
-  let m = red[tid - pi];
-  workgroupBarrier();
-  let e = select(0.0, exp(x - m), live && t0 + pi < p.kv_len);
-  if (live) {
-    sc[gs * CV + pi] = e;
-  }
-  red[tid] = e;
-  for (var st = CV / 2u; st > 0u; st >>= 1u) {
-    workgroupBarrier();
-    if (pi < st) {
-      red[tid] += red[tid + st];
-    }
-  }
-  workgroupBarrier();
-  if (live && pi == 0u) {
-    ml[2u * gs] = m;
-    ml[2u * gs + 1u] = red[tid];
-  }
-  workgroupBarrier();
+  chunkSoftmax(tid, g_n, t0); // one round: 8 heads of 32 positions
 
   // Outputs, two heads a round: each thread's weighted rows, then the
   // R groups' sums added for each vec4 of the row.
