@@ -96,7 +96,7 @@ var opVariants = map[string]struct {
 			"always the last kept token":  {{"out[0] = r;", "out[0] = last;"}},
 			"always the first kept token": {{"let goal = p.u * (f32(st.z) / FX);", "let goal = 0.0;"}},
 		},
-		correct: []edit{{"return exp(logits[i] * p.inv_temp - m) * inv_z;", "return exp(fma(logits[i], p.inv_temp, -m)) * inv_z;"}},
+		correct: []edit{{"return exp(x * p.inv_temp - m) * inv_z;", "return exp(fma(x, p.inv_temp, -m)) * inv_z;"}},
 	},
 	"rope": {
 		cheaters: map[string][]edit{
