@@ -26,9 +26,13 @@ import (
 // rate (nine copies over those seconds), the copies the seeder served
 // (the rest the leechers served each other), the CPU seconds of all ten
 // processes, and the ratio to TCP. After the timing, every leecher's
-// store is checked against the file.
+// store is checked against the file. RDRR_BENCH_LEECHERS sets another
+// number of leechers (1..64), to see how the cost grows with the swarm.
 func BenchmarkSwarm(b *testing.B) {
-	const leechers = 9
+	leechers := 9
+	if v, err := strconv.Atoi(os.Getenv("RDRR_BENCH_LEECHERS")); err == nil && v >= 1 && v <= 64 {
+		leechers = v
+	}
 	peer := peerBinary(b)
 	size := benchBytes()
 	dir := b.TempDir()

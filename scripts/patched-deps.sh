@@ -8,7 +8,9 @@
 # Patches (see each file's header for why):
 #   swarm/pion-sctp-mtu.patch  pion/webrtc: SettingEngine.SetSCTPMTU, so two
 #                              native peers on loopback or a jumbo-frame LAN
-#                              can use SCTP packets larger than 1191 bytes.
+#                              can use SCTP packets larger than 1191 bytes,
+#                              and SCTPTransport.SetMTU, one connection's
+#                              size (an offerer learns it from the answer).
 #   swarm/pion-sctp-alloc.patch    pion/sctp: a DATA packet is marshalled
 #                              into one recycled buffer (CPU per byte); packets
 #                              of any size are read.
@@ -22,6 +24,10 @@
 #                              record's payload over in a buffer the reader
 #   swarm/pion-sctp-read-owned.patch  keeps, and pion/sctp keeps it so (CPU
 #                              per byte: two copies fewer per packet).
+#   swarm/pion-sctp-release-owned.patch  pion/sctp gives each such buffer
+#   swarm/pion-dtls-release-owned.patch  back once its user data is read
+#                              out, and pion/dtls reuses it (CPU per byte:
+#                              no new 16 KiB buffer a packet to collect).
 #   swarm/pion-ice-handoff.patch   pion/ice: Conn.SetReadHandler hands each
 #                              received datagram over as it is read, and
 #   swarm/pion-mux-handoff.patch   pion/webrtc: the mux takes them so (CPU
@@ -60,10 +66,10 @@ patch_webrtc() {
   patch_module github.com/pion/webrtc/v4 .build/pion-webrtc swarm/pion-sctp-mtu.patch swarm/pion-mux-handoff.patch
 }
 patch_sctp() {
-  patch_module github.com/pion/sctp .build/pion-sctp swarm/pion-sctp-alloc.patch swarm/pion-sctp-read-owned.patch
+  patch_module github.com/pion/sctp .build/pion-sctp swarm/pion-sctp-alloc.patch swarm/pion-sctp-read-owned.patch swarm/pion-sctp-release-owned.patch
 }
 patch_dtls() {
-  patch_module github.com/pion/dtls/v3 .build/pion-dtls swarm/pion-dtls-records.patch swarm/pion-dtls-read-owned.patch
+  patch_module github.com/pion/dtls/v3 .build/pion-dtls swarm/pion-dtls-records.patch swarm/pion-dtls-read-owned.patch swarm/pion-dtls-release-owned.patch
 }
 patch_ice() {
   patch_module github.com/pion/ice/v4 .build/pion-ice swarm/pion-ice-recv-mtu.patch swarm/pion-ice-handoff.patch

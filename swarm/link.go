@@ -130,7 +130,7 @@ type link struct {
 	remote     peer.ID
 	pc         *webrtc.PeerConnection
 	expectBulk int
-	big        bool            // we send big SCTP packets (transport.go)
+	big        bool            // we send big SCTP packets (transport.go); set before the link starts, under mu
 	ctx        context.Context // cancelled when the link closes
 	cancel     context.CancelFunc
 	ready      chan struct{} // closed when the peer's HELLO arrived
@@ -293,7 +293,7 @@ func (l *link) maybeStart() {
 		return
 	}
 	l.started = true
-	ctl, bulk := l.ctl, slices.Clone(l.bulk)
+	ctl, bulk, big := l.ctl, slices.Clone(l.bulk), l.big
 	l.mu.Unlock()
 	l.wg.Add(2 + 2*len(bulk))
 	go l.readLoop(ctl)
@@ -306,7 +306,7 @@ func (l *link) maybeStart() {
 		go l.serveLoop(ch)
 	}
 	go l.helloTimeout()
-	if l.big {
+	if big {
 		l.wg.Add(1)
 		go l.watchBigMTU()
 	}

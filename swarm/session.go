@@ -235,6 +235,11 @@ func (s *setup) negotiate(ctx context.Context, l *link, offerer bool) error {
 				l.fps = fps
 				l.mu.Unlock()
 				s.n.peerAddrs(s.remote, d)
+				if s.n.bigMTUOK(s.remote) && s.n.tr.offeredBig(l.pc, d.Caps.RecvMTU) {
+					l.mu.Lock()
+					l.big = true
+					l.mu.Unlock()
+				}
 				if err := l.pc.SetRemoteDescription(webrtc.SessionDescription{Type: webrtc.SDPTypeAnswer, SDP: d.SDP}); err != nil {
 					l.close(err)
 					return fmt.Errorf("swarm: answer from %s: %w", s.remote, err)

@@ -74,10 +74,41 @@ func bigMTUSupported() bool {
 // api returns the API for a connection to a peer that reads UDP datagrams
 // of up to peerRecvMTU bytes (caps.recv_mtu; 0: unknown, pion's default).
 func (t *transport) api(peerRecvMTU int) *webrtc.API {
-	if t.big != nil && peerRecvMTU >= t.bigMTU+dtlsOverhead {
+	if t.readsBig(peerRecvMTU) {
 		return t.big
 	}
 	return t.small
+}
+
+// readsBig reports whether we send big packets to a peer that reads UDP
+// datagrams of up to peerRecvMTU bytes.
+func (t *transport) readsBig(peerRecvMTU int) bool {
+	return t.big != nil && peerRecvMTU >= t.bigMTU+dtlsOverhead
+}
+
+// sctpMTUSetter is what a pion build offers that can set one connection's
+// outbound SCTP packet size after the connection was made (the patch that
+// gives mtuSetter; see scripts/patched-deps.sh).
+type sctpMTUSetter interface{ SetMTU(mtu uint32) }
+
+// offeredBig makes pc, a connection we offered (made with t.small: the
+// offer goes out before we know what the peer reads), send big packets
+// to a peer whose answer announced peerRecvMTU, if that peer reads them.
+// It must be called before the answer is applied (the SCTP association
+// starts after DTLS connects, which needs the answer), and reports
+// whether pc now sends big packets. Without it an offerer sent 1191-byte
+// packets to every peer it dialed: in a swarm, half of the traffic
+// between leechers (swarm/BENCHMARKS.md, 2026-11-27 midday).
+func (t *transport) offeredBig(pc *webrtc.PeerConnection, peerRecvMTU int) bool {
+	if !t.readsBig(peerRecvMTU) {
+		return false
+	}
+	s, ok := any(pc.SCTP()).(sctpMTUSetter)
+	if !ok {
+		return false
+	}
+	s.SetMTU(uint32(t.bigMTU))
+	return true
 }
 
 // watchBigMTU runs on a link that sends big SCTP packets until they are
