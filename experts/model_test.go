@@ -89,6 +89,9 @@ func TestRefModelPagingKeepsTokens(t *testing.T) {
 
 // A different seed makes a different model: different tokens.
 func TestRefModelDependsOnWeights(t *testing.T) {
+	if raceEnabled && testing.Short() {
+		t.Skip("two full generations, ten times slower under the race detector; the run without it (make test's first pass) covers it")
+	}
 	m1, s1 := tinyInStore(t, 1)
 	m2, s2 := tinyInStore(t, 2)
 	a, _, _ := generate(t, m1, s1, m1.TotalSize, 8)
