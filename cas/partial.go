@@ -7,7 +7,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"math/bits"
 	"os"
 	"path/filepath"
@@ -537,14 +536,8 @@ func (s *Store) AppendPartialSlice(dst []byte, c CID, off, n int64) ([]byte, err
 	// Verified groups are never rewritten with other bytes, so they are
 	// read without the lock; a file closed meanwhile (the download
 	// finished or stopped) fails the read.
-	if m, err := f.ReadAt(rb.cover, start); m != len(rb.cover) {
-		if err == io.EOF || err == nil {
-			return dst, &RangeError{CID: c, Off: start + int64(m), Len: end - start - int64(m), Reason: "partial file is truncated"}
-		}
-		if errors.Is(err, os.ErrClosed) {
-			return dst, fmt.Errorf("%w: %s: its download closed", ErrNotFound, c)
-		}
-		return dst, fmt.Errorf("partial %s: %w", c, err)
+	if err := readPartial(f, rb.cover, start, c); err != nil {
+		return dst, err
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -589,14 +582,22 @@ func (s *Store) AppendPartialSliceUnchecked(dst []byte, c CID, off, n int64) ([]
 		return dst, err
 	}
 	for _, r := range runs {
-		if err := readFull(f, r.p, r.off, c, "partial file"); err != nil {
-			if errors.Is(err, os.ErrClosed) {
-				err = fmt.Errorf("%w: %s: its download closed", ErrNotFound, c)
-			}
+		if err := readPartial(f, r.p, r.off, c); err != nil {
 			return dst[:orig], err
 		}
 	}
 	return dst, nil
+}
+
+// readPartial reads len(p) bytes at off of c's partial file f: a short
+// file is a *RangeError, a file closed meanwhile (the download finished
+// or stopped) an error wrapping ErrNotFound.
+func readPartial(f *os.File, p []byte, off int64, c CID) error {
+	err := readFull(f, p, off, c, "partial file")
+	if errors.Is(err, os.ErrClosed) {
+		return fmt.Errorf("%w: %s: its download closed", ErrNotFound, c)
+	}
+	return err
 }
 
 // lockServable finds c's download and checks that [off, off+n) is a

@@ -54,6 +54,18 @@ fn vat(i: u32) -> f32 {
   return v[i >> 2u][i & 3u];
 }
 
+// writePartial writes dimension d's sum s of query head h (the
+// workgroup's head g) to chunk c's partials, and with d 0 the chunk's max
+// and sum for that head from ml.
+fn writePartial(h: u32, c: u32, g: u32, d: u32, s: f32) {
+  let o = (h * p.n_chunks + c) * (p.hd + 2u);
+  part[o + 2u + d] = s;
+  if (d == 0u) {
+    part[o] = ml[2u * g];
+    part[o + 1u] = ml[2u * g + 1u];
+  }
+}
+
 // chunkSoftmax turns the chunk's scores in sc (heads 0 .. g_n - 1, CH
 // each) into exp(s - m) and keeps each head's max m and sum in ml: CH
 // threads a head, WG / CH heads a round.
@@ -223,13 +235,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       for (var i = 0u; i < R; i++) {
         s += red[g * WG + i * hd + d];
       }
-      let h = h0 + g;
-      let o = (h * p.n_chunks + c) * (hd + 2u);
-      part[o + 2u + d] = s;
-      if (d == 0u) {
-        part[o] = ml[2u * g];
-        part[o + 1u] = ml[2u * g + 1u];
-      }
+      writePartial(h0 + g, c, g, d, s);
     }
   }
 }
@@ -358,13 +364,7 @@ fn main_v(wid: vec3<u32>, tid: u32) {
         // group i's thread for vec4 d / 4 is i * n4 + d / 4.
         s += red[u * 1024u + 4u * (i * n4 + d / 4u) + d % 4u];
       }
-      let h = h0 + g;
-      let ob = (h * p.n_chunks + c) * (hd + 2u);
-      part[ob + 2u + d] = s;
-      if (d == 0u) {
-        part[ob] = ml[2u * g];
-        part[ob + 1u] = ml[2u * g + 1u];
-      }
+      writePartial(h0 + g, c, g, d, s);
     }
     workgroupBarrier();
   }
