@@ -78,11 +78,14 @@ func (f *storeFetcher) FetchSlice(ctx context.Context, c cas.CID, size, off, n i
 	return s, err
 }
 
-// memArena is a VRAM arena in memory.
+// memArena is a VRAM arena in memory, with host blocks (a HostArena).
 type memArena struct {
-	mu    sync.Mutex
-	slots [][]byte
-	size  int64
+	mu         sync.Mutex
+	slots      [][]byte
+	size       int64
+	blocks     int // live host blocks
+	uploads    int // Upload calls
+	hostCopies int // UploadHost calls
 }
 
 func newMemArena(n int, size int64) *memArena {
@@ -97,9 +100,89 @@ func (a *memArena) SlotSize() int64 { return a.size }
 func (a *memArena) Upload(_ context.Context, s int, data []byte) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	a.uploads++
 	copy(a.slots[s], data)
 	return nil
 }
+func (a *memArena) AllocHost(n int64) (HostBlock, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.blocks++
+	return &memBlock{a: a, buf: make([]byte, n)}, nil
+}
+func (a *memArena) UploadHost(_ context.Context, s int, b HostBlock, n int64) error {
+	m := b.(*memBlock)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.sealed || m.released || n > int64(len(m.buf)) {
+		return fmt.Errorf("upload from a host block: sealed %v, released %v, %d of %d bytes", m.sealed, m.released, n, len(m.buf))
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.hostCopies++
+	copy(a.slots[s], m.buf[:n])
+	return nil
+}
+func (a *memArena) counts() (blocks, uploads, hostCopies int) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.blocks, a.uploads, a.hostCopies
+}
+
+// memBlock is a host block of a memArena: it refuses writes while sealed
+// and everything once released.
+type memBlock struct {
+	mu               sync.Mutex
+	a                *memArena
+	buf              []byte
+	sealed, released bool
+}
+
+func (m *memBlock) Bytes() []byte {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.sealed || m.released {
+		return nil
+	}
+	return m.buf
+}
+func (m *memBlock) Fill(src []byte) error {
+	b := m.Bytes()
+	if b == nil || len(src) > len(b) {
+		return fmt.Errorf("fill of %d bytes into a sealed or released block", len(src))
+	}
+	copy(b, src)
+	return nil
+}
+func (m *memBlock) Seal() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.released {
+		return errors.New("seal of a released block")
+	}
+	m.sealed = true
+	return nil
+}
+func (m *memBlock) Reopen(context.Context) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.released {
+		return errors.New("reopen of a released block")
+	}
+	m.sealed = false
+	return nil
+}
+func (m *memBlock) Release() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.released {
+		m.released = true
+		m.a.mu.Lock()
+		m.a.blocks--
+		m.a.mu.Unlock()
+	}
+}
+
 func (a *memArena) read(s int, n int64) []byte {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -119,6 +202,7 @@ type levelCase struct {
 	source string // disk or swarm
 	host   bool   // Config.HostRAM (with a HostArena)
 	policy string // Config.Policy (default lru)
+	stage  bool   // Config.Stage of two slots; RAM of three keys
 }
 
 // withPolicies returns each case under each policy of PolicyNames.
@@ -141,10 +225,10 @@ func (lc levelCase) policyName() string {
 }
 
 var conformance = []levelCase{
-	{"ram from disk", RAM, "disk", false, ""},
-	{"ram from swarm", RAM, "swarm", false, ""},
-	{"vram from disk", VRAM, "disk", false, ""},
-	{"vram from swarm", VRAM, "swarm", false, ""},
+	{"ram from disk", RAM, "disk", false, "", false},
+	{"ram from swarm", RAM, "swarm", false, "", false},
+	{"vram from disk", VRAM, "disk", false, "", false},
+	{"vram from swarm", VRAM, "swarm", false, "", false},
 }
 
 func (lc levelCase) cache(t testing.TB, w *world, slots int, arena Arena) (*Cache, *storeFetcher) {
@@ -163,6 +247,9 @@ func (lc levelCase) cache(t testing.TB, w *world, slots int, arena Arena) (*Cach
 		cfg.Arena = arena
 		cfg.HostRAM = lc.host
 		cfg.RAM = keyLen // RAM smaller than VRAM: VRAM holds what RAM evicted
+		if lc.stage {
+			cfg.RAM, cfg.Stage = 3*keyLen, 2*keyLen
+		}
 	}
 	c, err := New(cfg)
 	if err != nil {
@@ -411,7 +498,8 @@ func TestPrefetchPriority(t *testing.T) {
 // groups contend for banks while evictions free and take slots; check
 // verifies the placer's books after every operation.
 func TestRandomWorkload(t *testing.T) {
-	for _, lc := range withPolicies(conformance) {
+	staged := levelCase{"vram from disk, prefetches staged", VRAM, "disk", false, "", true}
+	for _, lc := range withPolicies(append(conformance, staged)) {
 		for _, grouped := range []bool{false, true} {
 			if grouped && lc.target != VRAM {
 				continue
@@ -438,6 +526,9 @@ func randomWorkload(t *testing.T, lc levelCase, grouped bool) {
 		for i := 0; i < len(w.keys); i += 4 {
 			c.Group(w.keys[i : i+4])
 		}
+	}
+	if lc.stage {
+		c.ForVRAM(w.keys)
 	}
 	if lc.target == RAM {
 		c.Close()
@@ -470,7 +561,11 @@ func randomWorkload(t *testing.T, lc levelCase, grouped bool) {
 					}
 					held = append(held, l)
 				case op < 8:
-					p := c.Prefetch(k, lc.target, Priority(r.IntN(3)))
+					to := lc.target
+					if lc.stage && r.IntN(2) == 0 {
+						to = RAM // staged for VRAM
+					}
+					p := c.Prefetch(k, to, Priority(r.IntN(3)))
 					if r.IntN(2) == 0 {
 						p.Cancel()
 					}
@@ -500,6 +595,13 @@ func randomWorkload(t *testing.T, lc levelCase, grouped bool) {
 	}
 	if err := c.check(); err != nil {
 		t.Fatal(err)
+	}
+	if lc.stage {
+		st := c.Stats()[RAM]
+		c.Close()
+		if blocks, _, hostCopies := mem.counts(); blocks != 0 || st.Staged == 0 || int(st.StagedUsed) != hostCopies {
+			t.Fatalf("staged %d, promoted from the pool %d (host copies %d), %d blocks left after Close", st.Staged, st.StagedUsed, hostCopies, blocks)
+		}
 	}
 }
 

@@ -31,6 +31,7 @@ func generateCmd(a *app) *cobra.Command {
 	var prefetchTo string
 	var s experts.Sampling
 	var budgets [3]byteSize
+	stage := byteSize(1 << 30)
 	var nf netFlags
 	cmd := &cobra.Command{
 		Use:   "generate <model CID> --prompt TEXT [--max-tokens N] [--temperature T --top-p P --seed S] [--engine gpu --vram 8GiB] [--ram 8GiB] [--signal URL]",
@@ -116,7 +117,8 @@ tokens. --profile-gpu times every dispatch on the GPU.`,
 				}
 				b := tiers.Clamp(tiers.Budgets{RAM: int64(budgets[1])}, "", 0, a.log)
 				rec := &tiers.TraceRecorder{}
-				cfg := tiers.Config{RAM: b.RAM, Disk: tiers.DiskSource{Store: st}, Policy: policy, Trace: rec, Logger: a.log, HostRAM: hostRAM}
+				cfg := tiers.Config{RAM: b.RAM, Disk: tiers.DiskSource{Store: st}, Policy: policy, Trace: rec, Logger: a.log, HostRAM: hostRAM,
+					Stage: min(int64(stage), b.RAM)}
 				if fetcher != nil {
 					// At most 16 slices in flight: a peer refuses more than
 					// 32 outstanding requests, and the GPU engine pages a
@@ -292,6 +294,9 @@ tokens. --profile-gpu times every dispatch on the GPU.`,
 						if s.Hits+s.Misses > 0 {
 							fmt.Fprintf(w, "  %-6s hits %d, misses %d (hit rate %.2f), %s up, %d evictions\n", s.Level, s.Hits, s.Misses, s.HitRate, formatBytes(s.BytesUp), s.Evictions)
 						}
+						if s.Staged > 0 {
+							fmt.Fprintf(w, "  %-6s %d prefetches staged for VRAM: %d promoted from the stage pool, %d dropped unused\n", "", s.Staged, s.StagedUsed, s.StagedUnused)
+						}
 					}
 				})
 			})
@@ -311,6 +316,7 @@ tokens. --profile-gpu times every dispatch on the GPU.`,
 	f.StringVar(&tracePath, "trace", "", "write the expert access trace here (tiers/TRACE.md)")
 	f.StringVar(&engine, "engine", "ref", "decode engine: ref (float64 CPU reference) or gpu (wgpu kernels, experts paged into a VRAM arena of --vram bytes)")
 	f.BoolVar(&hostRAM, "host-ram", false, "gpu engine: keep the RAM level's experts in host memory the GPU copies from directly (an upload is one DMA copy, no memcpy into staging; off by default: on the H100 a RAM level of hundreds of such buffers slowed every step, see tiers/BENCHMARKS.md)")
+	f.Var(&stage, "stage", "gpu engine: host memory the GPU copies from directly, reused for the prefetched experts bound for VRAM: a prefetch copies such an expert there ahead of its use, and its upload is then one DMA copy (0: off; at most --ram; tiers.Config.Stage)")
 	f.BoolVar(&prefetch, "prefetch", true, "gpu engine: prefetch each next layer's likely experts (its router on the current hidden state)")
 	f.StringVar(&prefetchTo, "prefetch-to", "ram", "gpu engine: the level prefetches promote to: vram (through ram: fetched and uploaded) or ram (fetched from disk or the swarm only; the GPU's queue stays the demand's)")
 	f.StringVar(&procedural, "procedural", "", "the manifest of a synthetic model to regenerate locally instead of reading a store (model argument: its CID or -)")
@@ -444,8 +450,10 @@ func (a *app) gpuEngine(ctx context.Context, st *cas.Store, m *experts.Manifest,
 		d.Close()
 		return nil, nil, err
 	}
-	if cfg.HostRAM {
-		cache.ForVRAM(g.ExpertKeys()) // a --warm of RAM makes them in host memory too
+	if cfg.HostRAM || cfg.Stage > 0 {
+		// Bound for VRAM: a --warm of RAM makes them in host memory too
+		// (HostRAM), a prefetch to RAM stages them (Stage).
+		cache.ForVRAM(g.ExpertKeys())
 	}
 	g.Trace = cfg.Trace
 	g.Prefetch, g.PrefetchTo = prefetch, prefetchTo
