@@ -31,6 +31,12 @@ func TestGPUModelMatchesReference(t *testing.T) {
 		testGPUModelMatches(t, "tiny-moe", 0, true)
 	})
 	t.Run("one arena buffer", func(t *testing.T) { long(t); testGPUModelMatches(t, "tiny-moe", 0, false) })
+	t.Run("RAM in ordinary memory", func(t *testing.T) {
+		long(t)
+		heapRAM = true
+		defer func() { heapRAM = false }()
+		testGPUModelMatches(t, "tiny-moe", 0, false)
+	})
 	// 256 KiB buffers: 3 expert matrices per arena buffer, so a layer's
 	// experts are spread over buffers and run one by one.
 	t.Run("arena over several buffers", func(t *testing.T) { testGPUModelMatches(t, "tiny-moe", 256<<10, false) })
@@ -295,12 +301,24 @@ func openTestDevice(t *testing.T, maxBuf uint64) *gpu.Device {
 	if err != nil {
 		t.Fatalf("no GPU adapter (make deps installs lavapipe): %v", err)
 	}
-	t.Cleanup(func() { d.Close() })
+	t.Cleanup(func() {
+		// Cleanups run last first: every cache of the device has closed.
+		if n := d.Stats().HostBuffers; n != 0 {
+			t.Errorf("%d host buffers left after the caches closed", n)
+		}
+		d.Close()
+	})
 	return d
 }
 
+// heapRAM keeps the RAM level of a paged test model in ordinary memory
+// (uploads through the staging ring) instead of pinned host memory.
+var heapRAM bool
+
 // testGPUModel makes m's GPU engine over an arena of slots expert
 // matrices and a cache that holds all of m in RAM; both end with the test.
+// As peer generate's --host-ram auto, the RAM level is in pinned host
+// memory when the arena does not hold every expert matrix (unless heapRAM).
 func testGPUModel(t *testing.T, d *gpu.Device, m *Manifest, src tiers.Source, slots int) (*GPUModel, *tiers.Cache) {
 	t.Helper()
 	arena, err := tiers.NewGPUArena(d, ExpertMatrixBytes(m), slots, nil)
@@ -308,7 +326,12 @@ func testGPUModel(t *testing.T, d *gpu.Device, m *Manifest, src tiers.Source, sl
 		t.Fatal(err)
 	}
 	t.Cleanup(arena.Release)
-	cache, err := tiers.New(tiers.Config{RAM: m.TotalSize, Arena: arena, Disk: src})
+	matrices := 0
+	for _, e := range m.Experts {
+		matrices += len(e.Tensors)
+	}
+	hostRAM := slots < matrices && !heapRAM
+	cache, err := tiers.New(tiers.Config{RAM: m.TotalSize, Arena: arena, Disk: src, HostRAM: hostRAM})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,22 +8,17 @@ import (
 )
 
 // A HostBuffer is host memory the GPU copies from directly: a mappable
-// buffer of its own (MAP_WRITE | COPY_SRC), written through Bytes or Fill
-// and then sealed; Reopen makes a sealed one writable again once the GPU
-// has copied from it. CopyHost moves it into GPU memory with one copy on
-// the copy engine and no memcpy. The tiers keep RAM entries bound for VRAM
-// in HostBuffers (all of them with Config.HostRAM, the prefetched ones in
-// a reused pool with Config.Stage), so that promoting one is that copy
-// alone: on the
+// buffer of its own (MAP_WRITE | COPY_SRC), written once through Bytes and
+// then sealed. CopyHost moves it into GPU memory with one copy on the copy
+// engine and no memcpy. The tiers keep their RAM level's entries in
+// HostBuffers, so that promoting one to VRAM is that copy alone: on the
 // H100 one 64 MiB copy from a mapped buffer runs at ~41 GB/s, while an
 // Upload through the staging ring runs at ~23 GB/s, most of its time the
 // memcpy into staging (BENCHMARKS.md).
 //
 // A HostBuffer's memory is pinned host memory that the driver maps for the
 // GPU: allocate it for data that will be copied to the GPU, not as a
-// general buffer. Every submission costs more while much of it is live
-// (~2x at 24 GiB on the H100: BENCHMARKS.md), so keep it to what is about
-// to be copied.
+// general buffer.
 type HostBuffer struct {
 	d      *Device
 	raw    *wgpu.Buffer
@@ -31,9 +26,6 @@ type HostBuffer struct {
 	cap    uint64 // allocated: size rounded up to 4
 	mapped []byte // nil once sealed
 	state  bufState
-	// reopening: a Reopen's map is pending (the buffer is neither sealed
-	// for copies nor writable).
-	reopening bool
 }
 
 // AllocHost returns a HostBuffer of n bytes, mapped for writing (Bytes).
@@ -78,86 +70,6 @@ func (h *HostBuffer) Bytes() []byte {
 	return h.mapped
 }
 
-// Fill copies src to the start of the buffer's memory with the device's
-// copy goroutines (Options.CopyWorkers; one thread writes mapped memory
-// several times slower than sixteen: BENCHMARKS.md). The buffer must be
-// open for writing and src no longer than Len.
-func (h *HostBuffer) Fill(src []byte) error {
-	b := h.Bytes()
-	switch {
-	case b == nil:
-		return fmt.Errorf("%w: fill of a host buffer that is sealed or released", ErrShape)
-	case len(src) > len(b):
-		return fmt.Errorf("%w: fill of %d bytes into a host buffer of %d", ErrShape, len(src), len(b))
-	}
-	parallelCopy(b[:len(src)], src, h.d.opts.CopyWorkers)
-	return nil
-}
-
-// Reopen maps a sealed buffer for writing again, once the GPU's copies
-// from it have run (it waits for them): a pool of HostBuffers can be
-// refilled and resealed instead of allocating pinned memory for each
-// upload (an allocation runs at ~1.6 GB/s on the H100: BENCHMARKS.md).
-// What the buffer held is still there. On a ctx end the map still
-// completes in the background and the buffer stays sealed (unmapped).
-func (h *HostBuffer) Reopen(ctx context.Context) error {
-	d := h.d
-	d.mu.Lock()
-	switch {
-	case h.state != bufLive:
-		d.mu.Unlock()
-		return fmt.Errorf("%w: host buffer released", ErrClosed)
-	case h.mapped != nil:
-		d.mu.Unlock()
-		return nil // open already
-	case h.reopening:
-		d.mu.Unlock()
-		return fmt.Errorf("%w: host buffer is being reopened", ErrShape)
-	}
-	if err := d.usable(); err != nil {
-		d.mu.Unlock()
-		return err
-	}
-	var op *asyncOp
-	op = d.newOp(func(status uint32) {
-		// Runs in a callback: if the waiter gave up, unmap at the next
-		// drain so that the buffer is sealed again.
-		op.mu.Lock()
-		dropped := op.dropped
-		op.mu.Unlock()
-		if dropped {
-			d.later(func() {
-				if status == statusSuccess && h.state == bufLive {
-					h.raw.Unmap()
-				}
-				h.reopening = false
-			})
-		}
-	})
-	if ne := mapAsync(d.dev, h.raw, wgpu.MapModeWrite, 0, h.cap, op.complete); ne != nil {
-		d.mu.Unlock()
-		return fmt.Errorf("reopen host buffer: %w", d.noteNative(ne))
-	}
-	h.reopening = true
-	d.mu.Unlock()
-	d.wake()
-	err := op.wait(ctx, d)
-	if err != nil && ctx.Err() != nil && err == ctx.Err() {
-		return err // the callback (dropped) ends the reopening
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	h.reopening = false
-	if err != nil {
-		return fmt.Errorf("reopen host buffer: %w", err)
-	}
-	if h.state != bufLive {
-		return fmt.Errorf("%w: host buffer released while reopening", ErrClosed)
-	}
-	h.mapped = h.raw.GetMappedRange(0, uint(h.cap))[:h.size]
-	return nil
-}
-
 // Seal ends writing: the GPU may copy from the buffer from now on, and the
 // host no longer sees its memory (Bytes returns nil).
 func (h *HostBuffer) Seal() error {
@@ -169,9 +81,6 @@ func (h *HostBuffer) Seal() error {
 	}
 	if err := d.usable(); err != nil {
 		return err
-	}
-	if h.reopening {
-		return fmt.Errorf("%w: host buffer is being reopened", ErrShape)
 	}
 	if h.mapped != nil {
 		h.raw.Unmap()
@@ -231,7 +140,7 @@ func (d *Device) CopyHost(ctx context.Context, dst Region, src *HostBuffer, srcO
 	switch {
 	case src.state != bufLive:
 		return fmt.Errorf("copy host: %w: host buffer released", ErrClosed)
-	case src.mapped != nil || src.reopening:
+	case src.mapped != nil:
 		return fmt.Errorf("copy host: %w: host buffer not sealed", ErrShape)
 	case sp.buf.state != bufLive:
 		return fmt.Errorf("copy host: %w: destination buffer %d was released", ErrClosed, sp.buf.id)

@@ -2,7 +2,6 @@ package gpu
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"testing"
 )
@@ -121,102 +120,5 @@ func TestHostBuffer(t *testing.T) {
 	left.Release() // after Close: nothing to free, no crash
 	if _, err := d.AllocHost(4); err == nil {
 		t.Fatal("AllocHost on a closed device")
-	}
-}
-
-// TestHostBufferReopen reuses one host buffer for several uploads: each
-// fill after Reopen lands in its own copy, and none overwrites a copy
-// submitted before it (Reopen waits for the GPU's copies from the buffer);
-// a fill of a sealed buffer, a copy from an open one and a reopen of a
-// released one are refused; a reopen whose ctx ends leaves it sealed.
-func TestHostBufferReopen(t *testing.T) {
-	d := openDevice(t, Options{})
-	defer d.Close()
-	ctx := ctxT(t)
-	const n, rounds = 1<<20 + 12, 4
-	dst, err := d.Alloc(rounds * n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dst.Release()
-	h, err := d.AllocHost(n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Release()
-	want := make([][]byte, rounds)
-	for r := range rounds {
-		if r > 0 {
-			if err := h.Fill(make([]byte, 4)); !errors.Is(err, ErrShape) {
-				t.Fatalf("fill of a sealed host buffer: %v, want ErrShape", err)
-			}
-			if err := h.Reopen(ctx); err != nil {
-				t.Fatalf("round %d: %v", r, err)
-			}
-		}
-		if err := d.CopyHost(ctx, dst.Sub(0, n), h, 0, n); !errors.Is(err, ErrShape) {
-			t.Fatalf("copy from an open host buffer: %v, want ErrShape", err)
-		}
-		want[r] = make([]byte, n)
-		for i := range want[r] {
-			want[r][i] = byte(i*13 + r*101)
-		}
-		if err := h.Fill(want[r]); err != nil {
-			t.Fatal(err)
-		}
-		if err := h.Fill(make([]byte, n+1)); !errors.Is(err, ErrShape) {
-			t.Fatalf("fill past the end: %v, want ErrShape", err)
-		}
-		if err := h.Seal(); err != nil {
-			t.Fatal(err)
-		}
-		if err := d.CopyHost(ctx, dst.Sub(uint64(r*n), n), h, 0, n); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for r := range rounds {
-		got := make([]byte, n)
-		if err := d.Read(ctx, dst.Sub(uint64(r*n), n), got); err != nil {
-			t.Fatal(err)
-		}
-		if !bytes.Equal(got, want[r]) {
-			t.Fatalf("copy %d does not hold its fill", r)
-		}
-	}
-	// A reopen given up on: the buffer is sealed again afterwards and
-	// copies from it hold the last fill.
-	done, cancel := context.WithCancel(ctx)
-	cancel()
-	if err := h.Reopen(done); err != nil && !errors.Is(err, context.Canceled) {
-		t.Fatalf("reopen with an ended ctx: %v", err)
-	}
-	// The dropped map completes at a later poll and is undone at the
-	// drain after it: until then the buffer is neither open nor sealed.
-	for try := 0; ; try++ {
-		if err := d.Sync(ctx); err != nil {
-			t.Fatal(err)
-		}
-		d.Stats() // drains
-		err := h.Seal()
-		if err == nil {
-			break
-		}
-		if !errors.Is(err, ErrShape) || try == 100 {
-			t.Fatalf("seal after a given-up reopen: %v", err)
-		}
-	}
-	if err := d.CopyHost(ctx, dst.Sub(0, n), h, 0, n); err != nil {
-		t.Fatal(err)
-	}
-	got := make([]byte, n)
-	if err := d.Read(ctx, dst.Sub(0, n), got); err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(got, want[rounds-1]) {
-		t.Fatal("a copy after a given-up reopen does not hold the last fill")
-	}
-	h.Release()
-	if err := h.Reopen(ctx); !errors.Is(err, ErrClosed) {
-		t.Fatalf("reopen of a released host buffer: %v, want ErrClosed", err)
 	}
 }

@@ -109,8 +109,7 @@ func drop(path string) {
 // in the same run (x-of-upload), and of PCIe 5 x16 (64 GB/s). Sequential
 // is one Get at a time (then Sync); parallel is four goroutines, as a
 // demand and the prefetch workers run; one is a Get at a time, each
-// waited for on the GPU (against an Upload+Sync at a time). ram=staged
-// (benchStaged) times the promotion of keys prefetched into the stage pool.
+// waited for on the GPU (against an Upload+Sync at a time).
 func BenchmarkRAMToVRAM(b *testing.B) {
 	if os.Getenv("XDG_RUNTIME_DIR") == "" {
 		b.Setenv("XDG_RUNTIME_DIR", b.TempDir())
@@ -241,61 +240,6 @@ func BenchmarkRAMToVRAM(b *testing.B) {
 			b.ReportMetric(oneCache/n/pcie5x16, "one-x-of-pcie5x16")
 		})
 	}
-	benchStaged(b, d, arena, keys, data, func() float64 { return one(raw) })
-}
-
-// BenchmarkRAMToVRAM/ram=staged: the RAM level in Go memory with a stage
-// pool (Config.Stage): each key is prefetched to RAM first, which copies
-// it into the pool in the background, untimed; then its promotion, the
-// demand's wait, is timed to the data on the GPU and compared with a lone
-// Upload+Sync of the same bytes (one-x-of-upload), as ram=heap's one-*.
-func benchStaged(b *testing.B, d *gpu.Device, arena *GPUArena, keys []Key, data []byte, oneRaw func() float64) {
-	ctx := context.Background()
-	b.Run("ram=staged", func(b *testing.B) {
-		keyLen := keys[0].Len
-		c, err := New(Config{RAM: int64(len(data)), Arena: arena, Disk: memSource(data), Policy: "lru", Stage: 2 * keyLen})
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer c.Close()
-		c.ForVRAM(keys)
-		var staged, raw float64
-		for i := 0; i < b.N; i++ {
-			var total time.Duration
-			for round := 0; round < 2; round++ { // the first fills RAM and allocates the pool
-				total = 0
-				for _, k := range keys {
-					if err := c.Prefetch(k, RAM, 1).Wait(ctx); err != nil {
-						b.Fatal(err)
-					}
-					if err := d.Sync(ctx); err != nil {
-						b.Fatal(err)
-					}
-					t0 := time.Now()
-					l, err := c.Get(ctx, k, VRAM)
-					if err != nil {
-						b.Fatal(err)
-					}
-					l.Release()
-					if err := d.Sync(ctx); err != nil {
-						b.Fatal(err)
-					}
-					total += time.Since(t0)
-				}
-			}
-			staged += float64(len(keys)) * float64(keyLen) / total.Seconds()
-			raw += oneRaw()
-		}
-		st := c.Stats()[RAM]
-		if st.StagedUsed < int64(len(keys)) {
-			b.Fatalf("%d of %d promotions came from the stage pool", st.StagedUsed, 2*b.N*len(keys))
-		}
-		n := float64(b.N)
-		b.ReportMetric(staged/n/1e9, "one-GB/s")
-		b.ReportMetric(staged/raw, "one-x-of-upload")
-		b.ReportMetric(staged/n/pcie5x16, "one-x-of-pcie5x16")
-		b.ReportMetric(float64(st.StagedUsed)/float64(2*b.N*len(keys)), "from-pool")
-	})
 }
 
 // pcie5x16 is the data-sheet limit of a PCIe 5 x16 link, 64 GB/s each way

@@ -91,21 +91,15 @@ type HostArena interface {
 	Arena
 	// AllocHost returns n bytes of host memory, writable until sealed.
 	AllocHost(n int64) (HostBlock, error)
-	// UploadHost copies the first n bytes of a sealed block into slot.
-	UploadHost(ctx context.Context, slot int, b HostBlock, n int64) error
+	// UploadHost copies a sealed block into slot.
+	UploadHost(ctx context.Context, slot int, b HostBlock) error
 }
 
-// HostBlock is host memory of a HostArena: written through Bytes or Fill,
-// then sealed, after which only the GPU reads it until Reopen.
+// HostBlock is host memory of a HostArena: written through Bytes, then
+// sealed, after which only the GPU reads it.
 type HostBlock interface {
 	Bytes() []byte // nil once sealed
-	// Fill copies src to the block's start (as Bytes, but on several
-	// threads: mapped memory is slow to write from one).
-	Fill(src []byte) error
 	Seal() error
-	// Reopen makes a sealed block writable again once the copies from it
-	// have run.
-	Reopen(ctx context.Context) error
 	Release()
 }
 
@@ -122,13 +116,6 @@ type Config struct {
 	// copy. Such entries have no Bytes. If host memory runs out, entries
 	// fall back to ordinary memory with a warning.
 	HostRAM bool
-	// Stage is bytes of the arena's host memory (a HostArena's) kept for
-	// the RAM entries that prefetches name for VRAM (0: none): a prefetch
-	// to RAM of a key bound for VRAM and not there copies it into this
-	// pool in the background, and its promotion is then one DMA copy
-	// instead of a memcpy into staging and a copy (stage.go). Rounded
-	// down to whole slots.
-	Stage int64
 	// Disk and Swarm are the sources, tried in that order (either may be nil).
 	Disk, Swarm Source
 	// Policy names the eviction policy of both cached levels: lru, lfu,
@@ -175,8 +162,7 @@ type Cache struct {
 	lv         [2]*cacheLevel // VRAM, RAM
 	stats      [numLevels]levelStats
 	pq         prefetchQueue
-	gpuBound   map[int]bool // keys bound for VRAM (HostRAM, Stage)
-	pool       *stagePool   // Stage (stage.go)
+	gpuBound   map[int]bool // keys bound for VRAM (HostRAM)
 	hostWarned bool
 	wake       chan struct{}
 	quit       chan struct{}
@@ -206,8 +192,6 @@ type entry struct {
 	leases     int
 	data       []byte    // RAM
 	host       HostBlock // RAM, instead of data: in the arena's host memory (HostRAM)
-	staged     HostBlock // RAM: a copy of data in the stage pool (Stage)
-	staging    bool      // RAM: being copied into the stage pool
 	slot       int       // VRAM
 	lastDemand int64     // logical time of the last demand
 }
@@ -242,11 +226,6 @@ func New(cfg Config) (*Cache, error) {
 		}
 		c.lv[i] = cl
 	}
-	if _, ok := cfg.Arena.(HostArena); ok && cfg.Stage > 0 {
-		if n := cfg.Stage / cfg.Arena.SlotSize(); n > 0 {
-			c.pool = &stagePool{max: int(n)}
-		}
-	}
 	for range cfg.PrefetchWorkers {
 		c.wg.Add(1)
 		go c.prefetchWorker()
@@ -270,7 +249,6 @@ func (c *Cache) Close() error {
 	c.wg.Wait()
 	// Host memory is pinned: give it back now rather than at exit.
 	c.mu.Lock()
-	c.closePoolLocked()
 	for _, e := range c.lv[1].entries {
 		if e.host != nil {
 			e.host.Release()
@@ -449,13 +427,7 @@ func (c *Cache) load(ctx context.Context, k Key, lv *cacheLevel, e *entry) error
 			}
 			defer rl.Release()
 			if rl.e.host != nil {
-				return c.cfg.Arena.(HostArena).UploadHost(ctx, e.slot, rl.e.host, k.Len)
-			}
-			c.mu.Lock()
-			blk := c.takeStagedLocked(rl.e)
-			c.mu.Unlock()
-			if blk != nil {
-				return c.promoteStaged(ctx, e.slot, blk, k.Len)
+				return c.cfg.Arena.(HostArena).UploadHost(ctx, e.slot, rl.e.host)
 			}
 			data = rl.Bytes()
 		} else {
@@ -643,7 +615,6 @@ func (lv *cacheLevel) reserveAgingLocked(c *Cache, e *entry, askedAt int64, ap A
 
 // evictLocked evicts v and tells the policy.
 func (lv *cacheLevel) evictLocked(c *Cache, v *entry) {
-	c.unstageLocked(v)
 	lv.dropLocked(v)
 	lv.policy.Remove(v.id)
 	c.stats[lv.level].evictions++
@@ -726,7 +697,7 @@ func (c *Cache) check() error {
 			}
 		}
 	}
-	return c.checkPoolLocked()
+	return nil
 }
 
 // Hold leases k at level if it is there and ready, without counting an

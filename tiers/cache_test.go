@@ -84,7 +84,6 @@ type memArena struct {
 	slots      [][]byte
 	size       int64
 	blocks     int // live host blocks
-	uploads    int // Upload calls
 	hostCopies int // UploadHost calls
 }
 
@@ -100,7 +99,6 @@ func (a *memArena) SlotSize() int64 { return a.size }
 func (a *memArena) Upload(_ context.Context, s int, data []byte) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.uploads++
 	copy(a.slots[s], data)
 	return nil
 }
@@ -110,26 +108,26 @@ func (a *memArena) AllocHost(n int64) (HostBlock, error) {
 	a.blocks++
 	return &memBlock{a: a, buf: make([]byte, n)}, nil
 }
-func (a *memArena) UploadHost(_ context.Context, s int, b HostBlock, n int64) error {
+func (a *memArena) UploadHost(_ context.Context, s int, b HostBlock) error {
 	m := b.(*memBlock)
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if !m.sealed || m.released || n > int64(len(m.buf)) {
-		return fmt.Errorf("upload from a host block: sealed %v, released %v, %d of %d bytes", m.sealed, m.released, n, len(m.buf))
+	if !m.sealed || m.released {
+		return fmt.Errorf("upload from a host block: sealed %v, released %v", m.sealed, m.released)
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.hostCopies++
-	copy(a.slots[s], m.buf[:n])
+	copy(a.slots[s], m.buf)
 	return nil
 }
-func (a *memArena) counts() (blocks, uploads, hostCopies int) {
+func (a *memArena) counts() (blocks, hostCopies int) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.blocks, a.uploads, a.hostCopies
+	return a.blocks, a.hostCopies
 }
 
-// memBlock is a host block of a memArena: it refuses writes while sealed
+// memBlock is a host block of a memArena: it refuses writes once sealed
 // and everything once released.
 type memBlock struct {
 	mu               sync.Mutex
@@ -146,14 +144,6 @@ func (m *memBlock) Bytes() []byte {
 	}
 	return m.buf
 }
-func (m *memBlock) Fill(src []byte) error {
-	b := m.Bytes()
-	if b == nil || len(src) > len(b) {
-		return fmt.Errorf("fill of %d bytes into a sealed or released block", len(src))
-	}
-	copy(b, src)
-	return nil
-}
 func (m *memBlock) Seal() error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -161,15 +151,6 @@ func (m *memBlock) Seal() error {
 		return errors.New("seal of a released block")
 	}
 	m.sealed = true
-	return nil
-}
-func (m *memBlock) Reopen(context.Context) error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.released {
-		return errors.New("reopen of a released block")
-	}
-	m.sealed = false
 	return nil
 }
 func (m *memBlock) Release() {
@@ -202,7 +183,6 @@ type levelCase struct {
 	source string // disk or swarm
 	host   bool   // Config.HostRAM (with a HostArena)
 	policy string // Config.Policy (default lru)
-	stage  bool   // Config.Stage of two slots; RAM of three keys
 }
 
 // withPolicies returns each case under each policy of PolicyNames.
@@ -225,10 +205,10 @@ func (lc levelCase) policyName() string {
 }
 
 var conformance = []levelCase{
-	{"ram from disk", RAM, "disk", false, "", false},
-	{"ram from swarm", RAM, "swarm", false, "", false},
-	{"vram from disk", VRAM, "disk", false, "", false},
-	{"vram from swarm", VRAM, "swarm", false, "", false},
+	{"ram from disk", RAM, "disk", false, ""},
+	{"ram from swarm", RAM, "swarm", false, ""},
+	{"vram from disk", VRAM, "disk", false, ""},
+	{"vram from swarm", VRAM, "swarm", false, ""},
 }
 
 func (lc levelCase) cache(t testing.TB, w *world, slots int, arena Arena) (*Cache, *storeFetcher) {
@@ -247,9 +227,6 @@ func (lc levelCase) cache(t testing.TB, w *world, slots int, arena Arena) (*Cach
 		cfg.Arena = arena
 		cfg.HostRAM = lc.host
 		cfg.RAM = keyLen // RAM smaller than VRAM: VRAM holds what RAM evicted
-		if lc.stage {
-			cfg.RAM, cfg.Stage = 3*keyLen, 2*keyLen
-		}
 	}
 	c, err := New(cfg)
 	if err != nil {
@@ -498,8 +475,8 @@ func TestPrefetchPriority(t *testing.T) {
 // groups contend for banks while evictions free and take slots; check
 // verifies the placer's books after every operation.
 func TestRandomWorkload(t *testing.T) {
-	staged := levelCase{"vram from disk, prefetches staged", VRAM, "disk", false, "", true}
-	for _, lc := range withPolicies(append(conformance, staged)) {
+	host := levelCase{"vram from disk, RAM in host memory", VRAM, "disk", true, ""}
+	for _, lc := range withPolicies(append(conformance, host)) {
 		for _, grouped := range []bool{false, true} {
 			if grouped && lc.target != VRAM {
 				continue
@@ -526,9 +503,6 @@ func randomWorkload(t *testing.T, lc levelCase, grouped bool) {
 		for i := 0; i < len(w.keys); i += 4 {
 			c.Group(w.keys[i : i+4])
 		}
-	}
-	if lc.stage {
-		c.ForVRAM(w.keys)
 	}
 	if lc.target == RAM {
 		c.Close()
@@ -561,11 +535,7 @@ func randomWorkload(t *testing.T, lc levelCase, grouped bool) {
 					}
 					held = append(held, l)
 				case op < 8:
-					to := lc.target
-					if lc.stage && r.IntN(2) == 0 {
-						to = RAM // staged for VRAM
-					}
-					p := c.Prefetch(k, to, Priority(r.IntN(3)))
+					p := c.Prefetch(k, lc.target, Priority(r.IntN(3)))
 					if r.IntN(2) == 0 {
 						p.Cancel()
 					}
@@ -596,11 +566,14 @@ func randomWorkload(t *testing.T, lc levelCase, grouped bool) {
 	if err := c.check(); err != nil {
 		t.Fatal(err)
 	}
-	if lc.stage {
-		st := c.Stats()[RAM]
+	if lc.host {
+		// RAM holds one key, in a host block; promotions copy from blocks.
+		if blocks, copies := mem.counts(); blocks != 1 || copies == 0 {
+			t.Fatalf("RAM in host memory: %d host blocks live (want 1), %d copies from them", blocks, copies)
+		}
 		c.Close()
-		if blocks, _, hostCopies := mem.counts(); blocks != 0 || st.Staged == 0 || int(st.StagedUsed) != hostCopies {
-			t.Fatalf("staged %d, promoted from the pool %d (host copies %d), %d blocks left after Close", st.Staged, st.StagedUsed, hostCopies, blocks)
+		if blocks, _ := mem.counts(); blocks != 0 {
+			t.Fatalf("%d host blocks left after Close", blocks)
 		}
 	}
 }

@@ -93,9 +93,6 @@ func (c *Cache) prefetchWorker() {
 		}
 		l, err := c.get(p.ctx, p.key, p.level, p.askedAt, true)
 		if l != nil {
-			if p.level == RAM {
-				c.stage(p.ctx, l)
-			}
 			l.Release()
 		}
 		c.mu.Lock()

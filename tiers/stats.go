@@ -16,7 +16,6 @@ type levelStats struct {
 	evictions, failures, corrupt      int64
 	prefetchQueued, prefetchDone      int64
 	prefetchFailed, prefetchCancelled int64
-	staged, stageUsed, stageDropped   int64     // RAM: the stage pool (stage.go)
 	latency                           [11]int64 // counts per bucket (last: above)
 	latencySum                        float64
 }
@@ -36,30 +35,25 @@ func (s *levelStats) observe(d time.Duration) {
 // LevelStats is what one level did. For VRAM and RAM a hit is a demand
 // found there; for disk and swarm it is a read they served.
 type LevelStats struct {
-	Level             string  `json:"level"`
-	Budget            int64   `json:"budget,omitempty"`
-	Used              int64   `json:"used,omitempty"`
-	Entries           int     `json:"entries,omitempty"`
-	Hits              int64   `json:"hits"`
-	Misses            int64   `json:"misses"`
-	HitRate           float64 `json:"hitRate"`
-	BytesUp           int64   `json:"bytesUp"`
-	BytesDown         int64   `json:"bytesDown"`
-	Evictions         int64   `json:"evictions"`
-	Failures          int64   `json:"failures"`
-	Corrupt           int64   `json:"corrupt"`
-	PrefetchQueued    int64   `json:"prefetchQueued"`
-	PrefetchDone      int64   `json:"prefetchDone"`
-	PrefetchFailed    int64   `json:"prefetchFailed"`
-	PrefetchCancelled int64   `json:"prefetchCancelled"`
-	QueueDepth        int     `json:"queueDepth"`
-	// RAM with Config.Stage: entries copied into the stage pool, promoted
-	// from there, and dropped from it unused.
-	Staged       int64            `json:"staged,omitempty"`
-	StagedUsed   int64            `json:"stagedUsed,omitempty"`
-	StagedUnused int64            `json:"stagedUnused,omitempty"`
-	Latency      map[string]int64 `json:"latencyBuckets"` // "le=0.001": count
-	LatencySum   float64          `json:"latencySumSeconds"`
+	Level             string           `json:"level"`
+	Budget            int64            `json:"budget,omitempty"`
+	Used              int64            `json:"used,omitempty"`
+	Entries           int              `json:"entries,omitempty"`
+	Hits              int64            `json:"hits"`
+	Misses            int64            `json:"misses"`
+	HitRate           float64          `json:"hitRate"`
+	BytesUp           int64            `json:"bytesUp"`
+	BytesDown         int64            `json:"bytesDown"`
+	Evictions         int64            `json:"evictions"`
+	Failures          int64            `json:"failures"`
+	Corrupt           int64            `json:"corrupt"`
+	PrefetchQueued    int64            `json:"prefetchQueued"`
+	PrefetchDone      int64            `json:"prefetchDone"`
+	PrefetchFailed    int64            `json:"prefetchFailed"`
+	PrefetchCancelled int64            `json:"prefetchCancelled"`
+	QueueDepth        int              `json:"queueDepth"`
+	Latency           map[string]int64 `json:"latencyBuckets"` // "le=0.001": count
+	LatencySum        float64          `json:"latencySumSeconds"`
 }
 
 // Stats returns every level's counters.
@@ -76,8 +70,7 @@ func (c *Cache) Stats() []LevelStats {
 		ls := LevelStats{Level: l.String(), Hits: s.hits, Misses: s.misses, BytesUp: s.bytesUp, BytesDown: s.bytesDown,
 			Evictions: s.evictions, Failures: s.failures, Corrupt: s.corrupt, PrefetchQueued: s.prefetchQueued,
 			PrefetchDone: s.prefetchDone, PrefetchFailed: s.prefetchFailed, PrefetchCancelled: s.prefetchCancelled,
-			QueueDepth: depth[l], Staged: s.staged, StagedUsed: s.stageUsed, StagedUnused: s.stageDropped,
-			Latency: map[string]int64{}, LatencySum: s.latencySum}
+			QueueDepth: depth[l], Latency: map[string]int64{}, LatencySum: s.latencySum}
 		if n := s.hits + s.misses; n > 0 {
 			ls.HitRate = float64(s.hits) / float64(n)
 		}
@@ -111,11 +104,10 @@ var (
 	descBudget  = prometheus.NewDesc("rdrr_tiers_budget_bytes", "The level's budget.", []string{"level"}, nil)
 	descQueue   = prometheus.NewDesc("rdrr_tiers_prefetch_queue", "Prefetches queued for the level.", []string{"level"}, nil)
 	descLatency = prometheus.NewDesc("rdrr_tiers_load_seconds", "Time to bring a key into or out of the level.", []string{"level"}, nil)
-	descStaged  = prometheus.NewDesc("rdrr_tiers_staged_total", "RAM entries copied into the stage pool (filled), promoted from it (used), dropped from it unused (unused).", []string{"outcome"}, nil)
 )
 
 func (collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descHits, descMisses, descUp, descDown, descCorrupt, descUsed, descBudget, descQueue, descLatency, descStaged} {
+	for _, d := range []*prometheus.Desc{descHits, descMisses, descUp, descDown, descCorrupt, descUsed, descBudget, descQueue, descLatency} {
 		ch <- d
 	}
 }
@@ -126,10 +118,6 @@ func (k collector) Collect(ch chan<- prometheus.Metric) {
 	depth := map[Level]int{}
 	for _, p := range k.c.pq.items {
 		depth[p.level]++
-	}
-	ram := &k.c.stats[RAM]
-	for outcome, v := range map[string]int64{"filled": ram.staged, "used": ram.stageUsed, "unused": ram.stageDropped} {
-		ch <- prometheus.MustNewConstMetric(descStaged, prometheus.CounterValue, float64(v), outcome)
 	}
 	for l := VRAM; l < numLevels; l++ {
 		s, name := &k.c.stats[l], l.String()

@@ -97,15 +97,15 @@ func (a *GPUArena) AllocHost(n int64) (HostBlock, error) {
 	return h, nil
 }
 
-// UploadHost copies the first n bytes of a sealed host block (from
-// AllocHost) into slot: one copy on the GPU's queue, no memcpy.
-func (a *GPUArena) UploadHost(ctx context.Context, slot int, b HostBlock, n int64) error {
+// UploadHost copies a sealed host block (from AllocHost) into slot: one
+// copy on the GPU's queue, no memcpy.
+func (a *GPUArena) UploadHost(ctx context.Context, slot int, b HostBlock) error {
 	h, ok := b.(*gpu.HostBuffer)
-	if !ok || slot < 0 || slot >= a.slots || n <= 0 || n > int64(h.Len()) || n > a.slotSize {
-		return fmt.Errorf("tiers: host upload of %d bytes of %T to slot %d of %d x %d", n, b, slot, a.slots, a.slotSize)
+	if !ok || slot < 0 || slot >= a.slots || int64(h.Len()) > a.slotSize {
+		return fmt.Errorf("tiers: host upload of %T to slot %d of %d x %d", b, slot, a.slots, a.slotSize)
 	}
 	buf, i := a.Locate(slot)
-	return a.d.CopyHost(ctx, buf.Sub(uint64(i)*uint64(a.slotSize), uint64(a.slotSize)), h, 0, uint64(n))
+	return a.d.CopyHost(ctx, buf.Sub(uint64(i)*uint64(a.slotSize), uint64(a.slotSize)), h, 0, uint64(h.Len()))
 }
 
 // Release frees the arena's buffers.

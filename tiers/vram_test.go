@@ -78,43 +78,6 @@ func TestConformanceGPUArena(t *testing.T) {
 			t.Fatalf("%s: %d host buffers left after Close", src, s.HostBuffers)
 		}
 	}
-	// Prefetches staged in the device's host memory (Config.Stage), two
-	// blocks reused over six keys, twice: every promotion from a block
-	// holds the key's bytes.
-	w := newWorld(t, 6)
-	c, err := New(Config{RAM: 6 * keyLen, Arena: arena, Stage: 2 * keyLen, Disk: DiskSource{w.st}, Now: fakeNow()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.ForVRAM(w.keys)
-	for round := 0; round < 2; round++ {
-		for _, k := range w.keys {
-			waitPool(t, c) // the block of the last promotion is back
-			if err := c.Prefetch(k, RAM, 1).Wait(ctx); err != nil {
-				t.Fatal(err)
-			}
-			l, err := c.Get(ctx, k, VRAM)
-			if err != nil {
-				t.Fatal(err)
-			}
-			got := make([]byte, k.Len)
-			buf, i := arena.Locate(l.Slot())
-			if err := d.Read(ctx, buf.Sub(uint64(i)*keyLen, keyLen), got); err != nil {
-				t.Fatal(err)
-			}
-			if !bytes.Equal(got, w.want(k)) {
-				t.Fatalf("staged: slot %d holds the wrong bytes for %v", l.Slot(), k)
-			}
-			l.Release()
-		}
-	}
-	if st := c.Stats()[RAM]; st.StagedUsed < 6 || d.Stats().HostBuffers > 2 {
-		t.Fatalf("staged: %d promotions from the pool of 12, %d host buffers for a pool of 2", st.StagedUsed, d.Stats().HostBuffers)
-	}
-	c.Close()
-	if s := d.Stats(); s.HostBuffers != 0 {
-		t.Fatalf("staged: %d host buffers left after Close", s.HostBuffers)
-	}
 	// A budget larger than the device degrades, never fails.
 	huge, err := NewGPUArena(d, 64<<20, 1<<20, nil)
 	if err != nil {

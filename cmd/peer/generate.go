@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -27,11 +28,11 @@ func generateCmd(a *app) *cobra.Command {
 	var warm, profileGPU, special bool
 	var prompt, tracePath, cpuProfile, policy, engine, procedural string
 	var maxTokens int
-	var prefetch, hostRAM bool
+	var prefetch bool
+	hostRAM := autoBool{auto: true}
 	var prefetchTo string
 	var s experts.Sampling
 	var budgets [3]byteSize
-	stage := byteSize(1 << 30)
 	var nf netFlags
 	cmd := &cobra.Command{
 		Use:   "generate <model CID> --prompt TEXT [--max-tokens N] [--temperature T --top-p P --seed S] [--engine gpu --vram 8GiB] [--ram 8GiB] [--signal URL]",
@@ -117,8 +118,7 @@ tokens. --profile-gpu times every dispatch on the GPU.`,
 				}
 				b := tiers.Clamp(tiers.Budgets{RAM: int64(budgets[1])}, "", 0, a.log)
 				rec := &tiers.TraceRecorder{}
-				cfg := tiers.Config{RAM: b.RAM, Disk: tiers.DiskSource{Store: st}, Policy: policy, Trace: rec, Logger: a.log, HostRAM: hostRAM,
-					Stage: min(int64(stage), b.RAM)}
+				cfg := tiers.Config{RAM: b.RAM, Disk: tiers.DiskSource{Store: st}, Policy: policy, Trace: rec, Logger: a.log, HostRAM: hostRAM.on}
 				if fetcher != nil {
 					// At most 16 slices in flight: a peer refuses more than
 					// 32 outstanding requests, and the GPU engine pages a
@@ -132,7 +132,7 @@ tokens. --profile-gpu times every dispatch on the GPU.`,
 				var step stepper
 				var closeEngine func()
 				if engine == "gpu" {
-					step, closeEngine, err = a.gpuEngine(ctx, st, m, &cfg, int64(budgets[0]), len(promptToks)+maxTokens, prefetch, prefetchLevel, profileGPU)
+					step, closeEngine, err = a.gpuEngine(ctx, st, m, &cfg, hostRAM.auto, int64(budgets[0]), len(promptToks)+maxTokens, prefetch, prefetchLevel, profileGPU)
 					if err != nil {
 						return err
 					}
@@ -254,7 +254,7 @@ tokens. --profile-gpu times every dispatch on the GPU.`,
 				res := map[string]any{"model": m.ModelID, "engine": engineName, "tokens": toks, "text": text.String(),
 					"prefetchPredicted": predicted, "prefetchCorrect": correct,
 					"promptTokens": len(promptToks), "seconds": secs, "tokPerSec": float64(len(promptToks)+len(toks)) / secs,
-					"loadSeconds": load.Seconds(), "levels": stats}
+					"loadSeconds": load.Seconds(), "levels": stats, "hostRAM": cfg.HostRAM}
 				if prof != nil {
 					res["profile"] = prof
 					res["stallSeconds"] = prof.PageWait.Seconds()
@@ -294,9 +294,6 @@ tokens. --profile-gpu times every dispatch on the GPU.`,
 						if s.Hits+s.Misses > 0 {
 							fmt.Fprintf(w, "  %-6s hits %d, misses %d (hit rate %.2f), %s up, %d evictions\n", s.Level, s.Hits, s.Misses, s.HitRate, formatBytes(s.BytesUp), s.Evictions)
 						}
-						if s.Staged > 0 {
-							fmt.Fprintf(w, "  %-6s %d prefetches staged for VRAM: %d promoted from the stage pool, %d dropped unused\n", "", s.Staged, s.StagedUsed, s.StagedUnused)
-						}
 					}
 				})
 			})
@@ -315,8 +312,8 @@ tokens. --profile-gpu times every dispatch on the GPU.`,
 	f.StringVar(&cpuProfile, "cpuprofile", "", "write a Go CPU profile of the generation (not the load) here")
 	f.StringVar(&tracePath, "trace", "", "write the expert access trace here (tiers/TRACE.md)")
 	f.StringVar(&engine, "engine", "ref", "decode engine: ref (float64 CPU reference) or gpu (wgpu kernels, experts paged into a VRAM arena of --vram bytes)")
-	f.BoolVar(&hostRAM, "host-ram", false, "gpu engine: keep the RAM level's experts in host memory the GPU copies from directly (an upload is one DMA copy, no memcpy into staging; off by default: on the H100 a RAM level of hundreds of such buffers slowed every step, see tiers/BENCHMARKS.md)")
-	f.Var(&stage, "stage", "gpu engine: host memory the GPU copies from directly, reused for the prefetched experts bound for VRAM: a prefetch copies such an expert there ahead of its use, and its upload is then one DMA copy (0: off; at most --ram; tiers.Config.Stage)")
+	f.Var(&hostRAM, "host-ram", "gpu engine: keep the RAM level's experts in pinned host memory the GPU copies from directly, so that an upload is one DMA copy with no memcpy into staging: auto (on when --vram does not hold every expert, so that experts are paged), true or false. Pinned memory makes every submission slower (on the H100 a resident Mixtral step 7.8 -> 9.5 ms with 24 GiB pinned) but paging faster (16 -> 21 tok/s at 25% in VRAM): tiers/BENCHMARKS.md")
+	f.Lookup("host-ram").NoOptDefVal = "true"
 	f.BoolVar(&prefetch, "prefetch", true, "gpu engine: prefetch each next layer's likely experts (its router on the current hidden state)")
 	f.StringVar(&prefetchTo, "prefetch-to", "ram", "gpu engine: the level prefetches promote to: vram (through ram: fetched and uploaded) or ram (fetched from disk or the swarm only; the GPU's queue stays the demand's)")
 	f.StringVar(&procedural, "procedural", "", "the manifest of a synthetic model to regenerate locally instead of reading a store (model argument: its CID or -)")
@@ -408,7 +405,11 @@ type stepper interface {
 
 // gpuEngine opens the GPU and makes a GPU model whose experts are paged
 // into an arena of vram bytes (its slots one expert each).
-func (a *app) gpuEngine(ctx context.Context, st *cas.Store, m *experts.Manifest, cfg *tiers.Config, vram int64, maxPos int, prefetch bool, prefetchTo tiers.Level, profileGPU bool) (stepper, func(), error) {
+// With autoHostRAM, cfg.HostRAM is set when the arena does not hold every
+// expert matrix (experts are paged: their uploads from pinned host memory
+// are one DMA copy each), and cleared when it does (nothing is paged, and
+// pinned memory only slows every submission).
+func (a *app) gpuEngine(ctx context.Context, st *cas.Store, m *experts.Manifest, cfg *tiers.Config, autoHostRAM bool, vram int64, maxPos int, prefetch bool, prefetchTo tiers.Level, profileGPU bool) (stepper, func(), error) {
 	// The arena is one buffer and one storage binding: ask the device for
 	// buffers as large as the VRAM budget, within the 2 GiB that wgpu
 	// binds (larger budgets degrade, with a warning, in NewGPUArena).
@@ -437,6 +438,13 @@ func (a *app) gpuEngine(ctx context.Context, st *cas.Store, m *experts.Manifest,
 		return nil, nil, err
 	}
 	cfg.Arena = arena
+	if autoHostRAM {
+		matrices := 0
+		for _, e := range m.Experts {
+			matrices += len(e.Tensors)
+		}
+		cfg.HostRAM = arena.Slots() < matrices
+	}
 	cache, err := tiers.New(*cfg)
 	if err != nil {
 		arena.Release()
@@ -450,10 +458,8 @@ func (a *app) gpuEngine(ctx context.Context, st *cas.Store, m *experts.Manifest,
 		d.Close()
 		return nil, nil, err
 	}
-	if cfg.HostRAM || cfg.Stage > 0 {
-		// Bound for VRAM: a --warm of RAM makes them in host memory too
-		// (HostRAM), a prefetch to RAM stages them (Stage).
-		cache.ForVRAM(g.ExpertKeys())
+	if cfg.HostRAM {
+		cache.ForVRAM(g.ExpertKeys()) // a --warm of RAM makes them in host memory too
 	}
 	g.Trace = cfg.Trace
 	g.Prefetch, g.PrefetchTo = prefetch, prefetchTo
@@ -554,4 +560,27 @@ func printGPUProfile(w io.Writer, p *gpu.Profile, steps int) {
 		fmt.Fprintf(w, "    %-22s %-16s %6.1f a step %8.1f us each %8.3f ms a step (%4.1f%%)\n", k.Kernel, fmt.Sprintf("%dx%dx%d", k.Groups[0], k.Groups[1], k.Groups[2]),
 			float64(k.Count)/float64(steps), float64(k.Total.Microseconds())/float64(k.Count), float64(per(k.Total).Microseconds())/1e3, 100*float64(k.Total)/float64(max(p.Busy, 1)))
 	}
+}
+
+// autoBool is a flag that is auto, true or false (a bare --flag is true).
+type autoBool struct{ auto, on bool }
+
+func (b *autoBool) String() string {
+	if b.auto {
+		return "auto"
+	}
+	return strconv.FormatBool(b.on)
+}
+func (b *autoBool) Type() string { return "auto|true|false" }
+func (b *autoBool) Set(s string) error {
+	if s == "auto" {
+		*b = autoBool{auto: true}
+		return nil
+	}
+	on, err := strconv.ParseBool(s)
+	if err != nil {
+		return fmt.Errorf("want auto, true or false")
+	}
+	*b = autoBool{on: on}
+	return nil
 }
