@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"github.com/rdrr/peer/gpu"
@@ -643,6 +644,131 @@ func TestTopPBlocks(t *testing.T) {
 	}
 	if checked < 12 {
 		t.Fatalf("only %d of 16 cases had a safe margin", checked)
+	}
+}
+
+// TestTopPAwkward runs top-p over inputs built to hit the kernel's
+// corners rather than its common path: every logit equal (one tie holds
+// the whole vocabulary and the last radix round's bucket), a tie that
+// straddles top-p, top-p 1 (the first round keeps every token), u = 0, a
+// tiny and a huge temperature, sizes that are not multiples of a block,
+// under one block, and past 64 blocks (ops.TopPLaunches widens the
+// blocks).
+// Each case draws its logits and u until the reference's decision has a
+// safe margin.
+func TestTopPAwkward(t *testing.T) {
+	d, k := shared.d, shared.k
+	r := rng(t)
+	head := func(x []float32, n int, lift float32) {
+		for range n {
+			x[r.IntN(len(x))] += lift
+		}
+	}
+	for _, c := range []struct {
+		name        string
+		n           int
+		temp, top_p float64
+		make        func(n int) []float32
+	}{
+		{"equal", 4500, 1, 0.9, func(n int) []float32 {
+			x := make([]float32, n)
+			for i := range x {
+				x[i] = 0.25
+			}
+			return x
+		}},
+		// 2^31 / 4992 rounds down: the fixed-point masses sum below top-p
+		// 1's goal, and the first round keeps every token.
+		{"equal-top-p-1", 4992, 0.7, 1, func(n int) []float32 { return make([]float32, n) }},
+		{"tie-straddles", 20000, 1, 0.6, func(n int) []float32 {
+			// 12 tokens tied at the top hold about 0.8 of the mass.
+			x := randF32(r, n, 1)
+			for range 12 {
+				x[r.IntN(n)] = 13
+			}
+			return x
+		}},
+		{"ties-spread", 152064, 1, 0.9, func(n int) []float32 {
+			// A head of 200 logits from 8 values: ties across blocks.
+			x := randF32(r, n, 1)
+			for range 200 {
+				x[r.IntN(n)] = 10 + float32(r.IntN(8))
+			}
+			return x
+		}},
+		{"top-p-1", 152064, 1, 1, func(n int) []float32 {
+			// A head that holds most of the mass over a tail whose
+			// smallest probabilities sit in the first half: dropping any
+			// of them moves the draw's target past the head's tokens
+			// after it (dropped evenly, they would move the goal alike).
+			x := randF32(r, n, 1)
+			for i := range n / 2 {
+				x[i] -= 3
+			}
+			head(x, 300, 8)
+			return x
+		}},
+		{"tiny-temperature", 152064, 0.01, 0.9, func(n int) []float32 { return randF32(r, n, 1) }},
+		{"tiny-temperature-tied-max", 100003, 0.001, 0.9, func(n int) []float32 {
+			x := randF32(r, n, 1)
+			x[r.IntN(n)], x[r.IntN(n)] = 9, 9
+			return x
+		}},
+		{"huge-temperature", 1000, 50, 0.9, func(n int) []float32 { return randF32(r, n, 1) }},
+		{"huge-temperature-blocks", 20000, 1000, 0.95, func(n int) []float32 {
+			// Logits a thousand times a head-and-bulk's: the temperature
+			// brings them back, through an inverse of 1e-3.
+			x := randF32(r, n, 1000)
+			head(x, 50, 12000)
+			return x
+		}},
+		{"u-zero", 152064, 1, 0.9, func(n int) []float32 {
+			x := randF32(r, n, 1)
+			head(x, 300, 14)
+			return x
+		}},
+		{"under-a-block", 3000, 0.8, 0.9, func(n int) []float32 {
+			x := randF32(r, n, 1)
+			head(x, 40, 9)
+			return x
+		}},
+		{"wide-blocks", 300007, 1, 0.9, func(n int) []float32 {
+			x := randF32(r, n, 1)
+			head(x, 300, 15)
+			return x
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var x []float32
+			var u float64
+			want, margin := -1, 0.0
+			for try := 0; margin < 1e-4; try++ {
+				if try == 60 {
+					t.Fatalf("no draw in %d gives a safe margin (last %.3g): fix the case", try, margin)
+				}
+				if try%3 == 0 { // a few u for each x
+					x = c.make(c.n)
+				}
+				u = r.Float64()
+				if c.name == "u-zero" {
+					u = 0 // the first kept token
+				}
+				if strings.HasPrefix(c.name, "equal") {
+					// The middle of a token of the second block: every
+					// one holds 1/n.
+					u = (float64(4096+r.IntN(c.n-4096)) + 0.5) / float64(c.n)
+				}
+				want, margin = ref.TopP(ref.F32(x), c.temp, c.top_p, u)
+			}
+			xb := uploadF32(t, d, x)
+			out := poisoned(t, d, 4)
+			run(t, d, func(b *gpu.Batch) error {
+				return k.TopP(ctxT(t), b, xb, out, TopPShape{N: c.n, Temperature: float32(c.temp), TopP: float32(c.top_p), U: float32(u)})
+			})
+			if got := readU32(t, d, out, 1)[0]; int(got) != want {
+				t.Fatalf("u %v: got token %d; want %d (margin %.3g)", u, got, want, margin)
+			}
+		})
 	}
 }
 

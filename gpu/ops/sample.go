@@ -134,17 +134,35 @@ func (s TopPShape) check() error {
 // 256): a 152k vocabulary spreads over 38.
 const toppBlock = 4096
 
-// toppStages is the dispatches of topp_blocks (see the kernel).
-const toppStages = 6
+// toppMaxBlocks is the most workgroups TopP spreads over: past 64 blocks
+// of toppBlock values (a 262144 vocabulary) the blocks widen instead, so
+// that the blocks' round-2 suffix sums (4 KiB each, see the kernel) stay
+// a few hundred KiB of scratch.
+const toppMaxBlocks = 64
 
-// TopPLaunches are the dispatch rules of TopP for Temperature > 0: the six
+// toppStages is the dispatches of topp_blocks (see the kernel).
+const toppStages = 5
+
+// toppBlocks returns the values a block of TopP over n values takes and
+// the number of blocks.
+func toppBlocks(n int) (block, nb int) {
+	block = toppBlock
+	if nb = (n + block - 1) / block; nb > toppMaxBlocks {
+		per := (n + toppMaxBlocks - 1) / toppMaxBlocks
+		block = (per + toppBlock - 1) / toppBlock * toppBlock
+		nb = (n + block - 1) / block
+	}
+	return block, nb
+}
+
+// TopPLaunches are the dispatch rules of TopP for Temperature > 0: the five
 // stages of topp_blocks, each with bindings logits, scratch, out; and the
 // scratch bytes.
 func TopPLaunches(s TopPShape) ([]Launch, uint64, error) {
 	if err := s.check(); err != nil {
 		return nil, 0, err
 	}
-	nb := (s.N + toppBlock - 1) / toppBlock
+	block, nb := toppBlocks(s.N)
 	scratch := toppScratch(nb)
 	ls := make([]Launch, toppStages)
 	for stage := range ls {
@@ -154,17 +172,18 @@ func TopPLaunches(s TopPShape) ([]Launch, uint64, error) {
 		}
 		ls[stage] = Launch{Kernel: "topp_blocks", Groups: [3]uint32{groups, 1, 1},
 			Params: gpu.Params{}.U32(uint32(s.N)).F32(1 / s.Temperature).F32(s.TopP).F32(s.U).
-				U32(uint32(stage)).U32(toppBlock).U32(uint32(nb)).U32(0),
+				U32(uint32(stage)).U32(uint32(block)).U32(uint32(nb)).U32(0),
 			Bindings: []Binding{{"logits", uint64(s.N * 4)}, {"scratch", scratch}, {"out", 4}}}
 	}
 	return ls, scratch, nil
 }
 
 // toppScratch is the scratch bytes of TopP over nb blocks: three rounds'
-// 1024-bucket histograms, the select's state, then four words a block.
-func toppScratch(nb int) uint64 { return uint64(3088+4*nb) * 4 }
+// 1024-bucket histograms, the select's state, then three words and 1024
+// suffix sums a block.
+func toppScratch(nb int) uint64 { return uint64(3088+(3+1024)*nb) * 4 }
 
-// TopP records out[0] = a token sampled as s says (six dispatches over a
+// TopP records out[0] = a token sampled as s says (five dispatches over a
 // workgroup per block of values, topp_blocks). Temperature <= 0 means
 // greedy (Argmax).
 func (k *Kernels) TopP(ctx context.Context, b *gpu.Batch, logits, out gpu.Region, s TopPShape) error {

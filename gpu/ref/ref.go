@@ -344,10 +344,13 @@ func Argmax(x []float64) int {
 // kept together). u in [0, 1) picks, in token order, the first kept token
 // whose cumulative kept probability reaches u times the kept mass.
 //
-// Margin is how far the decision is from flipping: the smaller of the
-// distance of the kept mass's boundary from topP and the distance of u's
-// target from the nearest cumulative boundary, both as probability mass.
-// Tests skip cases whose margin is below float32 rounding.
+// Margin is how far the decision is from flipping: the smallest of the
+// distance of topP from the kept mass (unless every token is kept), its
+// distance from the mass above t* (the tokens tied at t* go together, so
+// a tie that straddles topP is decided), and the distance of u's target
+// from the nearest cumulative boundary (none below the first kept token),
+// all as probability mass. Tests skip cases whose margin is below float32
+// rounding.
 func TopP(logits []float64, temperature, topP, u float64) (token int, margin float64) {
 	n := len(logits)
 	p := make([]float64, n)
@@ -365,13 +368,19 @@ func TopP(logits []float64, temperature, topP, u float64) (token int, margin flo
 	}
 	sorted := append([]float64(nil), p...)
 	sort.Sort(sort.Reverse(sort.Float64Slice(sorted)))
-	var cum, t float64
+	var cum, above, t float64 // above: the mass of the values above v
 	margin = math.Inf(1)
 	for i, v := range sorted {
+		if i == 0 || sorted[i-1] != v {
+			above = cum
+		}
 		cum += v
 		if cum >= topP && (i+1 == n || sorted[i+1] != v) {
 			t = v
-			margin = math.Min(cum-topP, topP-(cum-v))
+			margin = topP - above
+			if i+1 < n { // past the last value, a larger topP keeps the same
+				margin = math.Min(margin, cum-topP)
+			}
 			break
 		}
 	}
@@ -392,7 +401,11 @@ func TopP(logits []float64, temperature, topP, u float64) (token int, margin flo
 		prev := cum
 		cum += v
 		if cum >= target {
-			margin = math.Min(margin, math.Min(target-prev, cum-target))
+			lo := target - prev
+			if prev == 0 { // the first kept token: no target below it
+				lo = math.Inf(1)
+			}
+			margin = math.Min(margin, math.Min(lo, cum-target))
 			return i, margin
 		}
 	}

@@ -154,6 +154,24 @@ func TestTopP(t *testing.T) {
 	if tok, _ := TopP(l, 1, 1, 0.9); tok != 2 {
 		t.Fatalf("token = %d; want 2", tok)
 	}
+	// Probabilities 0.4, 0.2, 0.2, 0.2: top-p 0.7 falls inside the tie,
+	// which is kept whole (mass 1): 0.3 from flipping (only top-p <= 0.4
+	// or > 1 would not keep it); u = 0.45 aims at 0.45: token 1, 0.05 in.
+	l = []float64{math.Log(0.4), math.Log(0.2), math.Log(0.2), math.Log(0.2)}
+	if tok, margin := TopP(l, 1, 0.7, 0.45); tok != 1 || math.Abs(margin-0.05) > 1e-9 {
+		t.Fatalf("token, margin = %d, %v; want 1, 0.05", tok, margin)
+	}
+	// u = 0 takes the first kept token, however the sums round.
+	if tok, margin := TopP(l, 1, 0.7, 0); tok != 0 || math.Abs(margin-0.3) > 1e-9 {
+		t.Fatalf("token, margin = %d, %v; want 0, 0.3 (u = 0: only the nucleus's edge decides)", tok, margin)
+	}
+	// Top-p 1 keeps every token however the sums round: only u decides.
+	if _, margin := TopP(l, 1, 1, 0.3); math.Abs(margin-0.1) > 1e-9 {
+		t.Fatalf("margin = %v; want 0.1 (top-p 1 keeps all; the target is 0.1 from token 0's end)", margin)
+	}
+	if _, margin := TopP(l, 1, 0.7, 0.5); math.Abs(margin-0.1) > 1e-9 {
+		t.Fatalf("margin = %v; want 0.1 (the tie's edge is 0.3 away, the target 0.1)", margin)
+	}
 }
 
 func TestCompare(t *testing.T) {

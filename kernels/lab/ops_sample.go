@@ -222,9 +222,9 @@ func makeTopP(r *rand.Rand, dims []int) (*problem, error) {
 			}
 		}
 	}
-	// The runtime's form (ops.TopPLaunches): six dispatches of topp_blocks
+	// The runtime's form (ops.TopPLaunches): five dispatches of topp_blocks
 	// over the logits, a scratch binding and the token; a variant replaces
-	// all six.
+	// all five.
 	ls, scratch, err := ops.TopPLaunches(ops.TopPShape{N: n, Temperature: temp, TopP: topP, U: u})
 	if err != nil {
 		return nil, fmt.Errorf("lab: topp: %w", err)

@@ -93,7 +93,7 @@ var opVariants = map[string]struct {
 	},
 	"topp": {
 		cheaters: map[string][]edit{
-			"always the last kept token":  {{"out[0] = r;", "out[0] = last;"}},
+			"always the last kept token":  {{"let r = workgroupUniformLoad(&pbv);", "let r = NONE;\n  _ = workgroupUniformLoad(&pbv);"}},
 			"always the first kept token": {{"let goal = p.u * (f32(st.z) / FX);", "let goal = 0.0;"}},
 		},
 		correct: []edit{{"return exp(x * p.inv_temp - m) * inv_z;", "return exp(fma(x, p.inv_temp, -m)) * inv_z;"}},

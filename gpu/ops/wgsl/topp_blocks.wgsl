@@ -1,14 +1,16 @@
-// Top-p (nucleus) sampling of one token into out[0] (u32), in six
-// dispatches of this kernel (stage 0 to 5) over a workgroup per block of
+// Top-p (nucleus) sampling of one token into out[0] (u32), in five
+// dispatches of this kernel (stage 0 to 4) over a workgroup per block of
 // values. p_i = softmax(logits / temperature). The kept set is
 // {i : p_i >= t*}, t* the largest probability with
 // sum_{p_j >= t*} p_j >= top_p (tied probabilities are kept together),
 // found by a radix select over the probabilities' bits (positive floats
 // order as their bits). u in [0, 1) then picks, in token order, the first
 // kept token whose cumulative kept probability reaches u times the kept
-// mass (the last kept token if rounding leaves the goal above the total).
-// One workgroup over all the values took 460 us for 152k of them on the
-// H100, one SM's worth of loads six times over.
+// mass (the last kept token of the last block with kept mass if rounding
+// leaves the goal above the total). One workgroup over all the values took
+// 460 us for 152k of them on the H100, one SM's worth of loads six times
+// over. Five dependent dispatches of this kernel that return at once take
+// ~15-17 us there, so the stages are few.
 //
 //   stage 0 (a workgroup per block): the block's max and sum of
 //           exp(x - max); workgroup 0 clears the histograms.
@@ -21,10 +23,16 @@
 //           integers everywhere, so the same digit; workgroup 0 writes the
 //           state after it), then adds its block's fixed-point masses to
 //           round r's histogram with global atomics.
-//   4       (a workgroup per block): round 2 finished: t*; the block's
-//           kept mass (f32) and its last kept token.
-//   5       (one workgroup): the block where u times the kept mass is
-//           reached, in token order, then the token within it; out[0].
+//   3       also writes what the pick needs of its block, so that no stage
+//           of its own sums the blocks' kept masses: the mass (f32) of its
+//           tokens above the 20 bits that rounds 0 and 1 chose (all of
+//           them if those rounds kept every token), and the suffix sums of
+//           its own round-2 histogram (fixed point): whatever digit round 2
+//           ends on, the block's kept mass is the one plus an entry of the
+//           other.
+//   4       (one workgroup): round 2 finished: t*; the blocks' kept masses;
+//           the block where u times the kept mass is reached, in token
+//           order, then the token within it; out[0].
 //
 // The histograms hold fixed-point masses (2^-31 units) summed as integers,
 // so their totals do not depend on how the values are split over
@@ -36,8 +44,12 @@
 // (chosen bits, mass above them, kept mass, every token kept), four words
 // each; [3084, 3086) the softmax's max and 1 / sum that stage 1 keeps
 // (SOFT); then from BASE, per block b: its max and sum (f32 bits) at
-// BASE + 2b and + 1, its kept mass (f32 bits) at BASE + 2 nb + b, its last
-// kept token at BASE + 3 nb + b.
+// BASE + 2b and + 1, its mass above the 20 chosen bits (f32 bits) at
+// BASE + 2 nb + b, and its round-2 suffix sums (NB words: entry d is the
+// mass of its tokens in the chosen 20 bits whose last ten are >= d) at
+// BASE + 3 nb + NB b. The host keeps nb <= 64 (ops.TopPLaunches widens the
+// blocks past that), so this stays a few hundred KiB and stage 4 gives a
+// thread a block.
 
 struct Params {
   n: u32,
@@ -75,17 +87,14 @@ var<workgroup> carv: u32;
 var<workgroup> basev: f32;
 var<workgroup> pbv: u32;
 var<workgroup> stv: vec4<u32>;
+var<workgroup> softv: vec2<u32>;
 
 var<private> m: f32;
 var<private> inv_z: f32;
 
 fn partAt(b: u32) -> u32 { return BASE + 2u * b; }
-fn keptAt(b: u32) -> u32 { return BASE + 2u * p.nb + b; }
-fn lastAt(b: u32) -> u32 { return BASE + 3u * p.nb + b; }
-
-fn prob(i: u32) -> f32 {
-  return probOf(logits[i]);
-}
+fn aboveAt(b: u32) -> u32 { return BASE + 2u * p.nb + b; }
+fn sufAt(b: u32) -> u32 { return BASE + 3u * p.nb + NB * b; }
 
 fn probOf(x: f32) -> f32 {
   return exp(x * p.inv_temp - m) * inv_z;
@@ -106,20 +115,61 @@ fn loadRun(i0: u32, hi: u32, tid: u32) {
   }
 }
 
-// reduceMaxSum combines the threads' (max, sum of exp(x - max)) pairs in
-// red, red2 into red[0], red2[0].
-fn reduceMaxSum(tid: u32) {
-  for (var st = WG >> 1u; st > 0u; st >>= 1u) {
-    workgroupBarrier();
-    if (tid < st) {
-      let m1 = red[tid];
-      let m2 = red[tid + st];
-      let mm = max(m1, m2);
-      red2[tid] = red2[tid] * exp(m1 - mm) + red2[tid + st] * exp(m2 - mm);
-      red[tid] = mm;
+// The workgroup's sums, maxima and scans go in two levels: a thread of
+// each group of GS combines its group's values, then every thread
+// combines the NG groups' (three barriers, where a tree took log2(WG)
+// steps of a barrier and a round trip through workgroup memory each).
+const GS: u32 = 8u;
+const NG: u32 = WG / GS;
+var<workgroup> grpf: array<f32, NG>;
+var<workgroup> grpu: array<u32, NG>;
+
+// sumAll returns the sum of v over the threads, the same bits in every
+// thread, through red.
+fn sumAll(tid: u32, v: f32) -> f32 {
+  workgroupBarrier();
+  red[tid] = v;
+  workgroupBarrier();
+  if (tid < NG) {
+    var t = 0.0;
+    for (var j = 0u; j < GS; j++) {
+      t += red[tid * GS + j];
     }
+    grpf[tid] = t;
   }
   workgroupBarrier();
+  var t = 0.0;
+  for (var g = 0u; g < NG; g++) {
+    t += grpf[g];
+  }
+  return t;
+}
+
+// maxAll returns the largest v over the threads, through red.
+fn maxAll(tid: u32, v: f32) -> f32 {
+  workgroupBarrier();
+  red[tid] = v;
+  workgroupBarrier();
+  if (tid < NG) {
+    var t = red[tid * GS];
+    for (var j = 1u; j < GS; j++) {
+      t = max(t, red[tid * GS + j]);
+    }
+    grpf[tid] = t;
+  }
+  workgroupBarrier();
+  var t = grpf[0];
+  for (var g = 1u; g < NG; g++) {
+    t = max(t, grpf[g]);
+  }
+  return t;
+}
+
+// maxSum combines the threads' (max, sum of exp(x - max)) pairs into the
+// workgroup's (max, sum of exp(x - max)).
+fn maxSum(tid: u32, mx: f32, zs: f32) -> vec2<f32> {
+  let mm = maxAll(tid, mx);
+  return vec2<f32>(mm, sumAll(tid, zs * exp(mx - mm)));
 }
 
 // softmax sets m and inv_z from the blocks' pairs.
@@ -133,58 +183,112 @@ fn softmax(tid: u32) {
     zs = zs * exp(mx - nm) + bz * exp(bm - nm);
     mx = nm;
   }
-  red[tid] = mx;
-  red2[tid] = zs;
-  reduceMaxSum(tid);
-  m = red[0];
-  inv_z = 1.0 / red2[0];
-  workgroupBarrier();
+  let mz = maxSum(tid, mx, zs);
+  m = mz.x;
+  inv_z = 1.0 / mz.y;
 }
 
 // scanSum returns the sum of v over the threads up to tid (inclusive),
-// through red.
+// through red. For v >= 0 it never falls from one thread to the next: a
+// thread adds the values of its group up to it in the order its group's
+// total was summed, and the totals of the groups before in order, so the
+// last thread of a group and the next group's start round the same sums.
 fn scanSum(tid: u32, v: f32) -> f32 {
   workgroupBarrier();
   red[tid] = v;
   workgroupBarrier();
-  for (var k = 1u; k < WG; k <<= 1u) {
-    var add = 0.0;
-    if (tid >= k) {
-      add = red[tid - k];
+  let g = tid / GS;
+  if (tid < NG) {
+    var t = 0.0;
+    for (var j = 0u; j < GS; j++) {
+      t += red[tid * GS + j];
     }
-    workgroupBarrier();
-    red[tid] += add;
-    workgroupBarrier();
+    grpf[tid] = t;
   }
-  return red[tid];
-}
-
-// derive reads round r's histogram and finds the largest bucket d with above + (mass of buckets >= d) >= goal:
-// dval = d (NB: none, keep every token), keptv = that mass, carv = the
-// mass above bucket d. Thread t holds buckets 4t..4t+3.
-fn derive(r: u32, tid: u32, above: u32, goal: u32) {
-  var h: array<u32, 4>;
-  var own = 0u;
-  for (var i = 0u; i < 4u; i++) {
-    h[i] = atomicLoad(&s[r * NB + 4u * tid + i]);
-    own += h[i];
-  }
-  redu[tid] = own;
-  // Inclusive suffix sums over the threads.
-  for (var k = 1u; k < WG; k <<= 1u) {
-    workgroupBarrier();
-    var add = 0u;
-    if (tid + k < WG) {
-      add = redu[tid + k];
-    }
-    workgroupBarrier();
-    redu[tid] += add;
+  var own = 0.0;
+  for (var j = g * GS; j <= tid; j++) {
+    own += red[j];
   }
   workgroupBarrier();
-  var suf = redu[tid] - own; // the buckets of the threads above
+  var before = 0.0;
+  for (var q = 0u; q < g; q++) {
+    before += grpf[q];
+  }
+  return before + own;
+}
+
+// maxU returns the largest v over the threads, through redu.
+fn maxU(tid: u32, v: u32) -> u32 {
+  workgroupBarrier();
+  redu[tid] = v;
+  workgroupBarrier();
+  if (tid < NG) {
+    var t = 0u;
+    for (var j = 0u; j < GS; j++) {
+      t = max(t, redu[tid * GS + j]);
+    }
+    grpu[tid] = t;
+  }
+  workgroupBarrier();
+  var t = 0u;
+  for (var g = 0u; g < NG; g++) {
+    t = max(t, grpu[g]);
+  }
+  return t;
+}
+
+// sufU returns the sum of v over the threads from tid on (inclusive),
+// through redu.
+fn sufU(tid: u32, v: u32) -> u32 {
+  workgroupBarrier();
+  redu[tid] = v;
+  workgroupBarrier();
+  let g = tid / GS;
+  if (tid < NG) {
+    var t = 0u;
+    for (var j = 0u; j < GS; j++) {
+      t += redu[tid * GS + j];
+    }
+    grpu[tid] = t;
+  }
+  var own = 0u;
+  for (var j = tid; j < (g + 1u) * GS; j++) {
+    own += redu[j];
+  }
+  workgroupBarrier();
+  for (var q = g + 1u; q < NG; q++) {
+    own += grpu[q];
+  }
+  return own;
+}
+
+// histWords loads round r's histogram buckets 4 tid .. 4 tid + 3.
+fn histWords(r: u32, tid: u32) -> array<u32, 4> {
+  var h: array<u32, 4>;
+  for (var i = 0u; i < 4u; i++) {
+    h[i] = atomicLoad(&s[r * NB + 4u * tid + i]);
+  }
+  return h;
+}
+
+// derive takes a round's histogram (thread t's buckets 4t..4t+3, hin)
+// and finds the largest bucket d with above + (mass of buckets >= d) >=
+// goal: dval = d (NB: none, keep every token), keptv = that mass, carv =
+// the mass above bucket d.
+fn derive(hin: array<u32, 4>, tid: u32, above: u32, goal: u32) {
+  var h = hin; // a var: a value array takes only constant indices
+  var own = 0u;
+  for (var i = 0u; i < 4u; i++) {
+    own += h[i];
+  }
+  var suf = sufU(tid, own) - own; // the buckets of the threads above
   if (tid == 0u) {
     atomicStore(&dsel, 0u);
   }
+  // The buckets that reach the goal are 0..d (suffix sums fall with the
+  // bucket): one thread holds d, the one whose buckets reach it and whose
+  // next thread's do not, and it alone writes d.
+  let reachedAbove = above + suf >= goal; // bucket 4 tid + 4 reaches it
   var best = 0u;
   for (var i = 3; i >= 0; i--) {
     let j = 4u * tid + u32(i);
@@ -195,8 +299,8 @@ fn derive(r: u32, tid: u32, above: u32, goal: u32) {
     }
   }
   workgroupBarrier();
-  if (best != 0u) {
-    atomicMax(&dsel, best);
+  if (best != 0u && !reachedAbove) {
+    atomicStore(&dsel, best);
   }
   workgroupBarrier();
   if (tid == 0u) {
@@ -219,14 +323,20 @@ fn derive(r: u32, tid: u32, above: u32, goal: u32) {
   workgroupBarrier();
 }
 
+// goalFX is top-p in fixed point, at least one unit (a goal of 0 would be
+// reached by every bucket, the empty ones above the largest value too).
+fn goalFX() -> u32 {
+  return max(u32(min(p.top_p, 1.0) * FX), 1u);
+}
+
 // advance finishes round r from the state st after the rounds before it
 // (chosen bits, mass above them, kept mass, every token kept) and
 // returns the state after it; workgroup 0 of the dispatch writes it for
 // the next stage.
-fn advance(r: u32, st: vec4<u32>, tid: u32, wg: u32) -> vec4<u32> {
+fn advance(r: u32, st: vec4<u32>, h: array<u32, 4>, tid: u32, wg: u32) -> vec4<u32> {
   var n = st;
   if (st.w == 0u) {
-    derive(r, tid, st.y, u32(min(p.top_p, 1.0) * FX));
+    derive(h, tid, st.y, goalFX());
     let d = workgroupUniformLoad(&dval);
     n.z = workgroupUniformLoad(&keptv);
     n.y = workgroupUniformLoad(&carv);
@@ -244,14 +354,46 @@ fn advance(r: u32, st: vec4<u32>, tid: u32, wg: u32) -> vec4<u32> {
   return n;
 }
 
-// stateAfter reads the state after round r that a previous stage wrote
-// (uniform across the workgroup, as the barriers after it need).
-fn stateAfter(r: u32, tid: u32) -> vec4<u32> {
-  if (tid == 0u) {
-    stv = vec4<u32>(atomicLoad(&s[STATE + 4u * r]), atomicLoad(&s[STATE + 4u * r + 1u]),
-      atomicLoad(&s[STATE + 4u * r + 2u]), atomicLoad(&s[STATE + 4u * r + 3u]));
+// stateWords loads the state after round r that a previous stage wrote.
+fn stateWords(r: u32) -> vec4<u32> {
+  return vec4<u32>(atomicLoad(&s[STATE + 4u * r]), atomicLoad(&s[STATE + 4u * r + 1u]),
+    atomicLoad(&s[STATE + 4u * r + 2u]), atomicLoad(&s[STATE + 4u * r + 3u]));
+}
+
+// loadChunk fills xv with values c0 + k (k < VPT); those at e or past it
+// read value e - 1 and are not used.
+fn loadChunk(c0: u32, e: u32) {
+  for (var k = 0u; k < VPT; k++) {
+    xv[k] = logits[min(c0 + k, e - 1u)];
   }
-  return workgroupUniformLoad(&stv);
+}
+
+// blockPart writes, for round 2's block b, its mass above the chosen 20
+// bits (above: each thread's part) and the suffix sums of its round-2
+// histogram (in hist), which stage 4 reads instead of passing over the
+// values again: block b's kept mass is above + suffix[d2] / 2^31.
+fn blockPart(above: f32, tid: u32, b: u32) {
+  let a = sumAll(tid, above);
+  if (tid == 0u) {
+    atomicStore(&s[aboveAt(b)], bitcast<u32>(a));
+  }
+  // Thread t holds buckets 4t..4t+3; inclusive suffix sums over threads.
+  var h: array<u32, 4>;
+  var own = 0u;
+  for (var i = 0u; i < 4u; i++) {
+    h[i] = atomicLoad(&hist[4u * tid + i]);
+    own += h[i];
+  }
+  var suf = sufU(tid, own) - own;
+  for (var i = 3; i >= 0; i--) {
+    suf += h[i];
+    sufb[4u * tid + u32(i)] = suf;
+  }
+  workgroupBarrier();
+  // Thread t writes words t, t + WG, ...: a warp's stores side by side.
+  for (var c = tid; c < NB; c += WG) {
+    atomicStore(&s[sufAt(b) + c], sufb[c]);
+  }
 }
 
 @compute @workgroup_size(256)
@@ -263,21 +405,27 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     var zs = 0.0;
     for (var i0 = lo; i0 < hi; i0 += VPT * WG) {
       loadRun(i0, hi, tid);
+      // The run's max first, then its exps: independent of one another,
+      // where an online update per value chained them.
+      var rm = mx;
       for (var k = 0u; k < VPT; k++) {
         if (i0 + tid + k * WG < hi) {
-          let v = xv[k] * p.inv_temp;
-          let nm = max(mx, v);
-          zs = zs * exp(mx - nm) + exp(v - nm);
-          mx = nm;
+          rm = max(rm, xv[k] * p.inv_temp);
         }
       }
+      var rz = 0.0;
+      for (var k = 0u; k < VPT; k++) {
+        if (i0 + tid + k * WG < hi) {
+          rz += exp(xv[k] * p.inv_temp - rm);
+        }
+      }
+      zs = zs * exp(mx - rm) + rz;
+      mx = rm;
     }
-    red[tid] = mx;
-    red2[tid] = zs;
-    reduceMaxSum(tid);
+    let mz = maxSum(tid, mx, zs);
     if (tid == 0u) {
-      atomicStore(&s[partAt(wid.x)], bitcast<u32>(red[0]));
-      atomicStore(&s[partAt(wid.x) + 1u], bitcast<u32>(red2[0]));
+      atomicStore(&s[partAt(wid.x)], bitcast<u32>(mz.x));
+      atomicStore(&s[partAt(wid.x) + 1u], bitcast<u32>(mz.y));
     }
     if (wid.x == 0u) {
       for (var j = tid; j < STATE; j += WG) {
@@ -285,6 +433,28 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       }
     }
     return;
+  }
+  // The loads of a stage that do not depend on one another go out
+  // together, before any is used: the block's first run of values, the
+  // histogram of the round the stage finishes, the softmax and the
+  // select's state (thread 0); one after another, each was a round trip
+  // to memory of its own on the stage's path.
+  if (p.stage <= 3u) {
+    loadRun(lo, hi, tid);
+  }
+  var hw: array<u32, 4>;
+  var abv = 0u; // stage 4: block tid's mass above the chosen 20 bits
+  if (p.stage == 4u && tid < p.nb) {
+    abv = atomicLoad(&s[aboveAt(tid)]);
+  }
+  if (p.stage >= 2u) {
+    hw = histWords(p.stage - 2u, tid);
+    if (tid == 0u) {
+      softv = vec2<u32>(atomicLoad(&s[SOFT]), atomicLoad(&s[SOFT + 1u]));
+      if (p.stage >= 3u) {
+        stv = stateWords(p.stage - 3u);
+      }
+    }
   }
   // Stage 1 combines the blocks' pairs into the softmax's max and 1 / sum
   // (every workgroup the same way, so the same bits) and its workgroup 0
@@ -297,10 +467,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       atomicStore(&s[SOFT + 1u], bitcast<u32>(inv_z));
     }
   } else {
-    if (tid == 0u) {
-      stv = vec4<u32>(atomicLoad(&s[SOFT]), atomicLoad(&s[SOFT + 1u]), 0u, 0u);
-    }
-    let sv = workgroupUniformLoad(&stv);
+    let sv = workgroupUniformLoad(&softv);
     m = bitcast<f32>(sv.x);
     inv_z = bitcast<f32>(sv.y);
   }
@@ -308,13 +475,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let r = p.stage - 1u;
     var st = vec4<u32>(0u);
     if (r >= 2u) {
-      st = stateAfter(r - 2u, tid);
+      st = workgroupUniformLoad(&stv); // the state after round r - 2
     }
     if (r >= 1u) {
-      st = advance(r - 1u, st, tid, wid.x);
+      st = advance(r - 1u, st, hw, tid, wid.x);
     }
-    if (st.w == 1u) {
-      return; // an earlier round kept every token: nothing more to count
+    // every = an earlier round kept every token: nothing more to count,
+    // and in round 2 every token is above.
+    let every = st.w == 1u;
+    if (every && r < 2u) {
+      return;
     }
     let chosen = st.x;
     let shift = 20u - 10u * r;
@@ -327,14 +497,21 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     // few buckets, and one atomic a value on them serializes the block.
     var cb = NONE;
     var cs = 0u;
+    var above = 0.0; // round 2: the mass above the chosen 20 bits
     for (var i0 = lo; i0 < hi; i0 += VPT * WG) {
-      loadRun(i0, hi, tid);
+      if (i0 != lo) {
+        loadRun(i0, hi, tid); // the first run is in xv already
+      }
       for (var k = 0u; k < VPT; k++) {
         if (i0 + tid + k * WG >= hi) {
           break;
         }
         let q = probOf(xv[k]);
         let bits = bitcast<u32>(q);
+        if (r == 2u && (every || (bits >> 10u) > (chosen >> 10u))) {
+          above += q;
+          continue;
+        }
         if (r == 0u || (bits >> (shift + 10u)) == (chosen >> (shift + 10u))) {
           let bk = (bits >> shift) & (NB - 1u);
           let v = u32(q * FX + 0.5);
@@ -360,164 +537,147 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         atomicAdd(&s[r * NB + c], h);
       }
     }
-    return;
-  }
-  var st = vec4<u32>(0u);
-  if (p.stage == 4u) {
-    st = advance(2u, stateAfter(1u, tid), tid, wid.x);
-  } else {
-    st = stateAfter(2u, tid);
-  }
-  var t = bitcast<f32>(st.x);
-  if (st.w == 1u) {
-    t = 0.0;
-  }
-  if (p.stage == 4u) {
-    var cs = 0.0;
-    var lastKept = NONE;
-    for (var i0 = lo; i0 < hi; i0 += VPT * WG) {
-      loadRun(i0, hi, tid);
-      for (var k = 0u; k < VPT; k++) {
-        let i = i0 + tid + k * WG;
-        if (i < hi) {
-          let q = probOf(xv[k]);
-          if (q >= t) {
-            cs += q;
-            lastKept = i; // rising within a thread
-          }
-        }
-      }
-    }
-    red[tid] = cs;
-    redu[tid] = lastKept;
-    for (var k = WG >> 1u; k > 0u; k >>= 1u) {
-      workgroupBarrier();
-      if (tid < k) {
-        red[tid] += red[tid + k];
-        let o = redu[tid + k];
-        if (o != NONE && (redu[tid] == NONE || o > redu[tid])) {
-          redu[tid] = o;
-        }
-      }
-    }
-    workgroupBarrier();
-    if (tid == 0u) {
-      atomicStore(&s[keptAt(wid.x)], bitcast<u32>(red[0]));
-      atomicStore(&s[lastAt(wid.x)], redu[0]);
+    if (r == 2u) {
+      blockPart(above, tid, wid.x);
     }
     return;
   }
 
-  // Stage 5, one workgroup: first the block, then the token.
+  // Stage 4, one workgroup: round 2 finished (t*), the blocks' kept
+  // masses, then the block where the goal is reached and the token
+  // within it.
+  let st1 = workgroupUniformLoad(&stv); // the state after round 1
+  var st = st1;
+  var d2 = 0u;
+  if (st1.w == 0u) {
+    derive(hw, tid, st1.y, goalFX());
+    // No digit (the rounds' integers disagree, which they should not):
+    // keep the chosen 20 bits' every token, digit 0.
+    d2 = workgroupUniformLoad(&dval) % NB;
+    st.x |= d2;
+    st.z = workgroupUniformLoad(&keptv);
+  }
+  var t = bitcast<f32>(st.x);
+  if (st1.w == 1u) {
+    t = 0.0;
+  }
   let goal = p.u * (f32(st.z) / FX);
-  let per = (p.nb + WG - 1u) / WG; // blocks per thread, contiguous
-  let b0 = min(tid * per, p.nb);
-  let b1 = min(b0 + per, p.nb);
+  // Thread b takes block b (the host keeps nb <= WG).
   var cs = 0.0;
-  var lastKept = NONE;
-  for (var b = b0; b < b1; b++) {
-    cs += bitcast<f32>(atomicLoad(&s[keptAt(b)]));
-    let l = atomicLoad(&s[lastAt(b)]);
-    if (l != NONE) {
-      lastKept = l; // blocks rise with b
+  if (tid < p.nb) {
+    cs = bitcast<f32>(abv);
+    if (st1.w == 0u) {
+      cs += f32(atomicLoad(&s[sufAt(tid) + d2])) / FX;
     }
+  }
+  var lastB = 0u; // the last block with kept mass, + 1 (0: none)
+  if (cs > 0.0) {
+    lastB = tid + 1u;
   }
   if (tid == 0u) {
     atomicStore(&pick, NONE);
   }
-  workgroupBarrier();
-  redu[tid] = lastKept;
+  // The scan rises with the thread (see scanSum), so one thread is the
+  // first with mass whose sum reaches the goal (a goal of 0, u = 0, is
+  // reached before any mass): it alone claims its block.
   let incl = scanSum(tid, cs);
-  if (cs > 0.0 && incl >= goal) {
-    var cum = incl - cs;
-    for (var b = b0; b < b1; b++) {
-      let ks = bitcast<f32>(atomicLoad(&s[keptAt(b)]));
-      if (ks > 0.0 && cum + ks >= goal) {
-        // Blocks are taken in order: the first thread's block wins.
-        atomicMin(&pick, b);
-        break;
-      }
-      cum += ks;
-    }
+  red2[tid] = incl;
+  workgroupBarrier();
+  var prev = 0.0;
+  if (tid > 0u) {
+    prev = red2[tid - 1u];
+  }
+  if (cs > 0.0 && incl >= goal && (prev < goal || prev == 0.0)) {
+    atomicStore(&pick, tid);
+    basev = prev;
   }
   workgroupBarrier();
-  // The last kept token of all: the answer when rounding leaves the goal
-  // a hair above the total.
-  for (var k = WG >> 1u; k > 0u; k >>= 1u) {
-    if (tid < k) {
-      let o = redu[tid + k];
-      if (o != NONE && (redu[tid] == NONE || o > redu[tid])) {
-        redu[tid] = o;
-      }
-    }
-    workgroupBarrier();
-  }
   if (tid == 0u) {
     pbv = atomicLoad(&pick);
-  }
-  let pb = workgroupUniformLoad(&pbv);
-  let last = redu[0];
-  // The prefix of the blocks before pb: the sum over threads' ranges
-  // below it (each thread adds its blocks < pb).
-  var before = 0.0;
-  if (pb != NONE) {
-    for (var b = b0; b < min(b1, pb); b++) {
-      before += bitcast<f32>(atomicLoad(&s[keptAt(b)]));
-    }
-  }
-  workgroupBarrier();
-  red[tid] = before;
-  for (var k = WG >> 1u; k > 0u; k >>= 1u) {
-    workgroupBarrier();
-    if (tid < k) {
-      red[tid] += red[tid + k];
-    }
-  }
-  workgroupBarrier();
-  if (tid == 0u) {
-    basev = red[0];
     atomicStore(&pick, NONE);
   }
+  var pb = workgroupUniformLoad(&pbv);
   let base = workgroupUniformLoad(&basev);
-  if (pb == NONE) {
-    if (tid == 0u) {
-      out[0] = last;
-    }
-    return;
+  // lastOnly: rounding left the goal above the total; the answer is the
+  // last kept token, in the last block with kept mass.
+  let lastOnly = pb == NONE;
+  if (lastOnly) {
+    pb = max(maxU(tid, lastB), 1u) - 1u; // none: cannot happen (the max is kept)
   }
-  // Within block pb: each thread a contiguous chunk.
+  // Within block pb: each thread a contiguous chunk, its values loaded
+  // VPT at a time before any is used.
   let blo = pb * p.block;
   let bhi = min(p.n, blo + p.block);
   let chunk = (bhi - blo + WG - 1u) / WG;
   let a = min(blo + tid * chunk, bhi);
   let e = min(a + chunk, bhi);
   var ccs = 0.0;
-  for (var i = a; i < e; i++) {
-    let q = prob(i);
-    if (q >= t) {
-      ccs += q;
-    }
-  }
-  let cincl = base + scanSum(tid, ccs);
-  if (ccs > 0.0 && cincl >= goal) {
-    var cum = cincl - ccs;
-    for (var i = a; i < e; i++) {
-      let q = prob(i);
-      if (q >= t) {
-        cum += q;
-        if (cum >= goal) {
-          atomicMin(&pick, i);
-          break;
+  var lastKept = 0u; // the last kept token + 1 of the chunk (0: none)
+  for (var c0 = a; c0 < e; c0 += VPT) {
+    loadChunk(c0, e);
+    for (var k = 0u; k < VPT; k++) {
+      if (c0 + k < e) {
+        let q = probOf(xv[k]);
+        if (q >= t) {
+          ccs += q;
+          lastKept = c0 + k + 1u;
         }
       }
     }
   }
+  // As for the blocks: the first thread whose sum reaches the goal.
+  let cincl = base + scanSum(tid, ccs);
+  red2[tid] = cincl;
+  workgroupBarrier();
+  var cprev = base;
+  if (tid > 0u) {
+    cprev = red2[tid - 1u];
+  }
+  if (!lastOnly && ccs > 0.0 && cincl >= goal && (cprev < goal || cprev == 0.0)) {
+    var cum = cprev;
+    var hit = lastKept - 1u; // rounding may leave the goal past the chunk
+    for (var c0 = a; c0 < e; c0 += VPT) {
+      if (chunk > VPT) {
+        loadChunk(c0, e); // else the chunk is in xv still
+      }
+      var found = false;
+      for (var k = 0u; k < VPT; k++) {
+        if (c0 + k < e) {
+          let q = probOf(xv[k]);
+          if (q >= t) {
+            cum += q;
+            if (cum >= goal) {
+              hit = c0 + k;
+              found = true;
+              break;
+            }
+          }
+        }
+      }
+      if (found) {
+        break;
+      }
+    }
+    atomicStore(&pick, hit);
+  }
   workgroupBarrier();
   if (tid == 0u) {
-    var r = atomicLoad(&pick);
-    if (r == NONE) {
-      r = last;
+    pbv = atomicLoad(&pick);
+  }
+  let r = workgroupUniformLoad(&pbv);
+  if (r != NONE) {
+    if (tid == 0u) {
+      out[0] = r;
     }
-    out[0] = r;
+    return;
+  }
+  // No token reached the goal (lastOnly, or the block's sums rounded
+  // below the blocks'): the block's last kept token.
+  var last = maxU(tid, lastKept) - 1u;
+  if (last == NONE) {
+    last = blo; // none kept in the block: cannot happen (see above)
+  }
+  if (tid == 0u) {
+    out[0] = last;
   }
 }
