@@ -17,8 +17,10 @@ import (
 // a few large ones, each as a ratio of the round without any, measured in
 // the same run (x-of-none: 1 is free). On the H100 a RAM level of 768
 // host buffers slowed every decode step by ~8.5 ms (tiers/BENCHMARKS.md);
-// this says whether the count or the bytes cost. RDRR_BENCH_HOST_MIB sets
-// the total (default 24 GiB on a GPU, 256 MiB on a CPU adapter).
+// this says whether the count or the bytes cost, and whether the cost is
+// per submission: the same 9 copies in one submission (one-), and 9
+// submissions of a 4 KiB copy (small-). RDRR_BENCH_HOST_MIB sets the total
+// (default 24 GiB on a GPU, 256 MiB on a CPU adapter).
 func BenchmarkHostBuffers(b *testing.B) {
 	d := openDevice(b, Options{MaxBufferSize: 1 << 30})
 	ctx := context.Background() // allocating 24 GiB of host buffers outlasts a test's context
@@ -39,15 +41,19 @@ func BenchmarkHostBuffers(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	round := func() time.Duration {
+	// round submits 9 copies of n bytes in subs submissions and syncs.
+	round := func(subs int, n uint64) time.Duration {
 		t0 := time.Now()
-		for range 9 {
-			bt := d.Batch()
-			if err := bt.Copy(dst, src); err != nil {
+		bt := d.Batch()
+		for i := range 9 {
+			if err := bt.Copy(dst.Sub(0, n), src.Sub(0, n)); err != nil {
 				b.Fatal(err)
 			}
-			if err := bt.Submit(ctx); err != nil {
-				b.Fatal(err)
+			if (i+1)%(9/subs) == 0 {
+				if err := bt.Submit(ctx); err != nil {
+					b.Fatal(err)
+				}
+				bt = d.Batch()
 			}
 		}
 		if err := d.Sync(ctx); err != nil {
@@ -55,20 +61,29 @@ func BenchmarkHostBuffers(b *testing.B) {
 		}
 		return time.Since(t0)
 	}
-	median := func() float64 {
+	type shape struct {
+		name string
+		subs int
+		n    uint64
+	}
+	shapes := []shape{{"", 9, 16 << 20}, {"one-", 1, 16 << 20}, {"small-", 9, 4 << 10}}
+	median := func(sh shape) float64 {
 		for range 3 {
-			round()
+			round(sh.subs, sh.n)
 		}
 		var ts []float64
 		for range 21 {
-			ts = append(ts, float64(round().Microseconds()))
+			ts = append(ts, float64(round(sh.subs, sh.n).Microseconds()))
 		}
 		slices.Sort(ts)
 		return ts[len(ts)/2]
 	}
 	for i := 0; i < b.N; i++ {
-		none := median()
-		b.ReportMetric(none, "us-none")
+		none := map[string]float64{}
+		for _, sh := range shapes {
+			none[sh.name] = median(sh)
+			b.ReportMetric(none[sh.name], "us-"+sh.name+"none")
+		}
 		for _, per := range []uint64{32 << 20, 1 << 30} {
 			per = min(per, total)
 			var hs []*HostBuffer
@@ -85,11 +100,13 @@ func BenchmarkHostBuffers(b *testing.B) {
 				hs = append(hs, h)
 			}
 			alloc := time.Since(t0)
-			with := median()
 			tag := fmt.Sprintf("%dx%dMiB", len(hs), per>>20)
 			b.ReportMetric(float64(alloc.Milliseconds())/float64(max(1, len(hs))), "alloc-ms-each-"+tag)
-			b.ReportMetric(with, "us-"+tag)
-			b.ReportMetric(with/none, "x-of-none-"+tag)
+			for _, sh := range shapes {
+				with := median(sh)
+				b.ReportMetric(with, "us-"+sh.name+tag)
+				b.ReportMetric(with/none[sh.name], "x-of-none-"+sh.name+tag)
+			}
 			for _, h := range hs {
 				h.Release()
 			}
