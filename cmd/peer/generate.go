@@ -312,7 +312,7 @@ tokens. --profile-gpu times every dispatch on the GPU.`,
 	f.StringVar(&cpuProfile, "cpuprofile", "", "write a Go CPU profile of the generation (not the load) here")
 	f.StringVar(&tracePath, "trace", "", "write the expert access trace here (tiers/TRACE.md)")
 	f.StringVar(&engine, "engine", "ref", "decode engine: ref (float64 CPU reference) or gpu (wgpu kernels, experts paged into a VRAM arena of --vram bytes)")
-	f.Var(&hostRAM, "host-ram", "gpu engine: keep the RAM level's experts in pinned host memory the GPU copies from directly, so that an upload is one DMA copy with no memcpy into staging: auto (on when --vram does not hold every expert, so that experts are paged), true or false. Pinned memory makes every submission slower (on the H100 a resident Mixtral step 7.8 -> 9.5 ms with 24 GiB pinned) but paging faster (16 -> 21 tok/s at 25% in VRAM): tiers/BENCHMARKS.md")
+	f.Var(&hostRAM, "host-ram", "gpu engine: keep the RAM level's experts in pinned host memory the GPU copies from directly, so that an upload is one DMA copy with no memcpy into staging: auto (on when --vram does not hold every expert, so that experts are paged), true or false. Pinned memory slows the GPU's own work (on the H100 a resident Mixtral step 7.8 -> 9.5 ms with 24 GiB pinned) but paging faster (16 -> 21 tok/s at 25% in VRAM): tiers/BENCHMARKS.md")
 	f.Lookup("host-ram").NoOptDefVal = "true"
 	f.BoolVar(&prefetch, "prefetch", true, "gpu engine: prefetch each next layer's likely experts (its router on the current hidden state)")
 	f.StringVar(&prefetchTo, "prefetch-to", "ram", "gpu engine: the level prefetches promote to: vram (through ram: fetched and uploaded) or ram (fetched from disk or the swarm only; the GPU's queue stays the demand's)")
@@ -408,7 +408,7 @@ type stepper interface {
 // With autoHostRAM, cfg.HostRAM is set when the arena does not hold every
 // expert matrix (experts are paged: their uploads from pinned host memory
 // are one DMA copy each), and cleared when it does (nothing is paged, and
-// pinned memory only slows every submission).
+// pinned memory only slows the GPU's work).
 func (a *app) gpuEngine(ctx context.Context, st *cas.Store, m *experts.Manifest, cfg *tiers.Config, autoHostRAM bool, vram int64, maxPos int, prefetch bool, prefetchTo tiers.Level, profileGPU bool) (stepper, func(), error) {
 	// The arena is one buffer and one storage binding: ask the device for
 	// buffers as large as the VRAM budget, within the 2 GiB that wgpu
