@@ -76,7 +76,8 @@ func BenchmarkGPU(b *testing.B) {
 			r.phases.Chunks/max(1, r.phases.Uploads), r.call, r.phases.Copy/time.Duration(max(1, r.phases.Uploads)),
 			r.phases.Wait/time.Duration(max(1, r.phases.Uploads)), r.phases.Submit/time.Duration(max(1, r.phases.Uploads)), r.sync)
 	})
-	b.Run("upload_overlap/q4k_group8", func(b *testing.B) { m.uploadOverlap(b) })
+	b.Run("upload_overlap/q4k_group8", func(b *testing.B) { m.uploadOverlap(b, false) })
+	b.Run("upload_overlap_host/q4k_group8", func(b *testing.B) { m.uploadOverlap(b, true) })
 	if os.Getenv("RDRR_BENCH_UPLOAD_SWEEP") == "1" {
 		b.Run("memcpy_mapped/64MiB", func(b *testing.B) { m.memcpyMapped(b, 64<<20) })
 		m.uploadModes(b, copyBW)

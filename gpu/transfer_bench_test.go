@@ -222,7 +222,9 @@ func (m *meter) uploadModes(b *testing.B, copyBW func(*testing.B) float64) {
 // at once from two goroutines. x-of-serial is the time of both over the
 // sum of the two alone: 1 means the GPU ran them one after the other,
 // max/sum (reported as best-x-of-serial) that it hid the shorter entirely.
-func (m *meter) uploadOverlap(b *testing.B) {
+// With host, the uploads are CopyHost copies from a sealed host buffer
+// (the pinned RAM level's path: one DMA each, no memcpy into staging).
+func (m *meter) uploadOverlap(b *testing.B, host bool) {
 	ctx := context.Background()
 	n, uploads := 64<<20, 8
 	rows, cols, e := 7168, 2048, 8
@@ -236,6 +238,18 @@ func (m *meter) uploadOverlap(b *testing.B) {
 	dsts := make([]*Buffer, 2)
 	for i := range dsts {
 		dsts[i] = m.alloc(b, uint64(n))
+	}
+	var hb *HostBuffer
+	if host {
+		var err error
+		if hb, err = m.d.AllocHost(uint64(n)); err != nil {
+			b.Fatal(err)
+		}
+		defer hb.Release()
+		copy(hb.Bytes(), src)
+		if err := hb.Seal(); err != nil {
+			b.Fatal(err)
+		}
 	}
 	wBytes := Q4K.Bytes(rows * cols)
 	nslots := int(min(15, (128<<20)/wBytes))
@@ -276,7 +290,13 @@ func (m *meter) uploadOverlap(b *testing.B) {
 	}
 	ups := func() {
 		for i := 0; i < uploads; i++ {
-			if err := m.d.Upload(ctx, dsts[i%2], src); err != nil {
+			var err error
+			if host {
+				err = m.d.CopyHost(ctx, dsts[i%2], hb, 0, uint64(n))
+			} else {
+				err = m.d.Upload(ctx, dsts[i%2], src)
+			}
+			if err != nil {
 				b.Fatal(err)
 			}
 		}
