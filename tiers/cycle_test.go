@@ -3,6 +3,7 @@ package tiers
 import (
 	"bytes"
 	"context"
+	"math/rand/v2"
 	"testing"
 )
 
@@ -63,8 +64,8 @@ func TestCycleOrder(t *testing.T) {
 	if got, _ := p.Victim(17, func(int) bool { return true }); got != 3 {
 		t.Errorf("after removing 2: victim %d; want 3", got)
 	}
-	if len(p.keys) != 5 || len(p.held) != 4 {
-		t.Errorf("%d key records, %d held; want 5 and 4", len(p.keys), len(p.held))
+	if len(p.keys) != 5 || p.nheld != 4 {
+		t.Errorf("%d key records, %d held; want 5 and 4", len(p.keys), p.nheld)
 	}
 }
 
@@ -155,4 +156,77 @@ func TestCycleCacheAgreesWithSimulate(t *testing.T) {
 	if sim.Hits == 0 {
 		t.Fatal("no hits: the test does not exercise the order")
 	}
+}
+
+// The buckets pick the victim a scan of every held entry under the
+// policy's order picks (victimByScan, the rule as written), through random
+// accesses, removals, ages and entries ruled out, and ask evictable at
+// most once per entry.
+func TestCycleVictimMatchesScan(t *testing.T) {
+	for seed := range uint64(20) {
+		r := rand.New(rand.NewPCG(seed, 9))
+		p := NewCycle()
+		nkeys := 2 + r.IntN(60)
+		now := int64(0)
+		for step := 0; step < 3000; step++ {
+			switch op := r.IntN(10); {
+			case op < 6:
+				p.Access(r.IntN(nkeys), 1, now, true)
+				if r.IntN(4) > 0 { // some accesses share a time
+					now++
+				}
+			case op < 7:
+				p.Remove(r.IntN(nkeys))
+			default:
+				at := now + int64(r.IntN(3*nkeys))
+				out := map[int]bool{}
+				for range r.IntN(nkeys) {
+					out[r.IntN(nkeys)] = true
+				}
+				asked := map[int]int{}
+				got, ok := p.Victim(at, func(id int) bool { asked[id]++; return !out[id] })
+				want, wok := victimByScan(p, at, func(id int) bool { return !out[id] })
+				if got != want || ok != wok {
+					t.Fatalf("seed %d step %d at %d: victim %d (%v); the scan picks %d (%v)", seed, step, at, got, ok, want, wok)
+				}
+				for id, n := range asked {
+					if n > 1 || !p.keys[id].held {
+						t.Fatalf("seed %d step %d: asked about %d %d times (held %v)", seed, step, id, n, p.keys[id].held)
+					}
+				}
+			}
+		}
+	}
+}
+
+// victimByScan is Cycle's rule as a scan of every held entry: the lowest
+// under before among the evictable ones.
+func victimByScan(p *Cycle, now int64, evictable func(id int) bool) (int, bool) {
+	best, bestStale := -1, false
+	for id := range p.keys {
+		if !p.keys[id].held || !evictable(id) {
+			continue
+		}
+		stale := p.stale > 0 && now-p.keys[id].last > p.stale
+		if best < 0 || p.before(id, stale, best, bestStale) {
+			best, bestStale = id, stale
+		}
+	}
+	return best, best >= 0
+}
+
+// before reports whether a (stale or not) is evicted before b.
+func (p *Cycle) before(a int, aStale bool, b int, bStale bool) bool {
+	if aStale != bStale {
+		return aStale
+	}
+	ka, kb := &p.keys[a], &p.keys[b]
+	if ka.uses != kb.uses {
+		return ka.uses < kb.uses
+	}
+	if ka.last != kb.last {
+		// Stale: the least recently used; not stale: the most.
+		return (ka.last < kb.last) == aStale
+	}
+	return a < b
 }
