@@ -272,6 +272,9 @@ tokens. --profile-gpu times every dispatch on the GPU.`,
 				return a.print(res, func(w io.Writer) {
 					fmt.Fprintf(w, "\n%d prompt + %d generated tokens in %.2f s: %.1f tok/s (engine %s; dense weights loaded in %.2f s)\n",
 						len(promptToks), len(toks), secs, float64(len(promptToks)+len(toks))/secs, engineName, load.Seconds())
+					if cfg.HostRAM {
+						fmt.Fprintf(w, "  RAM level in pinned host memory the GPU copies from (--host-ram %s)\n", hostRAM.String())
+					}
 					if predicted > 0 {
 						fmt.Fprintf(w, "  next-layer prefetch: %d of %d guesses right (%.2f)\n", correct, predicted, float64(correct)/float64(predicted))
 					}
