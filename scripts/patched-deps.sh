@@ -28,6 +28,9 @@
 #   swarm/pion-dtls-release-owned.patch  back once its user data is read
 #                              out, and pion/dtls reuses it (CPU per byte:
 #                              no new 16 KiB buffer a packet to collect).
+#   swarm/pion-dtls-direct-io.patch  pion/dtls: records are written, and
+#                              read after the handshake, without a goroutine
+#                              each (CPU per packet).
 #   swarm/pion-ice-handoff.patch   pion/ice: Conn.SetReadHandler hands each
 #                              received datagram over as it is read, and
 #   swarm/pion-mux-handoff.patch   pion/webrtc: the mux takes them so (CPU
@@ -69,7 +72,7 @@ patch_sctp() {
   patch_module github.com/pion/sctp .build/pion-sctp swarm/pion-sctp-alloc.patch swarm/pion-sctp-read-owned.patch swarm/pion-sctp-release-owned.patch
 }
 patch_dtls() {
-  patch_module github.com/pion/dtls/v3 .build/pion-dtls swarm/pion-dtls-records.patch swarm/pion-dtls-read-owned.patch swarm/pion-dtls-release-owned.patch
+  patch_module github.com/pion/dtls/v3 .build/pion-dtls swarm/pion-dtls-records.patch swarm/pion-dtls-read-owned.patch swarm/pion-dtls-release-owned.patch swarm/pion-dtls-direct-io.patch
 }
 patch_ice() {
   patch_module github.com/pion/ice/v4 .build/pion-ice swarm/pion-ice-recv-mtu.patch swarm/pion-ice-handoff.patch

@@ -92,6 +92,16 @@ func unitsHeld(bm []byte, off, n int64) bool {
 	return true
 }
 
+// unitsCover reports whether bm has every bit that old has.
+func unitsCover(bm, old []byte) bool {
+	for i, o := range old {
+		if i >= len(bm) && o != 0 || i < len(bm) && bm[i]&o != o {
+			return false
+		}
+	}
+	return true
+}
+
 // countUnits returns how many bits bm has set.
 func countUnits(bm []byte) int {
 	n := 0

@@ -92,15 +92,21 @@ func (b *blobJob) holders(pc *piece) int {
 // blob order if spread is false and every provider has every piece: no
 // peer of the round could trade pieces. A provider of the whole blob
 // leaves alone the pieces that a provider of some pieces has and has room
-// to serve (spare): seeders upload what only they have.
-func (b *blobJob) take(p peer.ID, rng *rand.Rand, spread bool, spare func(peer.ID) bool) *piece {
-	_, partial := b.bits[p]
-	leave := func(pc *piece) bool {
-		if partial {
-			return false
-		}
+// to serve (spare): seeders upload what only they have. left reports
+// that p was left a piece it has (its workers wait for such a provider's
+// pipeline to fill: scheduler.leavers).
+func (b *blobJob) take(p peer.ID, rng *rand.Rand, spread bool, spare func(peer.ID) bool) (pc *piece, left bool) {
+	var room [][]byte // the bitmaps of the partial providers with room
+	if _, partial := b.bits[p]; !partial {
 		for q, bm := range b.bits {
-			if q != p && unitsHeld(bm, pc.off, pc.n) && spare(q) {
+			if q != p && spare(q) {
+				room = append(room, bm)
+			}
+		}
+	}
+	leave := func(pc *piece) bool {
+		for _, bm := range room {
+			if unitsHeld(bm, pc.off, pc.n) {
 				return true
 			}
 		}
@@ -109,13 +115,17 @@ func (b *blobJob) take(p peer.ID, rng *rand.Rand, spread bool, spare func(peer.I
 	for i, pc := range b.retry {
 		if b.holds(p, pc) && (pc.avoid != p || b.holders(pc) == 1) {
 			b.retry = slices.Delete(b.retry, i, i+1)
-			return pc
+			return pc, false
 		}
 	}
 	best, bestN, ties := -1, 0, 0
 	inOrder := !spread && len(b.bits) == 0
 	for i, pc := range b.todo {
-		if !b.holds(p, pc) || len(b.bits) > 0 && leave(pc) {
+		if !b.holds(p, pc) {
+			continue
+		}
+		if leave(pc) {
+			left = true
 			continue
 		}
 		if inOrder {
@@ -132,11 +142,11 @@ func (b *blobJob) take(p peer.ID, rng *rand.Rand, spread bool, spare func(peer.I
 		}
 	}
 	if best < 0 {
-		return nil
+		return nil, left
 	}
-	pc := b.todo[best]
+	pc = b.todo[best]
 	b.todo = slices.Delete(b.todo, best, best+1)
-	return pc
+	return pc, false
 }
 
 // scheduler runs one round: workers, Window per link, take pieces in blob
@@ -153,18 +163,31 @@ type scheduler struct {
 	mostInFlight int
 	links        map[peer.ID][]*link
 
-	mu        sync.Mutex
-	cond      *sync.Cond
-	rng       *rand.Rand
-	jobs      map[cas.CID]*blobJob      // by raw CID
-	watch     map[peer.ID]bool          // peers that may announce pieces (CapPartial)
-	paths     map[peer.ID]*pathEstimate // what each peer delivered, how fast
-	pending   []*blobJob                // FIFO from head
-	head      int
-	waiting   map[peer.ID]int // pending blobs each peer has
-	open      []*blobJob
-	order     []*blobJob // scratch of rarestBlobs
-	busy      int        // blobs being opened or finished (they hold a Partial too)
+	mu sync.Mutex
+	// idle holds the condition each peer's workers wait on (all on mu):
+	// what lets one peer's workers go on (a piece of its done, pieces it
+	// announced) wakes those only (wake), not the workers of every peer
+	// (about 144 in a 1 -> 9); what changes every peer's choices (a blob
+	// opened or finished, a piece handed back, a provider gone, the end)
+	// wakes all (wakeAll).
+	idle map[peer.ID]*sync.Cond
+	// leavers are the peers whose workers wait while pieces they have are
+	// left to partial providers with room (blobJob.take): they are woken
+	// when a provider's pipeline fills (fly).
+	leavers map[peer.ID]bool
+	rng     *rand.Rand
+	jobs    map[cas.CID]*blobJob      // by raw CID
+	watch   map[peer.ID]bool          // peers that may announce pieces (CapPartial)
+	paths   map[peer.ID]*pathEstimate // what each peer delivered, how fast
+	pending []*blobJob                // FIFO from head
+	head    int
+	waiting map[peer.ID]int // pending blobs each peer has
+	open    []*blobJob
+	order   []*blobJob // open, sorted by rarestBlobs
+	// sorted says order is up to date: whatever changes open or the
+	// providers of an open blob (has, bits) clears it.
+	sorted    bool
+	busy      int // blobs being opened or finished (they hold a Partial too)
 	workers   map[peer.ID]int
 	inflight  map[peer.ID]int
 	providers map[peer.ID]bool
@@ -185,14 +208,41 @@ func newScheduler(f *fetcher, step int64, window int) *scheduler {
 		jobs:      map[cas.CID]*blobJob{},
 		watch:     map[peer.ID]bool{},
 		paths:     map[peer.ID]*pathEstimate{},
+		idle:      map[peer.ID]*sync.Cond{},
+		leavers:   map[peer.ID]bool{},
 		rng:       rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
 	}
 	if f.n != nil {
 		b := f.n.fetching
 		s.mostInFlight = min(b.peerReqs, int(b.peerBytes/maxSliceLen(step)))
 	}
-	s.cond = sync.NewCond(&s.mu)
 	return s
+}
+
+// wait parks one of p's workers until wake(p) or wakeAll. s.mu must be
+// held.
+func (s *scheduler) wait(p peer.ID) {
+	c := s.idle[p]
+	if c == nil {
+		c = sync.NewCond(&s.mu)
+		s.idle[p] = c
+	}
+	c.Wait()
+}
+
+// wake wakes p's waiting workers. s.mu must be held.
+func (s *scheduler) wake(p peer.ID) {
+	if c := s.idle[p]; c != nil {
+		c.Broadcast()
+	}
+}
+
+// wakeAll wakes every waiting worker. s.mu must be held.
+func (s *scheduler) wakeAll() {
+	for _, c := range s.idle {
+		c.Broadcast()
+	}
+	clear(s.leavers)
 }
 
 // add queues blob w (its size known) with the peers that have it: whole,
@@ -236,6 +286,7 @@ func (s *scheduler) peerHas(p peer.ID, entries []wire.HaveEntry) {
 		return // not in this round, or its workers stopped
 	}
 	changed := false
+	others := false // whether the change may let other peers' workers go on
 	for _, e := range entries {
 		b := s.jobs[e.CID]
 		if b == nil || e.Size != uint64(b.w.size) {
@@ -253,9 +304,15 @@ func (s *scheduler) peerHas(p peer.ID, entries []wire.HaveEntry) {
 					s.waiting[p]--
 				}
 				s.orphaned(b)
-				changed = true
+				changed, others = true, true
 			}
 			continue
+		}
+		// Others may go on where p holds less than before (fewer holders
+		// of a piece handed back; fewer pieces left to p: take) or now
+		// holds the whole blob (take leaves nothing to it).
+		if old, partial := b.bits[p]; b.has[p] && (partial && (e.Bitmap == nil || !unitsCover(e.Bitmap, old)) || !partial && e.Bitmap != nil) {
+			others = true
 		}
 		if e.Bitmap == nil {
 			delete(b.bits, p)
@@ -271,8 +328,14 @@ func (s *scheduler) peerHas(p peer.ID, entries []wire.HaveEntry) {
 		s.providers[p] = true
 		changed = true
 	}
-	if changed {
-		s.cond.Broadcast()
+	if !changed {
+		return
+	}
+	s.sorted = false
+	if others {
+		s.wakeAll()
+	} else {
+		s.wake(p)
 	}
 }
 
@@ -283,7 +346,7 @@ func (s *scheduler) run(ctx context.Context) (bool, error) {
 	defer cancel()
 	stop := context.AfterFunc(ctx, func() {
 		s.mu.Lock()
-		s.cond.Broadcast()
+		s.wakeAll()
 		s.mu.Unlock()
 	})
 	defer stop()
@@ -346,7 +409,7 @@ func (s *scheduler) run(ctx context.Context) (bool, error) {
 	for _, b := range s.open {
 		b.w.part, b.part = b.part, nil
 	}
-	s.open = nil
+	s.open, s.sorted = nil, false
 	return s.wrote, s.err
 }
 
@@ -361,6 +424,13 @@ func (s *scheduler) next(ctx context.Context, l *link, maxReq int64) *piece {
 		s.inflight[p]++
 		pc.peer, pc.sent = p, time.Now()
 		b.flying[pc] = struct{}{}
+		if len(s.leavers) > 0 && !s.spare(p) {
+			// p's pipeline is full: pieces left to it are free for others.
+			for q := range s.leavers {
+				s.wake(q)
+			}
+			clear(s.leavers)
+		}
 		return pc
 	}
 	var wake *time.Timer
@@ -373,15 +443,18 @@ func (s *scheduler) next(ctx context.Context, l *link, maxReq int64) *piece {
 		if s.err != nil || ctx.Err() != nil || l.isClosed() || s.f.n.Banned(p) || s.f.dropped(p) {
 			return nil
 		}
+		left := false
 		// A peer that failed gets one request at a time until it answers.
 		if s.inflight[p] == 0 || !s.f.struck(p) && s.inflight[p] < s.pipeline(p) {
 			for _, b := range s.rarestBlobs() {
 				if !b.has[p] {
 					continue
 				}
-				if pc := b.take(p, s.rng, len(s.watch) > 0, s.spare); pc != nil {
+				pc, skipped := b.take(p, s.rng, len(s.watch) > 0, s.spare)
+				if pc != nil {
 					return fly(b, pc)
 				}
+				left = left || skipped
 			}
 			if len(s.open)+s.busy < s.window && s.head < len(s.pending) {
 				s.openNext(ctx)
@@ -398,7 +471,7 @@ func (s *scheduler) next(ctx context.Context, l *link, maxReq int64) *piece {
 					}
 					wake = time.AfterFunc(after, func() {
 						s.mu.Lock()
-						s.cond.Broadcast()
+						s.wake(p)
 						s.mu.Unlock()
 					})
 				}
@@ -407,7 +480,10 @@ func (s *scheduler) next(ctx context.Context, l *link, maxReq int64) *piece {
 		if !s.mayGet(p) {
 			return nil
 		}
-		s.cond.Wait()
+		if left {
+			s.leavers[p] = true
+		}
+		s.wait(p)
 	}
 }
 
@@ -415,9 +491,13 @@ func (s *scheduler) next(ctx context.Context, l *link, maxReq int64) *piece {
 // hold whole first (in blob order among equals): when holders die, the
 // blobs left with the fewest copies are completed first: a completed
 // blob is a copy that self-heal counts (Replicator), and pieces spread
-// over every blob make none. The slice is reused by the next call. s.mu
-// must be held.
+// over every blob make none. The slice is kept, sorted, until the blobs or
+// their providers change (s.sorted). s.mu must be held.
 func (s *scheduler) rarestBlobs() []*blobJob {
+	if s.sorted {
+		return s.order
+	}
+	s.sorted = true
 	s.order = append(s.order[:0], s.open...)
 	if len(s.order) < 2 {
 		return s.order
@@ -631,7 +711,8 @@ func (s *scheduler) openNext(ctx context.Context) {
 	}
 	s.mu.Lock()
 	s.busy--
-	s.cond.Broadcast()
+	s.wakeAll()
+	s.sorted = false
 	s.total -= b.w.size - b.left
 	// Peers removed while it was opened (it was neither pending nor open)
 	// must not look like providers: others would leave them its pieces.
@@ -754,6 +835,7 @@ func (s *scheduler) orphaned(b *blobJob) {
 	}
 	if i := slices.Index(s.open, b); i >= 0 {
 		s.open = slices.Delete(s.open, i, i+1)
+		s.sorted = false
 		s.closeBlob(b)
 	}
 }
@@ -775,7 +857,8 @@ func (s *scheduler) removePeerLocked(p peer.ID) {
 		delete(b.has, p)
 		s.orphaned(b)
 	}
-	s.cond.Broadcast()
+	s.sorted = false
+	s.wakeAll()
 }
 
 // handBack returns pc, which p failed to get, to its blob; lost says p no
@@ -797,9 +880,10 @@ func (s *scheduler) handBack(pc *piece, p peer.ID, lost bool) {
 		}
 		if lost {
 			delete(b.has, p)
+			s.sorted = false
 			s.orphaned(b)
 		}
-		s.cond.Broadcast()
+		s.wakeAll()
 		return
 	}
 	pc.avoid = p
@@ -809,9 +893,10 @@ func (s *scheduler) handBack(pc *piece, p peer.ID, lost bool) {
 	b.retry = append(b.retry, pc)
 	if lost {
 		delete(b.has, p)
+		s.sorted = false
 		s.orphaned(b)
 	}
-	s.cond.Broadcast()
+	s.wakeAll()
 }
 
 // wroteBytes records that the first n bytes of pc were written.
@@ -844,9 +929,14 @@ func (s *scheduler) pieceDone(ctx context.Context, pc *piece, p peer.ID) {
 	last := b.left == 0 && b.inflight == 0 && b.part != nil
 	if last {
 		s.open = slices.DeleteFunc(s.open, func(o *blobJob) bool { return o == b })
+		s.sorted = false
 		s.busy++
 	}
-	s.cond.Broadcast()
+	if b.inflight == 0 {
+		s.wakeAll() // its last piece in flight: others may be done (mayGet)
+	} else {
+		s.wake(p) // room in p's pipeline; nothing new for others
+	}
 	s.mu.Unlock()
 	if !last {
 		return
@@ -857,7 +947,7 @@ func (s *scheduler) pieceDone(ctx context.Context, pc *piece, p peer.ID) {
 	if err != nil {
 		s.failLocked(err)
 	}
-	s.cond.Broadcast()
+	s.wakeAll()
 	s.mu.Unlock()
 }
 
@@ -871,7 +961,7 @@ func (s *scheduler) failLocked(err error) {
 	if s.err == nil {
 		s.err = err
 	}
-	s.cond.Broadcast()
+	s.wakeAll()
 }
 
 // workerExit counts a stopped worker of p; with its last, p has nothing
