@@ -338,6 +338,16 @@ func (g *GPUModel) ExpertKeys() []tiers.Key {
 	return keys
 }
 
+// ExpertMatrices is the number of expert matrices of m: the arena slots
+// that hold every expert (one matrix a slot).
+func ExpertMatrices(m *Manifest) int {
+	n := 0
+	for _, e := range m.Experts {
+		n += len(e.Tensors)
+	}
+	return n
+}
+
 // ExpertMatrixBytes is the size of one expert matrix of m (gate, up and
 // down are the same size): the GPU engine's arena slot.
 func ExpertMatrixBytes(m *Manifest) int64 {

@@ -326,11 +326,7 @@ func testGPUModel(t *testing.T, d *gpu.Device, m *Manifest, src tiers.Source, sl
 		t.Fatal(err)
 	}
 	t.Cleanup(arena.Release)
-	matrices := 0
-	for _, e := range m.Experts {
-		matrices += len(e.Tensors)
-	}
-	hostRAM := slots < matrices && !heapRAM
+	hostRAM := slots < ExpertMatrices(m) && !heapRAM
 	cache, err := tiers.New(tiers.Config{RAM: m.TotalSize, Arena: arena, Disk: src, HostRAM: hostRAM})
 	if err != nil {
 		t.Fatal(err)

@@ -46,8 +46,7 @@ type AgingPolicy interface {
 // stale) instead of by a scan of the level: on the DeepSeek-V3-shaped
 // trace at 7424 entries held, 42 us an eviction by scan (tiers/BENCHMARKS.md).
 type Cycle struct {
-	keys    []cycleKey // by id
-	nheld   int
+	keys    []cycleKey             // by id
 	buckets map[int64]*cycleBucket // by use count
 	order   []int64                // the use counts of the buckets, ascending
 	gaps    [CycleWindow]int64
@@ -61,7 +60,6 @@ type Cycle struct {
 const CycleWindow = 512
 
 type cycleKey struct {
-	seen       bool
 	held       bool
 	last       int64 // time of the last access
 	uses       int64
@@ -86,16 +84,13 @@ func (p *Cycle) key(id int) *cycleKey {
 
 func (p *Cycle) Access(id int, _ int64, now int64, _ bool) {
 	k := p.key(id)
-	if k.seen {
+	if k.uses > 0 { // seen before
 		p.gap(now - k.last)
 	}
-	k.seen = true
 	if k.held {
 		p.unlink(id)
-	} else {
-		k.held = true
-		p.nheld++
 	}
+	k.held = true
 	k.last = now
 	k.uses++
 	p.link(id)
@@ -193,7 +188,6 @@ func (p *Cycle) Remove(id int) {
 	}
 	p.unlink(id)
 	p.keys[id].held = false
-	p.nheld--
 }
 
 // Score is the time of id's last access; the cache and the simulator

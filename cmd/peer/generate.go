@@ -442,11 +442,7 @@ func (a *app) gpuEngine(ctx context.Context, st *cas.Store, m *experts.Manifest,
 	}
 	cfg.Arena = arena
 	if autoHostRAM {
-		matrices := 0
-		for _, e := range m.Experts {
-			matrices += len(e.Tensors)
-		}
-		cfg.HostRAM = arena.Slots() < matrices
+		cfg.HostRAM = arena.Slots() < experts.ExpertMatrices(m)
 	}
 	cache, err := tiers.New(*cfg)
 	if err != nil {
