@@ -76,11 +76,15 @@ type GPUModel struct {
 // logits. What is left of Total is the GPU running while the host waits in
 // one of the waits, or host work not counted here.
 type StepProfile struct {
-	Steps      int           `json:"steps"`
-	Submits    int           `json:"submits"`
-	Readbacks  int           `json:"readbacks"`
-	Total      time.Duration `json:"totalNs"`
-	Record     time.Duration `json:"recordNs"`     // recording and submitting dispatches
+	Steps     int           `json:"steps"`
+	Submits   int           `json:"submits"`
+	Readbacks int           `json:"readbacks"`
+	Total     time.Duration `json:"totalNs"`
+	Record    time.Duration `json:"recordNs"` // recording and submitting dispatches
+	// Ahead is the part of Record spent encoding the next paged layer's
+	// attention and router while the GPU runs this one's (off the
+	// critical path: the host would otherwise wait for the router).
+	Ahead      time.Duration `json:"aheadNs"`
 	RouteWait  time.Duration `json:"routeWaitNs"`  // reading back the router's choice
 	PageWait   time.Duration `json:"pageWaitNs"`   // leases: experts paged into VRAM
 	LogitsWait time.Duration `json:"logitsWaitNs"` // reading back the logits
@@ -480,93 +484,126 @@ func (g *GPUModel) step(ctx context.Context, token int, hd head) ([]float32, int
 	if err := section("embed"); err != nil {
 		return nil, 0, err
 	}
+	// ahead is the next paged layer, encoded while the GPU runs this one
+	// (encodeAhead): this layer's accumulate, the next one's attention,
+	// router and the products of its resident experts, submitted as soon
+	// as this layer's choice is known to need nothing else.
+	var ahead *aheadLayer
+	defer func() { ahead.drop() }()
 	for l := 0; l < c.NumHiddenLayers; l++ {
-		g.recordAttention(ctx, b, l)
-		if err := section("attention"); err != nil {
-			return nil, 0, err
-		}
 		p := fmt.Sprintf("model.layers.%d.", l)
-		if !c.IsMoE(l) {
-			// A dense layer (DeepSeek's first ones): its FFN, resident.
-			g.ffn(ctx, b, p+"mlp.", c.IntermediateSize)
-			continue
-		}
-		g.k.MatVec(ctx, b, abi.F32, g.dense[p+"mlp.gate.weight"], B["xn"], B["rlogits"], c.Experts(), c.HiddenSize)
-		if layer := g.holdLayer(l); layer != nil {
-			// The choice goes straight into the out buffer, read back
-			// with the logits.
-			sel := B["out"].Sub(g.idsAt(l), uint64(k*4))
-			g.k.Route(ctx, b, B["rlogits"], nil, sel, B["w"], g.route())
-			if err := section("router"); err != nil {
+		var predict bool
+		var cur *aheadLayer // this layer, if it came encoded ahead
+		if ahead != nil && ahead.l == l {
+			// Submitted behind the last layer's experts: its attention,
+			// router and resident experts' products are running.
+			cur, ahead = ahead, nil
+			predict = cur.predict
+			// Its experts stay held until this layer's submit: its misses
+			// must not evict what its products read.
+			held = append(held, cur.held...)
+			cur.held = nil
+		} else {
+			g.recordAttention(ctx, b, l)
+			if err := section("attention"); err != nil {
 				return nil, 0, err
 			}
-			held = append(held, layer...)
-			g.recordMasked(ctx, b, l, layer, sel)
-			if err := section("experts"); err != nil {
-				return nil, 0, err
+			if !c.IsMoE(l) {
+				// A dense layer (DeepSeek's first ones): its FFN, resident.
+				g.ffn(ctx, b, p+"mlp.", c.IntermediateSize)
+				continue
 			}
-			masked = append(masked, l)
-			if len(masked)%maskedPerSubmit == 0 {
-				// Submit as we go: the GPU runs these layers while the
-				// next ones are recorded.
-				if err := b.Submit(ctx); err != nil {
+			g.k.MatVec(ctx, b, abi.F32, g.dense[p+"mlp.gate.weight"], B["xn"], B["rlogits"], c.Experts(), c.HiddenSize)
+			if layer := g.holdLayer(l); layer != nil {
+				// The choice goes straight into the out buffer, read back
+				// with the logits.
+				sel := B["out"].Sub(g.idsAt(l), uint64(k*4))
+				g.k.Route(ctx, b, B["rlogits"], nil, sel, B["w"], g.route())
+				if err := section("router"); err != nil {
 					return nil, 0, err
 				}
-				pr.Submits++
-				held = releaseAll(held)
-				b = g.d.Batch()
+				held = append(held, layer...)
+				g.recordMasked(ctx, b, l, layer, sel)
+				if err := section("experts"); err != nil {
+					return nil, 0, err
+				}
+				masked = append(masked, l)
+				if len(masked)%maskedPerSubmit == 0 {
+					// Submit as we go: the GPU runs these layers while the
+					// next ones are recorded.
+					if err := b.Submit(ctx); err != nil {
+						return nil, 0, err
+					}
+					pr.Submits++
+					held = releaseAll(held)
+					b = g.d.Batch()
+				}
+				continue
 			}
-			continue
+			predict = g.recordChoice(ctx, b, l)
+			if err := b.Submit(ctx); err != nil {
+				return nil, 0, err
+			}
+			pr.Submits++
+			held = releaseAll(held) // submitted: a later upload into their slots queues after
+			lap(&pr.Record)
 		}
-		g.k.Route(ctx, b, B["rlogits"], nil, B["ids"], B["w"], g.route())
-		predict := g.Prefetch && l+1 < c.NumHiddenLayers && c.IsMoE(l+1)
-		if predict {
-			// Layer l+1's router on this hidden state, normalized as l+1
-			// will normalize its own: the guess of its experts.
-			q := fmt.Sprintf("model.layers.%d.", l+1)
-			g.k.RMSNorm(ctx, b, B["x"], g.dense[q+"post_attention_layernorm.weight"], B["pxn"], ops.NormShape{Rows: 1, Dim: c.HiddenSize, Eps: float32(c.RMSNormEps)})
-			g.k.MatVec(ctx, b, abi.F32, g.dense[q+"mlp.gate.weight"], B["pxn"], B["plogits"], c.Experts(), c.HiddenSize)
-			g.k.Route(ctx, b, B["plogits"], nil, B["ids"].Sub(idsPredOff, uint64(k*4)), B["pw"], g.route())
-		}
-		if err := b.Submit(ctx); err != nil {
-			return nil, 0, err
-		}
-		pr.Submits++
-		held = releaseAll(held) // submitted: a later upload into their slots queues after
-		lap(&pr.Record)
 		// The experts chosen (and the next layer's guess, in the same
 		// read-back): page them into VRAM slots.
 		n := k * 4
 		if predict {
 			n = idsPredOff + k*4
 		}
-		both := make([]byte, n)
-		if err := g.d.Read(ctx, B["ids"].Sub(0, uint64(n)), both); err != nil {
+		rd, err := g.d.StartRead(B["ids"].Sub(0, uint64(n)), n)
+		if err != nil {
 			return nil, 0, err
 		}
 		pr.Readbacks++
+		if next := l + 1; !g.ProfileGPU && next < c.NumHiddenLayers && c.IsMoE(next) && !g.resident(next) {
+			// While the GPU runs this layer, encode the next one.
+			if ahead, err = g.encodeAhead(ctx, l, next, len(held)); err != nil {
+				rd.Wait(ctx, make([]byte, n))
+				return nil, 0, err
+			}
+			pr.Ahead += time.Since(mark)
+		}
+		lap(&pr.Record)
+		both := make([]byte, n)
+		if err := rd.Wait(ctx, both); err != nil {
+			return nil, 0, err
+		}
 		lap(&pr.RouteWait)
 		idb := both[:k*4]
 		g.score(idb)
 		if predict {
 			g.prefetch(l+1, both[idsPredOff:])
 		}
-		var slots [3][]int // gate, up, down: one arena slot per matrix
-		var leases []*tiers.Lease
-		// Page the chosen matrices in at once: their uploads overlap (one
-		// at a time, a 64 MiB upload moves about half what several do).
+		// Page in what the chosen experts need that the GPU did not run
+		// already: every matrix of an expert whose products did not all
+		// run from a resident slot (cur's), its products recomputed at its
+		// place in the choice.
 		type want struct {
-			e, j int
-			name string
+			e, k, j int
+			name    string
 		}
 		var wants []want
 		exs, err := g.chosen(l, idb)
 		if err != nil {
 			return nil, 0, err
 		}
-		for _, ex := range exs {
+		for pos, ex := range exs {
+			ran := cur != nil
+			for _, name := range ex.Tensors {
+				ran = ran && cur.ran[g.matrixKey(name)]
+			}
+			if ran {
+				for _, name := range ex.Tensors {
+					g.cache.Touch(g.matrixKey(name), tiers.VRAM) // a hit, as Get would count it
+				}
+				continue
+			}
 			for j, name := range ex.Tensors {
-				wants = append(wants, want{ex.Index, j, name})
+				wants = append(wants, want{ex.Index, pos, j, name})
 			}
 		}
 		got := make([]*tiers.Lease, len(wants))
@@ -580,6 +617,7 @@ func (g *GPUModel) step(ctx context.Context, token int, hd head) ([]float32, int
 			}()
 		}
 		wg.Wait()
+		var leases []*tiers.Lease
 		for i, w := range wants {
 			if got[i] != nil {
 				leases = append(leases, got[i])
@@ -592,23 +630,50 @@ func (g *GPUModel) step(ctx context.Context, token int, hd head) ([]float32, int
 			releaseAll(leases)
 			return nil, 0, err
 		}
-		for i, w := range wants {
-			slots[w.j] = append(slots[w.j], got[i].Slot())
-		}
 		lap(&pr.PageWait)
 		b = g.d.Batch()
-		g.recordPaged(ctx, b, slots)
-		if c.NumSharedExperts > 0 {
-			g.ffn(ctx, b, p+"mlp.shared_experts.", c.ExpertFFN()*c.NumSharedExperts)
+		if cur == nil {
+			// Every chosen expert, in the router's order.
+			var slots [3][]int
+			for i, w := range wants {
+				slots[w.j] = append(slots[w.j], got[i].Slot())
+			}
+			g.recordPaged(ctx, b, slots)
+		} else if len(wants) > 0 {
+			// The experts the GPU could not run: each at its place.
+			var pos []int
+			var slots [3][]int
+			for i, w := range wants {
+				if w.j == 0 {
+					pos = append(pos, w.k)
+				}
+				slots[w.j] = append(slots[w.j], got[i].Slot())
+			}
+			g.recordAt(ctx, b, pos, slots)
+		}
+		if ahead == nil || ahead.l != l+1 {
+			g.finishLayer(ctx, b, l) // else ahead starts with it
 		}
 		// The leases can end as soon as the dispatches are submitted: a
 		// later upload into one of these slots is a copy on the same
 		// queue, so it runs after them (one queue, in order).
-		err = b.Submit(ctx)
+		if ahead != nil && ahead.l == l+1 {
+			var e *gpu.Encoded
+			if e, err = b.Encode(ctx); err == nil {
+				err = g.d.SubmitEncoded(ctx, e, ahead.enc) // drops both on an error
+			} else {
+				ahead.enc.Drop()
+			}
+			ahead.enc = nil
+			ahead.release()
+		} else {
+			err = b.Submit(ctx)
+		}
 		releaseAll(leases)
 		if err != nil {
 			return nil, 0, err
 		}
+		held = releaseAll(held)
 		pr.Submits++
 		lap(&pr.Record)
 		b = g.d.Batch()
@@ -814,8 +879,46 @@ func (g *GPUModel) recordAttention(ctx context.Context, b *gpu.Batch, l int) {
 	g.k.RMSNorm(ctx, b, B["x"], g.dense[p+"post_attention_layernorm.weight"], B["xn"], ops.NormShape{Rows: 1, Dim: h, Eps: float32(c.RMSNormEps)})
 }
 
+// recordChoice records layer l's routing into the ids buffer (after its
+// router's logits), and, with prefetch on and a MoE layer after it, that
+// layer's router on this hidden state: the guess of its experts, read back
+// with the choice. It reports whether it recorded the guess.
+func (g *GPUModel) recordChoice(ctx context.Context, b *gpu.Batch, l int) bool {
+	c := &g.m.Config
+	B, k := g.buf, c.NumExpertsPerTok
+	g.k.Route(ctx, b, B["rlogits"], nil, B["ids"], B["w"], g.route())
+	predict := g.Prefetch && l+1 < c.NumHiddenLayers && c.IsMoE(l+1)
+	if predict {
+		// Layer l+1's router on this hidden state, normalized as l+1
+		// will normalize its own: the guess of its experts.
+		q := fmt.Sprintf("model.layers.%d.", l+1)
+		g.k.RMSNorm(ctx, b, B["x"], g.dense[q+"post_attention_layernorm.weight"], B["pxn"], ops.NormShape{Rows: 1, Dim: c.HiddenSize, Eps: float32(c.RMSNormEps)})
+		g.k.MatVec(ctx, b, abi.F32, g.dense[q+"mlp.gate.weight"], B["pxn"], B["plogits"], c.Experts(), c.HiddenSize)
+		g.k.Route(ctx, b, B["plogits"], nil, B["ids"].Sub(idsPredOff, uint64(k*4)), B["pw"], g.route())
+	}
+	return predict
+}
+
+// resident reports whether every expert matrix of MoE layer l is in VRAM
+// now (the layer would run masked, with no read-back), holding nothing.
+func (g *GPUModel) resident(l int) bool {
+	for e := 0; e < g.m.Config.Experts(); e++ {
+		ex, ok := g.m.Expert(l, e)
+		if !ok {
+			return false
+		}
+		for _, name := range ex.Tensors {
+			if !g.cache.Has(g.matrixKey(name), tiers.VRAM) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
 // recordPaged records a MoE layer's experts from the arena slots of the
-// chosen ones (gate, up and down matrices, in the router's order).
+// chosen ones (gate, up and down matrices, in the router's order), up to
+// their outputs in y (finishLayer adds them into x).
 func (g *GPUModel) recordPaged(ctx context.Context, b *gpu.Batch, slots [3][]int) {
 	c := &g.m.Config
 	B := g.buf
@@ -825,7 +928,144 @@ func (g *GPUModel) recordPaged(ctx context.Context, b *gpu.Batch, slots [3][]int
 	g.group(ctx, b, slots[1], B["xn"], true, B["gu"], up, ffn, h)
 	g.k.SwiGLU(ctx, b, B["gu"].Sub(0, uint64(k*ffn*4)), B["gu"].Sub(up, uint64(k*ffn*4)), B["act"], k*ffn)
 	g.group(ctx, b, slots[2], B["act"], false, B["y"], 0, h, ffn)
-	g.k.Accumulate(ctx, b, B["y"], B["w"], B["x"], ops.AccumShape{Experts: k, Dim: h})
+}
+
+// recordAt records the experts at places pos of the router's choice from
+// the arena slots of their gate, up and down matrices, into their rows of
+// y, after products of the others already ran (encodeAhead's): SwiGLU
+// runs again over every row, which leaves the others' as they were.
+func (g *GPUModel) recordAt(ctx context.Context, b *gpu.Batch, pos []int, slots [3][]int) {
+	c := &g.m.Config
+	B := g.buf
+	h, ffn, k := c.HiddenSize, c.ExpertFFN(), c.NumExpertsPerTok
+	up := uint64(g.upOff())
+	for i, at := range pos {
+		g.group(ctx, b, slots[0][i:i+1], B["xn"], true, B["gu"], uint64(at*ffn*4), ffn, h)
+		g.group(ctx, b, slots[1][i:i+1], B["xn"], true, B["gu"], up+uint64(at*ffn*4), ffn, h)
+	}
+	g.k.SwiGLU(ctx, b, B["gu"].Sub(0, uint64(k*ffn*4)), B["gu"].Sub(up, uint64(k*ffn*4)), B["act"], k*ffn)
+	for i, at := range pos {
+		g.group(ctx, b, slots[2][i:i+1], B["act"].Sub(uint64(at*ffn*4), uint64(ffn*4)), true, B["y"], uint64(at*h*4), h, ffn)
+	}
+}
+
+// finishLayer adds MoE layer l's expert outputs, weighted, into x, and
+// runs its shared experts.
+func (g *GPUModel) finishLayer(ctx context.Context, b *gpu.Batch, l int) {
+	c := &g.m.Config
+	B := g.buf
+	g.k.Accumulate(ctx, b, B["y"], B["w"], B["x"], ops.AccumShape{Experts: c.NumExpertsPerTok, Dim: c.HiddenSize})
+	if c.NumSharedExperts > 0 {
+		g.ffn(ctx, b, fmt.Sprintf("model.layers.%d.mlp.shared_experts.", l), c.ExpertFFN()*c.NumSharedExperts)
+	}
+}
+
+// aheadLayer is MoE layer l encoded while the GPU runs layer l-1 (the
+// layer before it in the step): l-1's accumulate, then l's attention,
+// router and choice, and the products of l's experts that were resident
+// (held, so that nothing evicts them before the submit), computed on the
+// GPU for whichever of them the router chooses.
+type aheadLayer struct {
+	l       int
+	enc     *gpu.Encoded
+	predict bool
+	held    []*tiers.Lease
+	ran     map[tiers.Key]bool // the held matrices: their products run if chosen
+}
+
+func (a *aheadLayer) release() {
+	if a != nil {
+		a.held = releaseAll(a.held)
+	}
+}
+
+func (a *aheadLayer) drop() {
+	if a != nil {
+		a.enc.Drop()
+		a.release()
+	}
+}
+
+// encodeAhead encodes layer l (MoE, after layer prev) into an aheadLayer.
+// It holds the resident matrices of l's experts, as many as leave the
+// VRAM level room for prev's own misses beside the busy slots held now.
+func (g *GPUModel) encodeAhead(ctx context.Context, prev, l, busy int) (*aheadLayer, error) {
+	c := &g.m.Config
+	B := g.buf
+	h, ffn, k := c.HiddenSize, c.ExpertFFN(), c.NumExpertsPerTok
+	a := &aheadLayer{l: l, ran: map[tiers.Key]bool{}}
+	nb := g.d.Batch()
+	g.finishLayer(ctx, nb, prev)
+	g.recordAttention(ctx, nb, l)
+	g.k.MatVec(ctx, nb, abi.F32, g.dense[fmt.Sprintf("model.layers.%d.mlp.gate.weight", l)], B["xn"], B["rlogits"], c.Experts(), h)
+	a.predict = g.recordChoice(ctx, nb, l)
+	// At most this many held: the rest of the slots must take prev's
+	// misses (every matrix of its chosen experts) twice over.
+	room := g.arena.Slots() - busy - 2*3*k
+	type run struct{ slots, experts []int }
+	runs := [2]map[*gpu.Buffer]*run{{}, {}} // gate and up; down
+	var bufs [2][]*gpu.Buffer
+	for e := 0; e < c.Experts() && len(a.held)+3 <= room; e++ {
+		ex, ok := g.m.Expert(l, e)
+		if !ok || len(ex.Tensors) != 3 {
+			break
+		}
+		var ls []*tiers.Lease
+		for _, name := range ex.Tensors {
+			if lease := g.cache.Hold(g.matrixKey(name), tiers.VRAM); lease != nil {
+				ls = append(ls, lease)
+			}
+		}
+		if len(ls) < 3 {
+			releaseAll(ls) // an expert runs here whole or not at all
+			continue
+		}
+		for j, lease := range ls {
+			a.ran[lease.Key] = true
+			buf, idx := g.arena.Locate(lease.Slot())
+			kind := j / 2 // gate and up share dispatches
+			r := runs[kind][buf]
+			if r == nil {
+				r = &run{}
+				runs[kind][buf] = r
+				bufs[kind] = append(bufs[kind], buf)
+			}
+			id := e
+			if j == 1 {
+				id |= ops.MaskedUpper
+			}
+			r.slots, r.experts = append(r.slots, idx), append(r.experts, id)
+		}
+		a.held = append(a.held, ls...)
+	}
+	sel := B["ids"].Sub(0, uint64(k*4))
+	upper := g.upOff()
+	for _, buf := range bufs[0] {
+		r := runs[0][buf]
+		for i := 0; i < len(r.slots); i += ops.MaxGroup {
+			end := min(i+ops.MaxGroup, len(r.slots))
+			g.k.Q4KMatVecMasked(ctx, nb, ops.Masked{Arena: buf, Slots: r.slots[i:end], Experts: r.experts[i:end], Sel: sel, K: k,
+				X: B["xn"], SharedX: true, Y: B["gu"], YUpper: upper, Rows: ffn, Cols: h})
+		}
+	}
+	if len(bufs[0]) > 0 {
+		g.k.SwiGLU(ctx, nb, B["gu"].Sub(0, uint64(k*ffn*4)), B["gu"].Sub(uint64(upper), uint64(k*ffn*4)), B["act"], k*ffn)
+	}
+	for _, buf := range bufs[1] {
+		r := runs[1][buf]
+		for i := 0; i < len(r.slots); i += ops.MaxGroup {
+			end := min(i+ops.MaxGroup, len(r.slots))
+			g.k.Q4KMatVecMasked(ctx, nb, ops.Masked{Arena: buf, Slots: r.slots[i:end], Experts: r.experts[i:end], Sel: sel, K: k,
+				X: B["act"], Y: B["y"], Rows: h, Cols: ffn})
+		}
+	}
+	enc, err := nb.Encode(ctx)
+	if err != nil {
+		a.release()
+		return nil, err
+	}
+	a.enc = enc
+	return a, nil
 }
 
 // fusions reads RDRR_GPU_FUSE: which fused forms the decode step uses

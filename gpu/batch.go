@@ -259,69 +259,181 @@ func (b *Batch) Clear(dst Region) error {
 // it. It does not wait for the GPU: later submissions, Read and Sync see
 // the results. The batch cannot be reused.
 func (b *Batch) Submit(ctx context.Context) error {
+	e, err := b.Encode(ctx)
+	if err != nil {
+		return err
+	}
+	return b.d.SubmitEncoded(ctx, e)
+}
+
+// An Encoded is a batch encoded into a command buffer and not yet
+// submitted: the host's share of a submit (bind groups, the encoder,
+// wgpu's checks, the params' upload) paid ahead, so that the submit is
+// quick when it is on the critical path. A paged decode step encodes the
+// next layer's attention while it waits for this layer's router, and
+// submits it right behind the experts the router chose. Submit it with
+// Device.SubmitEncoded, or Drop it; what it uses must stay unreleased
+// until then (SubmitEncoded checks again and refuses it otherwise).
+type Encoded struct {
+	d       *Device
+	cb      *wgpu.CommandBuffer // nil: nothing was recorded
+	cmds    []command
+	arena   *Buffer   // its params, written at Encode
+	temps   []*Buffer // the batch's scratch
+	prof    *profiled
+	untimed int
+	done    bool
+}
+
+// Encode encodes the batch for a later SubmitEncoded. The batch cannot be
+// reused; on an error nothing stays held.
+func (b *Batch) Encode(ctx context.Context) (*Encoded, error) {
 	if b.done {
-		return fmt.Errorf("%w: batch already submitted", ErrClosed)
+		return nil, fmt.Errorf("%w: batch already submitted", ErrClosed)
 	}
 	b.done = true
-	// Scratch goes back to the pool after the submit (this runs after the
-	// unlock below): queue order puts a later user's commands after ours.
-	defer b.releaseTemps()
+	d := b.d
+	e := &Encoded{d: d, temps: b.temps, cmds: b.cmds}
+	b.temps = nil
 	if b.err != nil {
-		return b.err
+		e.Drop()
+		return nil, b.err
+	}
+	if err := ctx.Err(); err != nil {
+		e.Drop()
+		return nil, err
+	}
+	if len(b.cmds) == 0 {
+		return e, nil
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	err := b.encodeLocked(e)
+	if err != nil {
+		e.dropLocked()
+		return nil, err
+	}
+	return e, nil
+}
+
+// Drop abandons an encoded batch without submitting it.
+func (e *Encoded) Drop() {
+	if e == nil || e.done {
+		return
+	}
+	e.d.mu.Lock()
+	defer e.d.mu.Unlock()
+	e.dropLocked()
+}
+
+func (e *Encoded) dropLocked() {
+	if e.done {
+		return
+	}
+	e.done = true
+	if e.prof != nil {
+		e.prof.qs.Release()
+		e.d.releaseLocked(e.prof.times)
+		e.prof = nil
+	}
+	e.releaseLocked()
+}
+
+// releaseLocked hands back what the encoded batch held: its command
+// buffer, params arena and scratch (pooled again: queue order puts a later
+// user's commands after a submitted batch's).
+func (e *Encoded) releaseLocked() {
+	if e.cb != nil {
+		e.cb.Release()
+		e.cb = nil
+	}
+	if e.arena != nil {
+		e.d.releaseLocked(e.arena)
+		e.arena = nil
+	}
+	for _, t := range e.temps {
+		if t.state == bufLive {
+			e.d.releaseLocked(t)
+		}
+	}
+	e.temps = nil
+}
+
+// SubmitEncoded submits encoded batches, in order, as one queue
+// submission, and hands back what they held. If one of them cannot be
+// submitted (submitted already, of another device, a pipeline or buffer
+// released since Encode) none is, and all are dropped.
+func (d *Device) SubmitEncoded(ctx context.Context, es ...*Encoded) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	defer func() {
+		for _, e := range es {
+			if e != nil {
+				e.dropLocked()
+			}
+		}
+	}()
+	var cbs []*wgpu.CommandBuffer
+	for _, e := range es {
+		switch {
+		case e == nil:
+			continue
+		case e.d != d:
+			return fmt.Errorf("%w: encoded batch of another device", ErrShape)
+		case e.done:
+			return fmt.Errorf("%w: encoded batch already submitted", ErrClosed)
+		}
+		if err := e.checkLocked(); err != nil {
+			return err
+		}
+		if e.cb != nil {
+			cbs = append(cbs, e.cb)
+		}
 	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if len(b.cmds) == 0 {
+	if len(cbs) == 0 {
 		return nil
 	}
-	d := b.d
-	d.mu.Lock()
-	defer d.mu.Unlock()
 	if err := d.usable(); err != nil {
-		return b.wrap(err, "submit")
+		return fmt.Errorf("submit: %w", err)
 	}
 	d.drainLocked()
-	// wgpu-native aborts the process on an invalid submit, so check what
-	// it would reject first.
-	for _, c := range b.cmds {
+	idx, ne := submit(d.dev, d.queue, cbs...)
+	if ne != nil {
+		return fmt.Errorf("submit: %w", d.noteNative(ne))
+	}
+	for _, e := range es {
+		if e == nil || e.prof == nil {
+			continue
+		}
+		if d.prof != nil {
+			d.prof.pending = append(d.prof.pending, *e.prof)
+			d.prof.prof.Untimed += e.untimed
+		} else {
+			e.prof.qs.Release()
+			d.releaseLocked(e.prof.times)
+		}
+		e.prof = nil
+	}
+	d.noteSubmit(idx)
+	return nil
+}
+
+// checkLocked refuses what wgpu-native would abort the process on at
+// submit: a pipeline or buffer released since the commands were recorded.
+func (e *Encoded) checkLocked() error {
+	for _, c := range e.cmds {
 		if c.pipe != nil && c.pipe.released.Load() {
 			return &KernelError{Kernel: c.pipe.e.name, Op: "submit", Err: fmt.Errorf("%w: pipeline released", ErrClosed)}
 		}
 		for _, s := range c.all() {
 			if s.buf.state != bufLive {
-				return b.wrap(fmt.Errorf("%w: %v was released before submit", ErrClosed, s), "submit")
+				return wrapCmds(e.cmds, fmt.Errorf("%w: %v was released before submit", ErrClosed, s), "submit")
 			}
 		}
 	}
-	var arena *Buffer
-	if len(b.params) > 0 {
-		var err error
-		if arena, err = d.allocLocked(usageUniform, uint64(len(b.params))); err != nil {
-			return b.wrap(err, "params")
-		}
-		// The arena goes back to the pool right after the submit: queue
-		// order makes the next batch's WriteBuffer land after this one ran.
-		defer d.releaseLocked(arena)
-		var werr error
-		ne := scoped(d.dev, func() { werr = d.queue.WriteBuffer(arena.raw, 0, b.params) })
-		if ne == nil && werr != nil {
-			ne = &nativeError{typ: errTypeValidation, msg: werr.Error()}
-		}
-		if ne != nil {
-			return b.wrap(d.noteNative(ne), "params")
-		}
-	}
-	var idx uint64
-	var inner error
-	ne := scoped(d.dev, func() { idx, inner = b.encodeLocked(arena) })
-	if inner != nil {
-		return inner
-	}
-	if ne != nil {
-		return b.wrap(d.noteNative(ne), "submit")
-	}
-	d.noteSubmit(idx)
 	return nil
 }
 
@@ -335,12 +447,54 @@ func (c command) all() []Span {
 	return []Span{c.src, c.dst}
 }
 
-func (b *Batch) encodeLocked(arena *Buffer) (uint64, error) {
+// encodeLocked checks the batch, writes its params and encodes its
+// commands into e. Callers hold d.mu.
+func (b *Batch) encodeLocked(e *Encoded) error {
 	d := b.d
-	defer d.bgs.releaseRetired() // after the pass ended and the work was submitted
+	if err := d.usable(); err != nil {
+		return b.wrap(err, "submit")
+	}
+	d.drainLocked()
+	// wgpu-native aborts the process on an invalid submit, so check what
+	// it would reject first (and again at SubmitEncoded).
+	if err := e.checkLocked(); err != nil {
+		return err
+	}
+	var arena *Buffer
+	if len(b.params) > 0 {
+		var err error
+		if arena, err = d.allocLocked(usageUniform, uint64(len(b.params))); err != nil {
+			return b.wrap(err, "params")
+		}
+		// The arena goes back to the pool right after the submit: queue
+		// order makes the next batch's WriteBuffer land after this one ran.
+		e.arena = arena
+		var werr error
+		ne := scoped(d.dev, func() { werr = d.queue.WriteBuffer(arena.raw, 0, b.params) })
+		if ne == nil && werr != nil {
+			ne = &nativeError{typ: errTypeValidation, msg: werr.Error()}
+		}
+		if ne != nil {
+			return b.wrap(d.noteNative(ne), "params")
+		}
+	}
+	var inner error
+	ne := scoped(d.dev, func() { inner = b.encodeCmdsLocked(e, arena) })
+	if inner != nil {
+		return inner
+	}
+	if ne != nil {
+		return b.wrap(d.noteNative(ne), "submit")
+	}
+	return nil
+}
+
+func (b *Batch) encodeCmdsLocked(out *Encoded, arena *Buffer) error {
+	d := b.d
+	defer d.bgs.releaseRetired() // after the pass ended: the finished command buffer keeps what it uses
 	enc, err := d.dev.CreateCommandEncoder(nil)
 	if err != nil {
-		return 0, b.wrap(fmt.Errorf("%w: %v", ErrValidation, err), "encode")
+		return b.wrap(fmt.Errorf("%w: %v", ErrValidation, err), "encode")
 	}
 	defer enc.Release()
 	var timed *timedEncoder
@@ -352,9 +506,9 @@ func (b *Batch) encodeLocked(arena *Buffer) (uint64, error) {
 			}
 		}
 		if timed, err = d.newTimedEncoder(n); err != nil {
-			return 0, b.wrap(err, "profile")
+			return b.wrap(err, "profile")
 		}
-		defer func() { // unless the submission took its query set
+		defer func() { // unless the encoded batch took its query set
 			if timed != nil {
 				timed.qs.Release()
 			}
@@ -378,7 +532,7 @@ func (b *Batch) encodeLocked(arena *Buffer) (uint64, error) {
 	for _, c := range b.cmds {
 		if c.pipe == nil {
 			if err := endPass(); err != nil {
-				return 0, err
+				return err
 			}
 			if c.clear {
 				err = enc.ClearBuffer(c.dst.buf.raw, c.dst.off, c.dst.size)
@@ -386,25 +540,25 @@ func (b *Batch) encodeLocked(arena *Buffer) (uint64, error) {
 				err = enc.CopyBufferToBuffer(c.src.buf.raw, c.src.off, c.dst.buf.raw, c.dst.off, c.src.size)
 			}
 			if err != nil {
-				return 0, b.wrap(fmt.Errorf("%w: %v", ErrValidation, err), "copy")
+				return b.wrap(fmt.Errorf("%w: %v", ErrValidation, err), "copy")
 			}
 			continue
 		}
 		e := c.pipe.e
 		bg0, err := d.bindGroupLocked(e.layout, e.layout.group0, c.spans)
 		if err != nil {
-			return 0, &KernelError{Kernel: e.name, Op: "bind", Err: err}
+			return &KernelError{Kernel: e.name, Op: "bind", Err: err}
 		}
 		var bg1 *wgpu.BindGroup
 		if e.params > 0 {
 			bg1, err = d.bindGroupLocked(e.layout, e.layout.group1, []Span{{arena, 0, alignUp(uint64(e.params), 16)}})
 			if err != nil {
-				return 0, &KernelError{Kernel: e.name, Op: "bind params", Err: err}
+				return &KernelError{Kernel: e.name, Op: "bind params", Err: err}
 			}
 		}
 		if timed != nil { // a pass of its own, timed (profile.go)
 			if err := endPass(); err != nil {
-				return 0, err
+				return err
 			}
 			pass = timed.pass(d, enc, e.name, c.groups)
 		}
@@ -422,34 +576,25 @@ func (b *Batch) encodeLocked(arena *Buffer) (uint64, error) {
 		e.lastUse = d.tick
 	}
 	if err := endPass(); err != nil {
-		return 0, err
+		return err
 	}
-	var prof *profiled
-	untimed := 0
 	if timed != nil {
-		if prof, err = timed.finish(d, enc); err != nil {
-			return 0, b.wrap(err, "profile")
+		prof, err := timed.finish(d, enc)
+		if err != nil {
+			return b.wrap(err, "profile")
 		}
-		untimed = timed.untimed
+		out.untimed = timed.untimed
+		if prof != nil {
+			out.prof = prof
+			timed = nil
+		}
 	}
 	cb, err := enc.Finish(nil)
 	if err != nil {
-		return 0, b.wrap(fmt.Errorf("%w: %v", ErrValidation, err), "finish")
+		return b.wrap(fmt.Errorf("%w: %v", ErrValidation, err), "finish")
 	}
-	defer cb.Release()
-	idx, ne := submit(d.dev, d.queue, cb)
-	if ne != nil {
-		if prof != nil {
-			d.releaseLocked(prof.times)
-		}
-		return 0, b.wrap(d.noteNative(ne), "submit")
-	}
-	if prof != nil {
-		d.prof.pending = append(d.prof.pending, *prof)
-		d.prof.prof.Untimed += untimed
-		timed = nil
-	}
-	return idx, nil
+	out.cb = cb
+	return nil
 }
 
 // bindGroupLocked returns a cached bind group for these ranges under the
@@ -489,9 +634,12 @@ func (d *Device) bindGroupLocked(l *layoutEntry, bgl *wgpu.BindGroupLayout, span
 }
 
 // wrap names the batch's kernels in err.
-func (b *Batch) wrap(err error, op string) error {
+func (b *Batch) wrap(err error, op string) error { return wrapCmds(b.cmds, err, op) }
+
+// wrapCmds names the kernels of cmds in err.
+func wrapCmds(cmds []command, err error, op string) error {
 	var names []string
-	for _, c := range b.cmds {
+	for _, c := range cmds {
 		if c.pipe != nil {
 			names = append(names, c.pipe.e.name)
 		}

@@ -145,7 +145,7 @@ func (d *Device) CopyHost(ctx context.Context, dst Region, src *HostBuffer, srcO
 	case sp.buf.state != bufLive:
 		return fmt.Errorf("copy host: %w: destination buffer %d was released", ErrClosed, sp.buf.id)
 	}
-	idx, ne := d.copyLocked(src.raw, srcOff, sp.buf.raw, sp.off, n4)
+	idx, ne := d.copyLocked("copy host", src.raw, srcOff, sp.buf.raw, sp.off, n4)
 	if ne != nil {
 		return fmt.Errorf("copy host: %w", d.noteNative(ne))
 	}

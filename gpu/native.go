@@ -144,16 +144,20 @@ func onWorkDone(dev *wgpu.Device, q *wgpu.Queue, done func(status uint32)) *nati
 	return toNativeError(&e)
 }
 
-// submit submits one command buffer and returns its submission index.
+// submit submits command buffers, in order, as one queue submission and
+// returns its index.
 // wgpu-native treats every submit error as fatal (scopes do not capture it),
 // so callers must check beforehand that no buffer in cb is destroyed or
 // mapped; the scopes here catch out-of-memory errors.
-func submit(dev *wgpu.Device, q *wgpu.Queue, cb *wgpu.CommandBuffer) (uint64, *nativeError) {
+func submit(dev *wgpu.Device, q *wgpu.Queue, cbs ...*wgpu.CommandBuffer) (uint64, *nativeError) {
 	var e C.rdrr_error
-	ptrs := (*[1]unsafe.Pointer)(C.malloc(C.size_t(unsafe.Sizeof(uintptr(0)))))
-	defer C.free(unsafe.Pointer(ptrs))
-	ptrs[0] = nativeCommandBuffer(cb)
-	idx := C.rdrr_submit(nativeDevice(dev), nativeQueue(q), 1, &ptrs[0], &e)
+	n := len(cbs)
+	ptrs := unsafe.Slice((*unsafe.Pointer)(C.malloc(C.size_t(n)*C.size_t(unsafe.Sizeof(uintptr(0))))), n)
+	defer C.free(unsafe.Pointer(&ptrs[0]))
+	for i, cb := range cbs {
+		ptrs[i] = nativeCommandBuffer(cb)
+	}
+	idx := C.rdrr_submit(nativeDevice(dev), nativeQueue(q), C.size_t(n), &ptrs[0], &e)
 	return uint64(idx), toNativeError(&e)
 }
 

@@ -49,8 +49,20 @@ type Profile struct {
 	// Span sums, per submission, the first dispatch's beginning to the
 	// last one's end: Span - Busy is the time between dispatches (barriers,
 	// launches) when they do not overlap.
-	Span    time.Duration `json:"spanNs"`
-	Kernels []KernelTime  `json:"kernels"` // most time first
+	Span time.Duration `json:"spanNs"`
+	// Copies sums the time of the copies submitted on their own (uploads,
+	// host copies, read-backs), each timed between two empty timed passes;
+	// they are in Kernels too, under their kind ("copy host", ...) with a
+	// zero grid.
+	Copies time.Duration `json:"copiesNs"`
+	// Window is the first timed work's beginning to the last one's end,
+	// and Idle the part of it in which the GPU ran none of the timed work
+	// (dispatches and copies): the time it waited for the host. IdleBefore
+	// splits Idle by what ended each wait (a dispatch, or a copy's kind).
+	Window     time.Duration            `json:"windowNs"`
+	Idle       time.Duration            `json:"idleNs"`
+	IdleBefore map[string]time.Duration `json:"idleBeforeNs,omitempty"`
+	Kernels    []KernelTime             `json:"kernels"` // most time first
 }
 
 // KernelTime is the time of one kernel at one grid.
@@ -66,18 +78,84 @@ type profiler struct {
 	pending []profiled
 	prof    Profile
 	byKey   map[kernelKey]int // index into prof.Kernels
+	spans   []timedSpan       // every timed dispatch and copy, up to maxSpans
 }
 
 type kernelKey struct {
 	kernel string
 	groups [3]uint32
+	copy   bool // a copy timed between two empty passes
 }
+
+// timedSpan is one timed dispatch or copy on the GPU's clock.
+type timedSpan struct {
+	start, end uint64
+	kind       string // "dispatch", or the copy's kind
+}
+
+// maxSpans bounds the spans a profile keeps for its idle time (24 bytes
+// and a string header each); past it Idle covers the first ones only.
+const maxSpans = 1 << 20
 
 // profiled is one submitted batch's timestamps, not yet read back.
 type profiled struct {
 	qs      *wgpu.QuerySet
 	times   *Buffer // usageQuery: 2 u64 per dispatch
 	kernels []kernelKey
+	copy    bool // one copy submitted on its own (timedCopy)
+}
+
+// timedCopy, while a profile runs, encodes an empty timed pass before the
+// copy that the caller encodes next; its end returns the pass after it and
+// the resolve of the two timestamps around the copy, and registers them
+// with the profile once the caller has submitted (done). Callers hold d.mu.
+type timedCopy struct {
+	qs   *wgpu.QuerySet
+	kind string
+}
+
+func (d *Device) beginTimedCopy(enc *wgpu.CommandEncoder, kind string) *timedCopy {
+	if d.prof == nil || !d.timestamps || len(d.prof.pending) >= maxProfiledBatches {
+		return nil
+	}
+	qs, err := d.dev.CreateQuerySet(&wgpu.QuerySetDescriptor{Type: wgpu.QueryTypeTimestamp, Count: 4})
+	if err != nil {
+		return nil
+	}
+	p := beginTimedPass(d.dev, enc, qs, 0, 1)
+	if p == nil {
+		qs.Release()
+		return nil
+	}
+	p.End()
+	p.Release()
+	return &timedCopy{qs: qs, kind: kind}
+}
+
+// end encodes the pass after the copy and resolves the copy's start (the
+// first pass's end) and end (the second pass's beginning).
+func (t *timedCopy) end(d *Device, enc *wgpu.CommandEncoder) *profiled {
+	if t == nil {
+		return nil
+	}
+	p := beginTimedPass(d.dev, enc, t.qs, 2, 3)
+	if p == nil {
+		t.qs.Release()
+		return nil
+	}
+	p.End()
+	p.Release()
+	times, err := d.allocLocked(usageQuery, 16)
+	if err != nil {
+		t.qs.Release()
+		return nil
+	}
+	if err := enc.ResolveQuerySet(t.qs, 1, 2, times.raw, 0); err != nil {
+		d.releaseLocked(times)
+		t.qs.Release()
+		return nil
+	}
+	return &profiled{qs: t.qs, times: times, kernels: []kernelKey{{kernel: t.kind, copy: true}}, copy: true}
 }
 
 // StartProfile starts timing every dispatch submitted from now on (see
@@ -122,7 +200,28 @@ func (d *Device) StopProfile(ctx context.Context) (Profile, error) {
 		return Profile{}, first
 	}
 	sort.SliceStable(p.prof.Kernels, func(i, j int) bool { return p.prof.Kernels[i].Total > p.prof.Kernels[j].Total })
+	p.idle()
 	return p.prof, nil
+}
+
+// idle computes Window, Idle and IdleBefore from the spans: the gaps in
+// their union, each charged to the span that ended it.
+func (p *profiler) idle() {
+	if len(p.spans) == 0 {
+		return
+	}
+	sort.Slice(p.spans, func(i, j int) bool { return p.spans[i].start < p.spans[j].start })
+	p.prof.IdleBefore = map[string]time.Duration{}
+	reach := p.spans[0].end
+	for _, s := range p.spans[1:] {
+		if s.start > reach {
+			gap := time.Duration(s.start - reach)
+			p.prof.Idle += gap
+			p.prof.IdleBefore[s.kind] += gap
+		}
+		reach = max(reach, s.end)
+	}
+	p.prof.Window = time.Duration(reach - p.spans[0].start)
 }
 
 // add reads one batch's timestamps back into the totals.
@@ -142,8 +241,17 @@ func (p *profiler) add(ctx context.Context, d *Device, b profiled) error {
 		}
 		last = max(last, end)
 		dt := time.Duration(end - start)
-		p.prof.Busy += dt
-		p.prof.Dispatches++
+		kind := "dispatch"
+		if k.copy {
+			p.prof.Copies += dt
+			kind = k.kernel
+		} else {
+			p.prof.Busy += dt
+			p.prof.Dispatches++
+		}
+		if len(p.spans) < maxSpans {
+			p.spans = append(p.spans, timedSpan{start, end, kind})
+		}
 		j, ok := p.byKey[k]
 		if !ok {
 			j = len(p.prof.Kernels)
@@ -152,6 +260,9 @@ func (p *profiler) add(ctx context.Context, d *Device, b profiled) error {
 		}
 		p.prof.Kernels[j].Count++
 		p.prof.Kernels[j].Total += dt
+	}
+	if b.copy {
+		return nil // not a batch: no span, no submit counted
 	}
 	if last > first {
 		p.prof.Span += time.Duration(last - first)
@@ -195,7 +306,7 @@ func (t *timedEncoder) pass(d *Device, enc *wgpu.CommandEncoder, kernel string, 
 	i := uint32(len(t.kernels))
 	p := beginTimedPass(d.dev, enc, t.qs, 2*i, 2*i+1)
 	if p != nil {
-		t.kernels = append(t.kernels, kernelKey{kernel, groups})
+		t.kernels = append(t.kernels, kernelKey{kernel: kernel, groups: groups})
 	}
 	return p
 }

@@ -138,3 +138,78 @@ func TestProfile(t *testing.T) {
 		t.Fatalf("bounded profile: %+v, %v; want 2 submits, 6 dispatches timed, 6 not", prof, err)
 	}
 }
+
+// TestProfileIdle checks the profile's view across submissions: copies
+// submitted on their own are timed under their kind, and the time the GPU
+// waits for the host shows as Idle, charged to the work that ended the
+// wait. The host sleeps between a synced batch and a read-back, so the GPU
+// idles at least that long before the read-back's copy.
+func TestProfileIdle(t *testing.T) {
+	o := testOptions()
+	o.Profile = true
+	d, err := Open(ctxT(t), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if !d.Info().TimestampQuery {
+		t.Skipf("%s has no timestamp-query feature", d.Info())
+	}
+	src, err := os.ReadFile("testdata/spin.wgsl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := d.Compile(ctxT(t), Kernel{Name: "spin", Source: string(src), Bindings: []Access{ReadWrite}, Params: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Release()
+	out, err := d.Alloc(4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Release()
+	ctx := ctxT(t)
+	spin := func() {
+		b := d.Batch()
+		if err := b.Dispatch(p, [3]uint32{4, 1, 1}, Params{}.U32(2000).U32(4), out); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Submit(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := d.StartProfile(); err != nil {
+		t.Fatal(err)
+	}
+	spin()
+	if err := d.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	const nap = 30 * time.Millisecond
+	time.Sleep(nap)
+	if err := d.Read(ctx, out, make([]byte, 4)); err != nil {
+		t.Fatal(err)
+	}
+	spin()
+	prof, err := d.StopProfile(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("profile %+v", prof)
+	var reads int
+	for _, k := range prof.Kernels {
+		if k.Kernel == "read back" {
+			reads += k.Count
+		}
+	}
+	if reads != 1 || prof.Copies <= 0 || prof.Dispatches != 2 || prof.Submits != 2 {
+		t.Fatalf("%d read-backs timed (copies %v), %d dispatches in %d submits; want 1 (> 0), 2 in 2", reads, prof.Copies, prof.Dispatches, prof.Submits)
+	}
+	if prof.IdleBefore["read back"] < nap {
+		t.Fatalf("idle before the read-back %v; the host slept %v before submitting it", prof.IdleBefore["read back"], nap)
+	}
+	if prof.Idle > prof.Window || prof.Busy+prof.Copies+prof.Idle > prof.Window+prof.Window/100 {
+		t.Fatalf("busy %v + copies %v + idle %v do not fit the window %v", prof.Busy, prof.Copies, prof.Idle, prof.Window)
+	}
+}

@@ -335,7 +335,7 @@ func (d *Device) stageCopy(st *stager, s *staging, dst *Buffer, off, n uint64) e
 	}
 	s.raw.Unmap()
 	s.mapped = nil
-	idx, ne := d.copyLocked(s.raw, 0, dst.raw, off, n)
+	idx, ne := d.copyLocked("upload", s.raw, 0, dst.raw, off, n)
 	if ne != nil {
 		err := d.noteNative(ne)
 		s.err = fmt.Errorf("upload: %w", err)
@@ -435,34 +435,59 @@ func (d *Device) Write(dst Region, src []byte) error {
 // after all work submitted before the call. It blocks until the data is
 // back or ctx ends.
 func (d *Device) Read(ctx context.Context, src Region, dst []byte) error {
-	sp := src.span()
-	if err := d.checkCopy(sp, uint64(len(dst))); err != nil {
-		return fmt.Errorf("read: %w", err)
+	r, err := d.StartRead(src, len(dst))
+	if err != nil {
+		return err
 	}
-	n4 := alignUp(uint64(len(dst)), 4)
+	return r.Wait(ctx, dst)
+}
+
+// A PendingRead is a read-back on its way: StartRead submitted the copy,
+// Wait collects it.
+type PendingRead struct {
+	d  *Device
+	rb *Buffer
+	n  int
+	op *asyncOp
+}
+
+// StartRead starts reading n bytes of src (a *Buffer or a Span) as they
+// are after all work submitted before the call, without waiting: the
+// host can record or encode more work meanwhile (work submitted later
+// does not delay the read). Wait collects the bytes; a PendingRead must
+// be waited for, or its buffer stays held until the device closes.
+func (d *Device) StartRead(src Region, n int) (*PendingRead, error) {
+	sp := src.span()
+	if n < 0 {
+		return nil, fmt.Errorf("read: %w: %d bytes", ErrShape, n)
+	}
+	if err := d.checkCopy(sp, uint64(n)); err != nil {
+		return nil, fmt.Errorf("read: %w", err)
+	}
+	n4 := alignUp(uint64(n), 4)
 	if n4 == 0 {
-		return nil
+		return &PendingRead{d: d}, nil
 	}
 	d.mu.Lock()
 	if err := d.usable(); err != nil {
 		d.mu.Unlock()
-		return err
+		return nil, err
 	}
 	d.drainLocked()
 	if sp.buf.state != bufLive {
 		d.mu.Unlock()
-		return fmt.Errorf("read: %w: buffer %d was released", ErrClosed, sp.buf.id)
+		return nil, fmt.Errorf("read: %w: buffer %d was released", ErrClosed, sp.buf.id)
 	}
 	rb, err := d.allocLocked(usageReadback, n4)
 	if err != nil {
 		d.mu.Unlock()
-		return fmt.Errorf("read: %w", err)
+		return nil, fmt.Errorf("read: %w", err)
 	}
-	idx, ne := d.copyLocked(sp.buf.raw, sp.off, rb.raw, 0, n4)
+	idx, ne := d.copyLocked("read back", sp.buf.raw, sp.off, rb.raw, 0, n4)
 	if ne != nil {
 		d.releaseLocked(rb)
 		d.mu.Unlock()
-		return fmt.Errorf("read: %w", d.noteNative(ne))
+		return nil, fmt.Errorf("read: %w", d.noteNative(ne))
 	}
 	d.noteSubmit(idx)
 	var op *asyncOp
@@ -483,32 +508,49 @@ func (d *Device) Read(ctx context.Context, src Region, dst []byte) error {
 	})
 	if ne := mapAsync(d.dev, rb.raw, wgpu.MapModeRead, 0, n4, op.complete); ne != nil {
 		d.mu.Unlock()
-		return fmt.Errorf("read: %w", d.noteNative(ne))
+		return nil, fmt.Errorf("read: %w", d.noteNative(ne))
 	}
 	d.mu.Unlock()
 	d.wake()
-	if err := op.wait(ctx, d); err != nil {
+	return &PendingRead{d: d, rb: rb, n: n, op: op}, nil
+}
+
+// Wait blocks until the read's bytes are back or ctx ends, and copies
+// them into dst (len(dst) must be the n given to StartRead).
+func (r *PendingRead) Wait(ctx context.Context, dst []byte) error {
+	if len(dst) != r.n {
+		return fmt.Errorf("read: %w: %d bytes into %d", ErrShape, r.n, len(dst))
+	}
+	if r.rb == nil {
+		return nil
+	}
+	d, rb := r.d, r.rb
+	if err := r.op.wait(ctx, d); err != nil {
+		r.rb = nil
 		if ctx.Err() != nil && err == ctx.Err() {
-			return err
+			return err // the callback hands the buffer back
 		}
 		d.mu.Lock()
 		d.releaseLocked(rb)
 		d.mu.Unlock()
 		return fmt.Errorf("read: %w", err)
 	}
+	r.rb = nil
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	copy(dst, rb.raw.GetMappedRange(0, uint(n4)))
+	copy(dst, rb.raw.GetMappedRange(0, uint(alignUp(uint64(r.n), 4))))
 	rb.raw.Unmap()
 	d.releaseLocked(rb)
 	return nil
 }
 
-// copyLocked encodes and submits one buffer-to-buffer copy. Callers hold
-// d.mu and have checked that neither buffer is mapped or destroyed.
-func (d *Device) copyLocked(src *wgpu.Buffer, srcOff uint64, dst *wgpu.Buffer, dstOff, n uint64) (uint64, *nativeError) {
+// copyLocked encodes and submits one buffer-to-buffer copy; kind names it
+// in a running profile. Callers hold d.mu and have checked that neither
+// buffer is mapped or destroyed.
+func (d *Device) copyLocked(kind string, src *wgpu.Buffer, srcOff uint64, dst *wgpu.Buffer, dstOff, n uint64) (uint64, *nativeError) {
 	var idx uint64
 	var inner *nativeError
+	var prof *profiled
 	ne := scoped(d.dev, func() {
 		enc, err := d.dev.CreateCommandEncoder(nil)
 		if err != nil {
@@ -516,10 +558,12 @@ func (d *Device) copyLocked(src *wgpu.Buffer, srcOff uint64, dst *wgpu.Buffer, d
 			return
 		}
 		defer enc.Release()
+		timed := d.beginTimedCopy(enc, kind)
 		if err := enc.CopyBufferToBuffer(src, srcOff, dst, dstOff, n); err != nil {
 			inner = &nativeError{typ: errTypeValidation, msg: err.Error()}
 			return
 		}
+		prof = timed.end(d, enc)
 		cb, err := enc.Finish(nil)
 		if err != nil {
 			inner = &nativeError{typ: errTypeValidation, msg: err.Error()}
@@ -528,6 +572,14 @@ func (d *Device) copyLocked(src *wgpu.Buffer, srcOff uint64, dst *wgpu.Buffer, d
 		defer cb.Release()
 		idx, inner = submit(d.dev, d.queue, cb)
 	})
+	if prof != nil {
+		if inner != nil || ne != nil {
+			prof.qs.Release()
+			d.releaseLocked(prof.times)
+		} else {
+			d.prof.pending = append(d.prof.pending, *prof)
+		}
+	}
 	if inner != nil {
 		return 0, inner
 	}

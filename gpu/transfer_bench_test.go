@@ -170,7 +170,7 @@ func (m *meter) dmaOnly(b *testing.B, dsts []*Buffer, n int) (single, stream flo
 		start := time.Now()
 		for i := 0; i < k; i++ {
 			d.mu.Lock()
-			idx, ne := d.copyLocked(raw, 0, dsts[i%len(dsts)].raw, 0, uint64(n))
+			idx, ne := d.copyLocked("copy", raw, 0, dsts[i%len(dsts)].raw, 0, uint64(n))
 			d.mu.Unlock()
 			if ne != nil {
 				b.Fatal(d.noteNative(ne))

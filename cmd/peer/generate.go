@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -290,8 +292,8 @@ tokens. --profile-gpu times every dispatch on the GPU.`,
 					}
 					if prof != nil && prof.Steps > 0 {
 						per := func(d time.Duration) string { return (d / time.Duration(prof.Steps)).Round(time.Microsecond).String() }
-						fmt.Fprintf(w, "  per step: %s = record+submit %s, router read-back %s, paging stall %s, logits read-back %s (%d submits, %d read-backs per step)\n",
-							per(prof.Total), per(prof.Record), per(prof.RouteWait), per(prof.PageWait), per(prof.LogitsWait), prof.Submits/prof.Steps, prof.Readbacks/prof.Steps)
+						fmt.Fprintf(w, "  per step: %s = record+submit %s (%s of it ahead), router read-back %s, paging stall %s, logits read-back %s (%d submits, %d read-backs per step)\n",
+							per(prof.Total), per(prof.Record), per(prof.Ahead), per(prof.RouteWait), per(prof.PageWait), per(prof.LogitsWait), prof.Submits/prof.Steps, prof.Readbacks/prof.Steps)
 					}
 					for _, s := range stats {
 						if s.Hits+s.Misses > 0 {
@@ -551,6 +553,14 @@ func printGPUProfile(w io.Writer, p *gpu.Profile, steps int) {
 		fmt.Fprintf(w, " (%d untimed)", p.Untimed)
 	}
 	fmt.Fprintln(w)
+	if p.Window > 0 {
+		var before []string
+		for _, k := range slices.Sorted(maps.Keys(p.IdleBefore)) {
+			before = append(before, fmt.Sprintf("%s %s", k, per(p.IdleBefore[k]).Round(time.Microsecond)))
+		}
+		fmt.Fprintf(w, "    copies %s; GPU idle %s of %s (%.0f%%), waiting before: %s\n", per(p.Copies).Round(time.Microsecond),
+			per(p.Idle).Round(time.Microsecond), per(p.Window).Round(time.Microsecond), 100*float64(p.Idle)/float64(p.Window), strings.Join(before, ", "))
+	}
 	for i, k := range p.Kernels {
 		if i == 20 {
 			fmt.Fprintf(w, "    ... %d more (--json: gpuProfile)\n", len(p.Kernels)-i)
