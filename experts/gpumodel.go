@@ -992,7 +992,7 @@ func (a *aheadLayer) drop() {
 func (g *GPUModel) encodeAhead(ctx context.Context, prev, l, busy int) (*aheadLayer, error) {
 	c := &g.m.Config
 	B := g.buf
-	h, ffn, k := c.HiddenSize, c.ExpertFFN(), c.NumExpertsPerTok
+	h, k := c.HiddenSize, c.NumExpertsPerTok
 	a := &aheadLayer{l: l, ran: map[tiers.Key]bool{}}
 	nb := g.d.Batch()
 	g.finishLayer(ctx, nb, prev)
@@ -1002,9 +1002,7 @@ func (g *GPUModel) encodeAhead(ctx context.Context, prev, l, busy int) (*aheadLa
 	// At most this many held: the rest of the slots must take prev's
 	// misses (every matrix of its chosen experts) twice over.
 	room := g.arena.Slots() - busy - 2*3*k
-	type run struct{ slots, experts []int }
-	runs := [2]map[*gpu.Buffer]*run{{}, {}} // gate and up; down
-	var bufs [2][]*gpu.Buffer
+	var experts []int
 	for e := 0; e < c.Experts() && len(a.held)+3 <= room; e++ {
 		ex, ok := g.m.Expert(l, e)
 		if !ok || len(ex.Tensors) != 3 {
@@ -1020,44 +1018,14 @@ func (g *GPUModel) encodeAhead(ctx context.Context, prev, l, busy int) (*aheadLa
 			releaseAll(ls) // an expert runs here whole or not at all
 			continue
 		}
-		for j, lease := range ls {
+		for _, lease := range ls {
 			a.ran[lease.Key] = true
-			buf, idx := g.arena.Locate(lease.Slot())
-			kind := j / 2 // gate and up share dispatches
-			r := runs[kind][buf]
-			if r == nil {
-				r = &run{}
-				runs[kind][buf] = r
-				bufs[kind] = append(bufs[kind], buf)
-			}
-			id := e
-			if j == 1 {
-				id |= ops.MaskedUpper
-			}
-			r.slots, r.experts = append(r.slots, idx), append(r.experts, id)
 		}
 		a.held = append(a.held, ls...)
+		experts = append(experts, e)
 	}
-	sel := B["ids"].Sub(0, uint64(k*4))
-	upper := g.upOff()
-	for _, buf := range bufs[0] {
-		r := runs[0][buf]
-		for i := 0; i < len(r.slots); i += ops.MaxGroup {
-			end := min(i+ops.MaxGroup, len(r.slots))
-			g.k.Q4KMatVecMasked(ctx, nb, ops.Masked{Arena: buf, Slots: r.slots[i:end], Experts: r.experts[i:end], Sel: sel, K: k,
-				X: B["xn"], SharedX: true, Y: B["gu"], YUpper: upper, Rows: ffn, Cols: h})
-		}
-	}
-	if len(bufs[0]) > 0 {
-		g.k.SwiGLU(ctx, nb, B["gu"].Sub(0, uint64(k*ffn*4)), B["gu"].Sub(uint64(upper), uint64(k*ffn*4)), B["act"], k*ffn)
-	}
-	for _, buf := range bufs[1] {
-		r := runs[1][buf]
-		for i := 0; i < len(r.slots); i += ops.MaxGroup {
-			end := min(i+ops.MaxGroup, len(r.slots))
-			g.k.Q4KMatVecMasked(ctx, nb, ops.Masked{Arena: buf, Slots: r.slots[i:end], Experts: r.experts[i:end], Sel: sel, K: k,
-				X: B["act"], Y: B["y"], Rows: h, Cols: ffn})
-		}
+	if len(experts) > 0 {
+		g.recordMaskedProducts(ctx, nb, experts, a.held, B["ids"].Sub(0, uint64(k*4)))
 	}
 	enc, err := nb.Encode(ctx)
 	if err != nil {
@@ -1168,19 +1136,32 @@ func (g *GPUModel) chosen(l int, ids []byte) ([]*Expert, error) {
 // one masked dispatch per matrix kind and arena buffer.
 // sel is where the router wrote its choice.
 func (g *GPUModel) recordMasked(ctx context.Context, b *gpu.Batch, l int, layer []*tiers.Lease, sel gpu.Region) {
+	experts := make([]int, len(layer)/3)
+	for e := range experts {
+		experts[e] = e
+	}
+	g.recordMaskedProducts(ctx, b, experts, layer, sel)
+	g.finishLayer(ctx, b, l)
+}
+
+// recordMaskedProducts records the masked products of experts (their
+// gate, up and down matrices' leases in held, three an expert, in order)
+// for the router's choice in sel, up to their outputs in y: one dispatch
+// per matrix kind, arena buffer and MaxGroup products, each running only
+// the products of chosen experts.
+func (g *GPUModel) recordMaskedProducts(ctx context.Context, b *gpu.Batch, experts []int, held []*tiers.Lease, sel gpu.Region) {
 	c := &g.m.Config
 	B := g.buf
 	h, ffn, k := c.HiddenSize, c.ExpertFFN(), c.NumExpertsPerTok
 	// products records the products of matrix kinds js (0 gate, 1 up, 2
-	// down), one dispatch per arena buffer and MaxGroup products; kind 1
-	// goes to y's upper half (gate and up share a dispatch).
+	// down); kind 1 goes to y's upper half (gate and up share a dispatch).
 	products := func(js []int, x gpu.Region, shared bool, y gpu.Region, upper, rows, cols int, swiglu bool) {
 		type run struct{ slots, experts []int }
 		var order []*gpu.Buffer
 		runs := map[*gpu.Buffer]*run{}
 		for _, j := range js {
-			for e := 0; e < len(layer)/3; e++ {
-				buf, idx := g.arena.Locate(layer[3*e+j].Slot())
+			for i, e := range experts {
+				buf, idx := g.arena.Locate(held[3*i+j].Slot())
 				r := runs[buf]
 				if r == nil {
 					r = &run{}
@@ -1216,10 +1197,6 @@ func (g *GPUModel) recordMasked(ctx context.Context, b *gpu.Batch, l int, layer 
 	} else {
 		// The down products read silu(gate) * up straight from gu.
 		products([]int{2}, B["gu"], false, B["y"], 0, h, ffn, true)
-	}
-	g.k.Accumulate(ctx, b, B["y"], B["w"], B["x"], ops.AccumShape{Experts: k, Dim: h})
-	if c.NumSharedExperts > 0 {
-		g.ffn(ctx, b, fmt.Sprintf("model.layers.%d.mlp.shared_experts.", l), ffn*c.NumSharedExperts)
 	}
 }
 
