@@ -632,7 +632,7 @@ func (g *GPUModel) step(ctx context.Context, token int, hd head) ([]float32, int
 		}
 		lap(&pr.PageWait)
 		b = g.d.Batch()
-		if cur == nil {
+		if cur == nil || len(wants) == 3*k {
 			// Every chosen expert, in the router's order.
 			var slots [3][]int
 			for i, w := range wants {
@@ -1000,10 +1000,14 @@ func (g *GPUModel) encodeAhead(ctx context.Context, prev, l, busy int) (*aheadLa
 	g.k.MatVec(ctx, nb, abi.F32, g.dense[fmt.Sprintf("model.layers.%d.mlp.gate.weight", l)], B["xn"], B["rlogits"], c.Experts(), h)
 	a.predict = g.recordChoice(ctx, nb, l)
 	// At most this many held: the rest of the slots must take prev's
-	// misses (every matrix of its chosen experts) twice over.
+	// misses (every matrix of its chosen experts) twice over. And at most
+	// 2*MaxGroup experts: each adds masked products that run on the GPU
+	// for nothing unless chosen (a model of hundreds of experts, k of them
+	// chosen, holds the first ones resident; the others are paged after
+	// the choice, as when none is held).
 	room := g.arena.Slots() - busy - 2*3*k
 	var experts []int
-	for e := 0; e < c.Experts() && len(a.held)+3 <= room; e++ {
+	for e := 0; e < c.Experts() && len(a.held)+3 <= room && len(experts) < 2*ops.MaxGroup; e++ {
 		ex, ok := g.m.Expert(l, e)
 		if !ok || len(ex.Tensors) != 3 {
 			break
