@@ -712,15 +712,7 @@ func xorshiftPow(n uint64) *gf2 {
 // cache clears while the pass is open, and the groups the pass has set
 // must survive until it ends (wgpu aborted the process before).
 func TestBindGroupCacheFullDuringEncode(t *testing.T) {
-	o := testOptions()
-	o.BindGroups = 4
-	d, err := Open(context.Background(), o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
-	k := NewKernels(d)
-	defer k.Close()
+	d, k := smallBindGroupCache(t)
 	ctx := ctxT(t)
 	const n, dim = 12, 64
 	src, _ := d.Alloc(n * dim * 4)
@@ -753,4 +745,23 @@ func TestBindGroupCacheFullDuringEncode(t *testing.T) {
 			t.Fatalf("element %d = %g; want %g", i, v, 2*vals[i])
 		}
 	}
+}
+
+// smallBindGroupCache opens a device whose bind group cache holds 4
+// groups, and its op kernels, closed when the test ends: a batch whose
+// dispatches each bind other ranges clears the cache while it encodes.
+func smallBindGroupCache(t *testing.T) (*Device, OpKernels) {
+	t.Helper()
+	o := testOptions()
+	o.BindGroups = 4
+	d, err := Open(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := NewKernels(d)
+	t.Cleanup(func() {
+		k.Close()
+		d.Close()
+	})
+	return d, k
 }

@@ -1,7 +1,6 @@
 package gpu
 
 import (
-	"context"
 	"encoding/binary"
 	"errors"
 	"math"
@@ -16,15 +15,7 @@ import (
 // a buffer released in between fails the whole submission with an error,
 // not a crash, and runs none of it; a dropped batch holds nothing.
 func TestEncodedAhead(t *testing.T) {
-	o := testOptions()
-	o.BindGroups = 4
-	d, err := Open(context.Background(), o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
-	k := NewKernels(d)
-	defer k.Close()
+	d, k := smallBindGroupCache(t)
 	ctx := ctxT(t)
 	const n, dim = 12, 64
 	alloc := func() *Buffer {

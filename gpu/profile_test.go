@@ -8,21 +8,18 @@ import (
 	"time"
 )
 
-// TestProfile times dispatches of two grids over two submissions and
-// checks the profile's counts, its kernels and their grids, and that its
-// times are nanoseconds: the span lies between a twentieth of the wall
-// time (the spin kernel dominates it) and the wall time.
-func TestProfile(t *testing.T) {
-	if err := shared.d.StartProfile(); !errors.Is(err, ErrNoTimestamps) {
-		t.Fatalf("StartProfile on a device opened without Options.Profile: %v; want ErrNoTimestamps", err)
-	}
+// profiledSpin opens a device that can profile (skipping the test where
+// the adapter has no timestamps), with the spin kernel and a buffer for
+// it; all are closed when the test ends.
+func profiledSpin(t *testing.T) (*Device, *Pipeline, *Buffer) {
+	t.Helper()
 	o := testOptions()
 	o.Profile = true
 	d, err := Open(ctxT(t), o)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer d.Close()
+	t.Cleanup(func() { d.Close() })
 	if !d.Info().TimestampQuery {
 		t.Skipf("%s has no timestamp-query feature", d.Info())
 	}
@@ -34,12 +31,24 @@ func TestProfile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer p.Release()
+	t.Cleanup(p.Release)
 	out, err := d.Alloc(4)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer out.Release()
+	t.Cleanup(out.Release)
+	return d, p, out
+}
+
+// TestProfile times dispatches of two grids over two submissions and
+// checks the profile's counts, its kernels and their grids, and that its
+// times are nanoseconds: the span lies between a twentieth of the wall
+// time (the spin kernel dominates it) and the wall time.
+func TestProfile(t *testing.T) {
+	if err := shared.d.StartProfile(); !errors.Is(err, ErrNoTimestamps) {
+		t.Fatalf("StartProfile on a device opened without Options.Profile: %v; want ErrNoTimestamps", err)
+	}
+	d, p, out := profiledSpin(t)
 	const iters = 20000
 	spin := func(b *Batch, gx uint32) {
 		if err := b.Dispatch(p, [3]uint32{gx, 1, 1}, Params{}.U32(iters).U32(gx), out); err != nil {
@@ -145,30 +154,7 @@ func TestProfile(t *testing.T) {
 // wait. The host sleeps between a synced batch and a read-back, so the GPU
 // idles at least that long before the read-back's copy.
 func TestProfileIdle(t *testing.T) {
-	o := testOptions()
-	o.Profile = true
-	d, err := Open(ctxT(t), o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
-	if !d.Info().TimestampQuery {
-		t.Skipf("%s has no timestamp-query feature", d.Info())
-	}
-	src, err := os.ReadFile("testdata/spin.wgsl")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := d.Compile(ctxT(t), Kernel{Name: "spin", Source: string(src), Bindings: []Access{ReadWrite}, Params: 8})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Release()
-	out, err := d.Alloc(4)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer out.Release()
+	d, p, out := profiledSpin(t)
 	ctx := ctxT(t)
 	spin := func() {
 		b := d.Batch()
