@@ -36,6 +36,14 @@
 #   swarm/pion-mux-handoff.patch   pion/webrtc: the mux takes them so (CPU
 #                              per byte: two copies and a goroutine switch
 #                              fewer per datagram).
+#   swarm/pion-mux-buffer.patch  pion/webrtc: SettingEngine.
+#                              SetReceiveBufferSize bounds the queue of
+#                              received datagrams between ICE and DTLS (1 MB
+#                              fixed: bursts across long round trips were
+#                              dropped there).
+#   swarm/pion-sctp-cwnd.patch  pion/sctp: the congestion window starts at
+#                              ten packets, as Chrome's dcSCTP (slow start
+#                              across long round trips).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 unset GOFLAGS # the Makefile's -modfile names the file this script makes
@@ -66,10 +74,10 @@ patch_module() {
   echo "-replace=$mod=./$dst"
 }
 patch_webrtc() {
-  patch_module github.com/pion/webrtc/v4 .build/pion-webrtc swarm/pion-sctp-mtu.patch swarm/pion-mux-handoff.patch
+  patch_module github.com/pion/webrtc/v4 .build/pion-webrtc swarm/pion-sctp-mtu.patch swarm/pion-mux-handoff.patch swarm/pion-mux-buffer.patch
 }
 patch_sctp() {
-  patch_module github.com/pion/sctp .build/pion-sctp swarm/pion-sctp-alloc.patch swarm/pion-sctp-read-owned.patch swarm/pion-sctp-release-owned.patch
+  patch_module github.com/pion/sctp .build/pion-sctp swarm/pion-sctp-alloc.patch swarm/pion-sctp-read-owned.patch swarm/pion-sctp-release-owned.patch swarm/pion-sctp-cwnd.patch
 }
 patch_dtls() {
   patch_module github.com/pion/dtls/v3 .build/pion-dtls swarm/pion-dtls-records.patch swarm/pion-dtls-read-owned.patch swarm/pion-dtls-release-owned.patch swarm/pion-dtls-direct-io.patch

@@ -564,8 +564,8 @@ func (f *fetcher) round(ctx context.Context, wants []*want) (roundResult, error)
 	return res, err
 }
 
-// ask connects to each peer (one connection, more if it has something)
-// and asks which of wants it has, all peers at once.
+// ask connects to each peer (one connection, more if it has something:
+// widen) and asks which of wants it has, all peers at once.
 func (f *fetcher) ask(ctx context.Context, peers []peer.ID, wants []*want) []answer {
 	cids := make([]cas.CID, len(wants))
 	for j, w := range wants {
@@ -610,9 +610,7 @@ func (f *fetcher) ask(ctx context.Context, peers []peer.ID, wants []*want) []ans
 			}
 			if len(have) > 0 {
 				foundOnce.Do(func() { close(found) })
-				if more, err := f.n.connect(ctx, p); err == nil {
-					ls = more
-				}
+				f.widen(p)
 			}
 			answers[i] = answer{p: p, links: ls, have: have}
 		}()
@@ -630,6 +628,55 @@ func (f *fetcher) ask(ctx context.Context, peers []peer.ID, wants []*want) []ans
 		}
 	}
 	return slices.DeleteFunc(answers, func(a answer) bool { return a.links == nil })
+}
+
+// widen opens the rest of the node's Links connections to p, which has
+// something wanted, in the background: the round starts on the
+// connection p was asked over, and each further one joins it as it comes
+// up (linkUp), instead of the round waiting for all of them. A
+// connection's setup is several round trips (ICE, DTLS, the HELLOs): on
+// a long path, most of the time a fetch of some MiB took
+// (swarm/BENCHMARKS.md, "round trips"). The dials are the node's, as
+// Connect's are: a connection that comes up after the fetch ended serves
+// later ones.
+func (f *fetcher) widen(p peer.ID) {
+	n := f.n
+	n.mu.Lock()
+	need := n.cfg.Links - len(n.links[p]) - n.dialing[p]
+	if n.closed || need <= 0 {
+		n.mu.Unlock()
+		return
+	}
+	n.dialing[p] += need
+	n.wg.Add(need)
+	n.mu.Unlock()
+	for range need {
+		go func() {
+			defer n.wg.Done()
+			l, err := n.dial(n.ctx, p)
+			n.mu.Lock()
+			if n.dialing[p]--; n.dialing[p] <= 0 {
+				delete(n.dialing, p)
+			}
+			n.mu.Unlock()
+			if err != nil {
+				n.log.Debug("swarm: fetch: connect", "peer", p, "err", err)
+				return
+			}
+			f.linkUp(l)
+		}()
+	}
+}
+
+// linkUp hands l, a connection widen opened, to the round that runs or is
+// being set up, if any (scheduler.join).
+func (f *fetcher) linkUp(l *link) {
+	f.mu.Lock()
+	s := f.sched
+	f.mu.Unlock()
+	if s != nil {
+		s.join(l)
+	}
 }
 
 // proveSize finds which claimed size of w is true: for each claim, most

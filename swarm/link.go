@@ -27,11 +27,18 @@ const (
 )
 
 // Flow control per channel: a writer waits while more than highWater bytes
-// are queued in SCTP and resumes when the queue drains below lowWater
-// (bufferedAmountLowThreshold).
+// are queued in SCTP (sent and not yet acknowledged, or not yet sent) and
+// resumes when the queue drains below lowWater
+// (bufferedAmountLowThreshold). A link's two bulk channels together hold
+// the peer's whole SCTP receive window, which bounds what one association
+// has in flight: with 1 MiB a channel, the serving end had at most about
+// 2 MiB in flight on each connection, 2 MiB a round trip: about 80 MB/s
+// over four connections across 80 ms (swarm/BENCHMARKS.md, "round
+// trips"). The node's serving budget bounds what a peer's connections
+// hold in all.
 const (
-	highWater = 1 << 20
-	lowWater  = 512 << 10
+	highWater = sctpRecvBuffer / 2
+	lowWater  = highWater / 2
 )
 
 // channel is one open, detached data channel of a link.

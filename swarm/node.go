@@ -16,6 +16,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/peer"
 	piontransport "github.com/pion/transport/v4"
+	"github.com/pion/webrtc/v4"
 	"github.com/rdrr/peer/cas"
 	"github.com/rdrr/peer/signaling"
 	"github.com/rdrr/peer/swarm/wire"
@@ -119,6 +120,7 @@ type Node struct {
 	sig      Signaler
 	links    map[peer.ID][]*link
 	nlinks   int
+	dialing  map[peer.ID]int // fetcher.widen's dials in progress
 	setups   map[setupKey]*setup
 	banned   map[peer.ID]time.Time
 	events   []Event
@@ -171,6 +173,8 @@ type testHooks struct {
 	// wrapUDP, if set, wraps every UDP socket pion opens (a path with a
 	// delay).
 	wrapUDP func(piontransport.UDPConn) piontransport.UDPConn
+	// settings, if set, adjusts each pion SettingEngine last (native).
+	settings func(*webrtc.SettingEngine)
 }
 
 type setupKey struct {
@@ -197,6 +201,7 @@ func NewNode(cfg Config) (*Node, error) {
 		ctx:       ctx,
 		cancel:    cancel,
 		links:     make(map[peer.ID][]*link),
+		dialing:   make(map[peer.ID]int),
 		setups:    make(map[setupKey]*setup),
 		banned:    make(map[peer.ID]time.Time),
 		allLink:   make(map[*link]struct{}),

@@ -161,9 +161,18 @@ type scheduler struct {
 	// mostInFlight is the most pieces one peer may have in flight: what
 	// the node's fetch budget lets a peer hold.
 	mostInFlight int
-	links        map[peer.ID][]*link
 
 	mu sync.Mutex
+	// links are the connections of each peer that takes part in the
+	// round (a provider, or a watcher); more join while it runs (join).
+	links map[peer.ID][]*link
+	// ctx is run's; started says the workers run, live counts them, and
+	// over is closed when the last one stops (ended): no link joins then.
+	ctx     context.Context
+	started bool
+	ended   bool
+	live    int
+	over    chan struct{}
 	// idle holds the condition each peer's workers wait on (all on mu):
 	// what lets one peer's workers go on (a piece of its done, pieces it
 	// announced) wakes those only (wake), not the workers of every peer
@@ -211,6 +220,7 @@ func newScheduler(f *fetcher, step int64, window int) *scheduler {
 		idle:      map[peer.ID]*sync.Cond{},
 		leavers:   map[peer.ID]bool{},
 		rng:       rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
+		over:      make(chan struct{}),
 	}
 	if f.n != nil {
 		b := f.n.fetching
@@ -265,6 +275,39 @@ func (s *scheduler) add(w *want, providers []peer.ID, bits map[peer.ID][]byte) {
 func (s *scheduler) hasPeer(p peer.ID) bool { return s.providers[p] }
 
 func (s *scheduler) addLinks(p peer.ID, ls []*link) { s.links[p] = ls }
+
+// join adds l, a connection that came up while the round is set up or
+// runs, to the round if its peer takes part: its workers start at once
+// if the others have (the fetcher widens to a provider in the background,
+// fetcher.widen).
+func (s *scheduler) join(l *link) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ls, ok := s.links[l.remote]
+	if !ok || s.ended || slices.Contains(ls, l) {
+		return
+	}
+	s.links[l.remote] = append(ls, l)
+	if s.started {
+		s.spawn(l, s.countLocked(l))
+	}
+}
+
+// countLocked counts l's workers, Window of them or as many requests as
+// its peer takes, and returns how many; spawn starts them. s.mu must be
+// held.
+func (s *scheduler) countLocked(l *link) int {
+	k := max(1, min(s.f.n.cfg.Window, int(l.peerHello().MaxOutstanding)))
+	s.workers[l.remote] += k
+	s.live += k
+	return k
+}
+
+func (s *scheduler) spawn(l *link, k int) {
+	for range k {
+		go s.worker(s.ctx, l)
+	}
+}
 
 // addWatcher gives p, which has nothing wanted yet but announces pieces as
 // it gets them (CapPartial), workers that wait for its announcements.
@@ -359,24 +402,43 @@ func (s *scheduler) run(ctx context.Context) (bool, error) {
 		s.f.mu.Unlock()
 	}()
 
+	// Connections that came up since the round was set up join it; those
+	// that come up from now on join through s.f.sched (fetcher.linkUp).
+	s.mu.Lock()
+	peers := make([]peer.ID, 0, len(s.links))
+	for p := range s.links {
+		peers = append(peers, p)
+	}
+	s.mu.Unlock()
+	for _, p := range peers {
+		for _, l := range s.f.n.linksTo(p) {
+			s.join(l)
+		}
+	}
 	type job struct {
 		l *link
 		k int
 	}
 	var jobs []job
 	s.mu.Lock()
-	for p, ls := range s.links {
-		for _, l := range ls {
-			k := max(1, min(s.f.n.cfg.Window, int(l.peerHello().MaxOutstanding)))
-			jobs = append(jobs, job{l, k})
-			s.workers[p] += k
-		}
-	}
 	// A provider without a link has no worker to serve its blobs.
 	for p := range s.providers {
-		if s.workers[p] == 0 {
+		if len(s.links[p]) == 0 {
 			s.removePeerLocked(p)
 		}
+	}
+	// The workers are counted first (peerHas takes announcements only
+	// for peers with workers) and start once the early announcements are
+	// applied; a link that joins from now on starts its own at once.
+	s.ctx, s.started = ctx, true
+	for _, ls := range s.links {
+		for _, l := range ls {
+			jobs = append(jobs, job{l, s.countLocked(l)})
+		}
+	}
+	if s.live == 0 {
+		s.ended = true
+		close(s.over)
 	}
 	s.mu.Unlock()
 	// Announcements from now on reach s directly; those that came before
@@ -391,17 +453,10 @@ func (s *scheduler) run(ctx context.Context) (bool, error) {
 	for p, es := range early {
 		s.peerHas(p, es)
 	}
-	var wg sync.WaitGroup
 	for _, j := range jobs {
-		for range j.k {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				s.worker(ctx, j.l)
-			}()
-		}
+		s.spawn(j.l, j.k)
 	}
-	wg.Wait()
+	<-s.over
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	// The downloads still open stay open for the next round (the fetcher
@@ -972,6 +1027,10 @@ func (s *scheduler) workerExit(p peer.ID) {
 	s.workers[p]--
 	if s.workers[p] == 0 {
 		s.removePeerLocked(p)
+	}
+	if s.live--; s.live == 0 {
+		s.ended = true
+		close(s.over)
 	}
 }
 

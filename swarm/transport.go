@@ -45,6 +45,12 @@ const (
 	maxMessage = 256 << 10
 	// sctpRecvBuffer is the SCTP receive window per association.
 	sctpRecvBuffer = 4 << 20
+	// recvQueue bounds the received datagrams queued between ICE and
+	// DTLS (pion's mux; SettingEngine.SetReceiveBufferSize): a whole SCTP
+	// receive window in packets of any size we use, with their SCTP and
+	// DTLS headers (under a tenth more for 1191-byte packets), so that a
+	// peer within our window never overflows it. It grows as it is used.
+	recvQueue = sctpRecvBuffer + sctpRecvBuffer/4
 )
 
 // transport holds the pion APIs a node makes peer connections with: one for
