@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"slices"
 	"sync"
 	"time"
 
@@ -592,11 +593,7 @@ func (g *GPUModel) step(ctx context.Context, token int, hd head) ([]float32, int
 			return nil, 0, err
 		}
 		for pos, ex := range exs {
-			ran := cur != nil
-			for _, name := range ex.Tensors {
-				ran = ran && cur.ran[g.matrixKey(name)]
-			}
-			if ran {
+			if cur != nil && slices.Contains(cur.experts, ex.Index) {
 				for _, name := range ex.Tensors {
 					g.cache.Touch(g.matrixKey(name), tiers.VRAM) // a hit, as Get would count it
 				}
@@ -970,7 +967,7 @@ type aheadLayer struct {
 	enc     *gpu.Encoded
 	predict bool
 	held    []*tiers.Lease
-	ran     map[tiers.Key]bool // the held matrices: their products run if chosen
+	experts []int // those held (their matrices in held, in order): their products run if chosen
 }
 
 func (a *aheadLayer) release() {
@@ -993,7 +990,7 @@ func (g *GPUModel) encodeAhead(ctx context.Context, prev, l, busy int) (*aheadLa
 	c := &g.m.Config
 	B := g.buf
 	h, k := c.HiddenSize, c.NumExpertsPerTok
-	a := &aheadLayer{l: l, ran: map[tiers.Key]bool{}}
+	a := &aheadLayer{l: l}
 	nb := g.d.Batch()
 	g.finishLayer(ctx, nb, prev)
 	g.recordAttention(ctx, nb, l)
@@ -1006,8 +1003,7 @@ func (g *GPUModel) encodeAhead(ctx context.Context, prev, l, busy int) (*aheadLa
 	// chosen, holds the first ones resident; the others are paged after
 	// the choice, as when none is held).
 	room := g.arena.Slots() - busy - 2*3*k
-	var experts []int
-	for e := 0; e < c.Experts() && len(a.held)+3 <= room && len(experts) < 2*ops.MaxGroup; e++ {
+	for e := 0; e < c.Experts() && len(a.held)+3 <= room && len(a.experts) < 2*ops.MaxGroup; e++ {
 		ex, ok := g.m.Expert(l, e)
 		if !ok || len(ex.Tensors) != 3 {
 			break
@@ -1022,14 +1018,11 @@ func (g *GPUModel) encodeAhead(ctx context.Context, prev, l, busy int) (*aheadLa
 			releaseAll(ls) // an expert runs here whole or not at all
 			continue
 		}
-		for _, lease := range ls {
-			a.ran[lease.Key] = true
-		}
 		a.held = append(a.held, ls...)
-		experts = append(experts, e)
+		a.experts = append(a.experts, e)
 	}
-	if len(experts) > 0 {
-		g.recordMaskedProducts(ctx, nb, experts, a.held, B["ids"].Sub(0, uint64(k*4)))
+	if len(a.experts) > 0 {
+		g.recordMaskedProducts(ctx, nb, a.experts, a.held, B["ids"].Sub(0, uint64(k*4)))
 	}
 	enc, err := nb.Encode(ctx)
 	if err != nil {

@@ -102,7 +102,6 @@ type profiled struct {
 	qs      *wgpu.QuerySet
 	times   *Buffer // usageQuery: 2 u64 per dispatch
 	kernels []kernelKey
-	copy    bool // one copy submitted on its own (timedCopy)
 }
 
 // timedCopy, while a profile runs, encodes an empty timed pass before the
@@ -155,7 +154,7 @@ func (t *timedCopy) end(d *Device, enc *wgpu.CommandEncoder) *profiled {
 		t.qs.Release()
 		return nil
 	}
-	return &profiled{qs: t.qs, times: times, kernels: []kernelKey{{kernel: t.kind, copy: true}}, copy: true}
+	return &profiled{qs: t.qs, times: times, kernels: []kernelKey{{kernel: t.kind, copy: true}}}
 }
 
 // StartProfile starts timing every dispatch submitted from now on (see
@@ -261,8 +260,8 @@ func (p *profiler) add(ctx context.Context, d *Device, b profiled) error {
 		p.prof.Kernels[j].Count++
 		p.prof.Kernels[j].Total += dt
 	}
-	if b.copy {
-		return nil // not a batch: no span, no submit counted
+	if len(b.kernels) == 1 && b.kernels[0].copy {
+		return nil // a copy submitted on its own: no span, no submit counted
 	}
 	if last > first {
 		p.prof.Span += time.Duration(last - first)

@@ -91,6 +91,29 @@ func (c *delayConn) Close() error {
 	return c.UDPConn.Close()
 }
 
+// every runs f every d in a goroutine until the returned stop, which
+// returns once f no longer runs (so that what f wrote can be read).
+func every(d time.Duration, f func()) (stop func()) {
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(d)
+		defer tick.Stop()
+		for {
+			select {
+			case <-quit:
+				return
+			case <-tick.C:
+				f()
+			}
+		}
+	}()
+	return func() {
+		close(quit)
+		<-done
+	}
+}
+
 // rttFetch is what fetchWithRTT measured: the time until all leechers
 // were done, until the first verified data (the size proof: a connection
 // set up, WANT answered, the blob's last group verified), and until half
@@ -130,32 +153,20 @@ func fetchWithRTT(tb testing.TB, url string, rtt time.Duration, size, n int, mod
 	dropped := harnessDrops.Load()
 	var r rttFetch
 	start := time.Now()
-	watched := make(chan struct{})
-	stop := make(chan struct{})
-	go func() {
-		// The progress of all leechers, every 5 ms (the first verified
-		// data and the half way mark).
-		defer close(watched)
-		tick := time.NewTicker(5 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-tick.C:
-			}
-			var got int64
-			for _, l := range leechers {
-				got += l.Stats().FetchedBytes
-			}
-			if r.first == 0 && got > 0 {
-				r.first = time.Since(start)
-			}
-			if r.half == 0 && got >= int64(n*size/2) {
-				r.half = time.Since(start)
-			}
+	// The progress of all leechers, every 5 ms (the first verified data
+	// and the half way mark).
+	stop := every(5*time.Millisecond, func() {
+		var got int64
+		for _, l := range leechers {
+			got += l.Stats().FetchedBytes
 		}
-	}()
+		if r.first == 0 && got > 0 {
+			r.first = time.Since(start)
+		}
+		if r.half == 0 && got >= int64(n*size/2) {
+			r.half = time.Since(start)
+		}
+	})
 	var wg sync.WaitGroup
 	errs := make([]error, n)
 	for i, l := range leechers {
@@ -173,8 +184,7 @@ func fetchWithRTT(tb testing.TB, url string, rtt time.Duration, size, n int, mod
 	}
 	wg.Wait()
 	r.took = time.Since(start)
-	close(stop)
-	<-watched
+	stop()
 	if r.half == 0 {
 		r.half = r.took
 	}
@@ -254,25 +264,13 @@ func TestFetchFillsWindowAcrossRTT(t *testing.T) {
 	dropped := harnessDrops.Load()
 	// The most the seeder's association held unacknowledged or unsent.
 	var most int
-	stop, sampled := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(sampled)
-		tick := time.NewTicker(2 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-tick.C:
-			}
-			for _, l := range seed.linksTo(leech.ID()) {
-				most = max(most, l.pc.SCTP().BufferedAmount())
-			}
+	stop := every(2*time.Millisecond, func() {
+		for _, l := range seed.linksTo(leech.ID()) {
+			most = max(most, l.pc.SCTP().BufferedAmount())
 		}
-	}()
+	})
 	_, err := leech.Fetch(ctxFor(t, 2*time.Minute), leech.st, inf.CID, FetchOptions{Peers: []peer.ID{seed.ID()}})
-	close(stop)
-	<-sampled
+	stop()
 	if err != nil {
 		t.Fatal(err)
 	}
