@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"strings"
+	"sync"
 
 	"github.com/cogentcore/webgpu/wgpu"
 )
@@ -20,9 +21,40 @@ type Batch struct {
 	d      *Device
 	cmds   []command
 	params []byte // uniform arena: each dispatch's params at an aligned offset
-	err    error  // first recording error; Submit returns it
+	spans  []Span // the dispatches' bindings, each command's carved in turn
+	rec    *recording
+	err    error // first recording error; Submit returns it
 	done   bool
-	temps  []*Buffer // scratch buffers of the batch's kernels, pooled again after Submit or Drop
+	// encoded: its recording went to the Encoded, which pools it again.
+	encoded bool
+	temps   []*Buffer // scratch buffers of the batch's kernels, pooled again after Submit or Drop
+}
+
+// A recording holds a batch's slices for the next batch: a decode step
+// records dozens of batches of similar size, and growing their slices
+// anew each time was a fifth of the host's recording and encoding
+// (BenchmarkEncode).
+type recording struct {
+	cmds   []command
+	params []byte
+	spans  []Span
+}
+
+var recordings = sync.Pool{New: func() any { return new(recording) }}
+
+// recycle clears what r's slices point at and pools them again; slices
+// grown past what a decode step's batches need are left to the collector.
+func (r *recording) recycle() {
+	if r == nil {
+		return
+	}
+	if cap(r.cmds) > 1<<12 || cap(r.spans) > 1<<14 || cap(r.params) > 1<<20 {
+		return
+	}
+	clear(r.cmds) // past their lengths they are zero already
+	clear(r.spans)
+	r.cmds, r.params, r.spans = r.cmds[:0], r.params[:0], r.spans[:0]
+	recordings.Put(r)
 }
 
 type command struct {
@@ -36,7 +68,21 @@ type command struct {
 }
 
 // Batch starts an empty batch.
-func (d *Device) Batch() *Batch { return &Batch{d: d} }
+func (d *Device) Batch() *Batch {
+	r := recordings.Get().(*recording)
+	return &Batch{d: d, rec: r, cmds: r.cmds, params: r.params, spans: r.spans}
+}
+
+// handOff moves the batch's slices into its recording and returns it: the
+// batch no longer uses them.
+func (b *Batch) handOff() *recording {
+	r := b.rec
+	if r != nil {
+		r.cmds, r.params, r.spans = b.cmds, b.params, b.spans
+	}
+	b.rec, b.params, b.spans = nil, nil, nil
+	return r
+}
 
 // Fail records err as the batch's first error (Submit returns it) and
 // returns it: an op library calls it for what it finds wrong before it
@@ -86,6 +132,10 @@ func (b *Batch) releaseTemps() {
 func (b *Batch) Drop() {
 	b.done = true
 	b.releaseTemps()
+	if !b.encoded {
+		b.handOff().recycle()
+		b.cmds = nil
+	}
 }
 
 // Err returns the first error recorded so far (what Submit would return
@@ -141,7 +191,11 @@ func (b *Batch) dispatch(p *Pipeline, groups [3]uint32, params []byte, bind []Re
 	if len(params) > e.params {
 		return fmt.Errorf("%w: %d bytes of params; kernel declares %d", ErrShape, len(params), e.params)
 	}
-	spans := make([]Span, len(bind))
+	if cap(b.spans)-len(b.spans) < len(bind) {
+		b.spans = make([]Span, 0, max(2*cap(b.spans), 64))
+	}
+	spans := b.spans[len(b.spans) : len(b.spans)+len(bind) : len(b.spans)+len(bind)]
+	b.spans = b.spans[:len(b.spans)+len(bind)]
 	for i, r := range bind {
 		if r == nil {
 			return fmt.Errorf("%w: binding %d is nil", ErrShape, i)
@@ -278,8 +332,9 @@ type Encoded struct {
 	d       *Device
 	cb      *wgpu.CommandBuffer // nil: nothing was recorded
 	cmds    []command
-	arena   *Buffer   // its params, written at Encode
-	temps   []*Buffer // the batch's scratch
+	rec     *recording // cmds' slices, pooled again once e is done
+	arena   *Buffer    // its params, written at Encode
+	temps   []*Buffer  // the batch's scratch
 	prof    *profiled
 	untimed int
 	done    bool
@@ -292,9 +347,13 @@ func (b *Batch) Encode(ctx context.Context) (*Encoded, error) {
 		return nil, fmt.Errorf("%w: batch already submitted", ErrClosed)
 	}
 	b.done = true
+	b.encoded = true
 	d := b.d
 	e := &Encoded{d: d, temps: b.temps, cmds: b.cmds}
 	b.temps = nil
+	params := b.params
+	e.rec = b.handOff() // pooled again when e is submitted or dropped
+	defer func() { b.cmds = nil }()
 	if b.err != nil {
 		e.Drop()
 		return nil, b.err
@@ -308,7 +367,7 @@ func (b *Batch) Encode(ctx context.Context) (*Encoded, error) {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	err := b.encodeLocked(e)
+	err := b.encodeLocked(e, params)
 	if err != nil {
 		e.dropLocked()
 		return nil, err
@@ -357,6 +416,9 @@ func (e *Encoded) releaseLocked() {
 		}
 	}
 	e.temps = nil
+	e.cmds = nil
+	e.rec.recycle()
+	e.rec = nil
 }
 
 // SubmitEncoded submits encoded batches, in order, as one queue
@@ -449,7 +511,7 @@ func (c command) all() []Span {
 
 // encodeLocked checks the batch, writes its params and encodes its
 // commands into e. Callers hold d.mu.
-func (b *Batch) encodeLocked(e *Encoded) error {
+func (b *Batch) encodeLocked(e *Encoded, params []byte) error {
 	d := b.d
 	if err := d.usable(); err != nil {
 		return b.wrap(err, "submit")
@@ -461,16 +523,16 @@ func (b *Batch) encodeLocked(e *Encoded) error {
 		return err
 	}
 	var arena *Buffer
-	if len(b.params) > 0 {
+	if len(params) > 0 {
 		var err error
-		if arena, err = d.allocLocked(usageUniform, uint64(len(b.params))); err != nil {
+		if arena, err = d.allocLocked(usageUniform, uint64(len(params))); err != nil {
 			return b.wrap(err, "params")
 		}
 		// The arena goes back to the pool right after the submit: queue
 		// order makes the next batch's WriteBuffer land after this one ran.
 		e.arena = arena
 		var werr error
-		ne := scoped(d.dev, func() { werr = d.queue.WriteBuffer(arena.raw, 0, b.params) })
+		ne := scoped(d.dev, func() { werr = d.queue.WriteBuffer(arena.raw, 0, params) })
 		if ne == nil && werr != nil {
 			ne = &nativeError{typ: errTypeValidation, msg: werr.Error()}
 		}
