@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -26,7 +27,12 @@ import (
 // rate (nine copies over those seconds), the copies the seeder served
 // (the rest the leechers served each other), the CPU seconds of all ten
 // processes, and the ratio to TCP. After the timing, every leecher's
-// store is checked against the file. RDRR_BENCH_LEECHERS sets another
+// store is checked against the file. Then, as a second limit, one
+// process writes the same bytes to a new file (what each leecher's store
+// must do at least): on this VM, writing into page-cache pages the
+// hypervisor has not backed yet costs ten times what writing into ones it
+// has does (swarm/BENCHMARKS.md, 2026-11-27 evening), and the swarm's CPU
+// follows. RDRR_BENCH_LEECHERS sets another
 // number of leechers (1..64), to see how the cost grows with the swarm.
 func BenchmarkSwarm(b *testing.B) {
 	leechers := 9
@@ -119,6 +125,8 @@ func BenchmarkSwarm(b *testing.B) {
 		st.Close()
 	}
 
+	disk, diskSys := measureFileWrite(b, dir, size)
+
 	all := float64(leechers) * float64(size)
 	rate := all / took.Seconds() / 1e6
 	tcpRate := all / tcp.Seconds() / 1e6
@@ -128,15 +136,44 @@ func BenchmarkSwarm(b *testing.B) {
 	b.ReportMetric(cpu, "cpu-s")
 	b.ReportMetric(tcp.Seconds(), "tcp-s")
 	b.ReportMetric(rate/tcpRate, "x-of-tcp")
+	b.ReportMetric(disk.Seconds(), "file-s")
 	b.Logf("1 -> %d of %d MiB, each peer a process, on loopback:", leechers, size>>20)
 	b.Logf("  tcp    %6.1f s  %6.0f MB/s  one process writing to %d connections at once", tcp.Seconds(), tcpRate, leechers)
 	b.Logf("  swarm  %6.1f s  %6.0f MB/s  %.3fx of tcp; %d `peer get` from one `peer daemon`; the seeder served %.2f copies (%.0f%% of the bytes), the leechers %.2f; CPU %.1f s in all (the seeder %.1f s)",
 		took.Seconds(), rate, rate/tcpRate, leechers, float64(served)/float64(size), 100*float64(served)/all, (all-float64(served))/float64(size), cpu, cpuOf(seeder.cmd.Process.Pid)-seedCPU0)
+	b.Logf("  file   %6.1f s  %6.0f MB/s  one process writing the same bytes to a new file (system CPU %.1f s; each leecher's store writes that much)", disk.Seconds(), float64(size)/disk.Seconds()/1e6, diskSys.Seconds())
 	slowest := make([]string, leechers)
 	for i, d := range done {
 		slowest[i] = d.Round(100 * time.Millisecond).String()
 	}
 	b.Logf("  each get ended after: %s", strings.Join(slowest, " "))
+}
+
+// measureFileWrite returns how long writing n bytes to a new file in dir
+// takes, 1 MiB at a time without a sync, and the system CPU time it took;
+// the file is removed.
+func measureFileWrite(b *testing.B, dir string, n int64) (took, sys time.Duration) {
+	f, err := os.CreateTemp(dir, "file-write-")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer os.Remove(f.Name())
+	defer f.Close()
+	buf := make([]byte, 1<<20)
+	for i := range buf {
+		buf[i] = byte(i * 131)
+	}
+	var ru0, ru1 syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru0)
+	start := time.Now()
+	for left := n; left > 0; left -= int64(len(buf)) {
+		if _, err := f.Write(buf[:min(left, int64(len(buf)))]); err != nil {
+			b.Fatal(err)
+		}
+	}
+	took = time.Since(start)
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru1)
+	return took, time.Duration(ru1.Stime.Nano() - ru0.Stime.Nano())
 }
 
 // measureTCPFanout returns how long one child takes to write n bytes to

@@ -3,6 +3,7 @@ package swarm
 import (
 	"bytes"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"strconv"
@@ -23,14 +24,21 @@ import (
 // nodes whose sockets both delay, a path with a round trip of 2d.
 // Datagrams beyond a bounded queue are dropped, as a router's would be,
 // and counted in harnessDrops (a measurement across round trips is void
-// if the harness dropped anything).
+// if the harness dropped anything). With loss > 0 it also loses that
+// fraction of the datagrams it sends, at random, counted in harnessLost.
 type delayConn struct {
 	piontransport.UDPConn
 	d    time.Duration
+	loss float64
+	rng  *rand.Rand // for loss; used by WriteTo's callers one at a time
+	mu   sync.Mutex // guards rng
 	q    chan delayed
 	done chan struct{}
 	once sync.Once
 }
+
+// harnessLost counts the datagrams every delayConn lost on purpose.
+var harnessLost atomic.Int64
 
 // harnessDrops counts the datagrams every delayConn dropped.
 var harnessDrops atomic.Int64
@@ -46,9 +54,9 @@ type delayed struct {
 	to net.Addr
 }
 
-func delayUDP(d time.Duration) func(piontransport.UDPConn) piontransport.UDPConn {
+func delayUDP(d time.Duration, loss float64) func(piontransport.UDPConn) piontransport.UDPConn {
 	return func(c piontransport.UDPConn) piontransport.UDPConn {
-		dc := &delayConn{UDPConn: c, d: d, q: make(chan delayed, 1<<14), done: make(chan struct{})}
+		dc := &delayConn{UDPConn: c, d: d, loss: loss, rng: rand.New(rand.NewPCG(rand.Uint64(), 1)), q: make(chan delayed, 1<<14), done: make(chan struct{})}
 		go dc.run()
 		return dc
 	}
@@ -75,6 +83,15 @@ func (c *delayConn) run() {
 func (c *delayConn) WriteTo(p []byte, to net.Addr) (int, error) {
 	if len(p) > 13 && p[0] == 22 && p[13] == 3 {
 		helloVerifies.Add(1)
+	}
+	if c.loss > 0 {
+		c.mu.Lock()
+		lost := c.rng.Float64() < c.loss
+		c.mu.Unlock()
+		if lost {
+			harnessLost.Add(1)
+			return len(p), nil
+		}
 	}
 	select {
 	case c.q <- delayed{time.Now().Add(c.d), bytes.Clone(p), to}:
@@ -131,13 +148,14 @@ func (r rttFetch) steady(size, n int) float64 {
 // fetchWithRTT fetches size bytes from a seeder into n leechers at once
 // (two or more trade pieces, so each peer's pipeline is sized by its
 // bandwidth x round trip, pipeline.go; one alone gets every worker),
-// every node's sockets delaying what they send by rtt/2, and returns the
-// times it took. mod, if set, adjusts every node's config too.
-func fetchWithRTT(tb testing.TB, url string, rtt time.Duration, size, n int, mod func(*Config)) rttFetch {
+// every node's sockets delaying what they send by rtt/2 and losing the
+// fraction loss of it, and returns the times it took. mod, if set,
+// adjusts every node's config too.
+func fetchWithRTT(tb testing.TB, url string, rtt time.Duration, loss float64, size, n int, mod func(*Config)) rttFetch {
 	tb.Helper()
 	delay := func(c *Config) {
-		if rtt > 0 {
-			c.testHooks.wrapUDP = delayUDP(rtt / 2)
+		if rtt > 0 || loss > 0 {
+			c.testHooks.wrapUDP = delayUDP(rtt/2, loss)
 		}
 		if mod != nil {
 			mod(c)
@@ -208,8 +226,25 @@ func TestFetchAcrossRTT(t *testing.T) {
 	if testing.Short() {
 		t.Skip("short: a fetch across an 80 ms round trip")
 	}
-	r := fetchWithRTT(t, startSignal(t), 80*time.Millisecond, 8<<20, 2, nil)
+	r := fetchWithRTT(t, startSignal(t), 80*time.Millisecond, 0, 8<<20, 2, nil)
 	t.Logf("1 seeder -> 2 leechers of 8 MiB across an 80 ms round trip: %v (first verified data after %v)", r.took, r.first)
+}
+
+// Fetches complete, byte-exact, across a path that loses 2% of the
+// datagrams each way at random (as well as delaying them 40 ms a round
+// trip): SCTP recovers each loss (fast retransmission, RACK, T3-rtx), the
+// set-up's handshakes are retried, and no request is given up for lost.
+func TestFetchAcrossLoss(t *testing.T) {
+	if testing.Short() {
+		t.Skip("short: a fetch across a lossy path")
+	}
+	lost := harnessLost.Load()
+	r := fetchWithRTT(t, startSignal(t), 40*time.Millisecond, 0.02, 8<<20, 2, nil)
+	n := harnessLost.Load() - lost
+	t.Logf("1 seeder -> 2 leechers of 8 MiB across 40 ms with 2%% loss: %v (first verified data after %v); %d datagrams lost", r.took, r.first, n)
+	if n == 0 {
+		t.Fatal("the harness lost no datagram: the test tested nothing")
+	}
 }
 
 // muxDrops counts the received datagrams pion's mux dropped because the
@@ -253,7 +288,7 @@ func TestFetchFillsWindowAcrossRTT(t *testing.T) {
 	mod := func(c *Config) {
 		c.Links = 1
 		c.Window = 8 // more requests in flight than the window holds: the fetch does not limit
-		c.testHooks.wrapUDP = delayUDP(40 * time.Millisecond)
+		c.testHooks.wrapUDP = delayUDP(40*time.Millisecond, 0)
 		c.testHooks.settings = func(se *webrtc.SettingEngine) { se.LoggerFactory = &drops }
 	}
 	url := startSignal(t)
@@ -301,7 +336,7 @@ func TestFetchStartsBeforeAllLinks(t *testing.T) {
 	if testing.Short() {
 		t.Skip("short: a fetch across an 80 ms round trip")
 	}
-	mod := func(c *Config) { c.testHooks.wrapUDP = delayUDP(40 * time.Millisecond) }
+	mod := func(c *Config) { c.testHooks.wrapUDP = delayUDP(40*time.Millisecond, 0) }
 	url := startSignal(t)
 	seed := newTestNode(t, url, mod)
 	inf := put(t, seed.st, randBytes(8, 32<<20))
@@ -350,7 +385,7 @@ func TestSetupRoundTrips(t *testing.T) {
 	}{{"ours", false}, {"HelloVerify on", true}} {
 		t.Run(tc.name, func(t *testing.T) {
 			mod := func(c *Config) {
-				c.testHooks.wrapUDP = delayUDP(rtt / 2)
+				c.testHooks.wrapUDP = delayUDP(rtt/2, 0)
 				if tc.helloVerify {
 					c.testHooks.settings = func(se *webrtc.SettingEngine) { se.SetDTLSInsecureSkipHelloVerify(false) }
 				}
@@ -449,8 +484,10 @@ func TestSetupWithoutSNAP(t *testing.T) {
 // round trip 0 (x-of-rtt0), as the time until the first verified data
 // (setup-s: the size proof, once a connection is set up and WANT
 // answered) and as the MB/s of the second half of the bytes
-// (steady-MB/s: past the setup and most of SCTP's slow start). RDRR_BENCH_BYTES
-// sets the size (default 64 MiB).
+// (steady-MB/s: past the setup and most of SCTP's slow start). Then 1 ->
+// 1 across paths that also lose 0.2% and 2% of the datagrams each way at
+// random (-lossN% rows; x-of-rtt0 against the same round trip without
+// loss). RDRR_BENCH_BYTES sets the size (default 64 MiB).
 func BenchmarkRTT(b *testing.B) {
 	size := 64 << 20
 	if v, err := strconv.Atoi(os.Getenv("RDRR_BENCH_BYTES")); err == nil && v > 0 {
@@ -461,7 +498,7 @@ func BenchmarkRTT(b *testing.B) {
 		for _, n := range []int{1, 2} {
 			var base float64
 			for _, rtt := range []time.Duration{0, 20 * time.Millisecond, 80 * time.Millisecond, 200 * time.Millisecond} {
-				r := fetchWithRTT(b, url, rtt, size, n, nil)
+				r := fetchWithRTT(b, url, rtt, 0, size, n, nil)
 				mbs := float64(n) * float64(size) / r.took.Seconds() / 1e6
 				if rtt == 0 {
 					base = mbs
@@ -472,6 +509,22 @@ func BenchmarkRTT(b *testing.B) {
 				b.ReportMetric(r.first.Seconds(), name+"-setup-s")
 				b.ReportMetric(r.steady(size, n), name+"-steady-MB/s")
 				b.Logf("1 -> %d, RTT %v: %.2f s, %.0f MB/s, %.2fx of RTT 0; first verified data %.2f s, second half %.0f MB/s", n, rtt, r.took.Seconds(), mbs, mbs/base, r.first.Seconds(), r.steady(size, n))
+			}
+		}
+		for _, rtt := range []time.Duration{20 * time.Millisecond, 80 * time.Millisecond} {
+			var base float64
+			for _, loss := range []float64{0, 0.002, 0.02} {
+				lost := harnessLost.Load()
+				r := fetchWithRTT(b, url, rtt, loss, size, 1, nil)
+				mbs := float64(size) / r.took.Seconds() / 1e6
+				if loss == 0 {
+					base = mbs
+					continue
+				}
+				name := fmt.Sprintf("1to1-rtt%dms-loss%g%%", rtt.Milliseconds(), 100*loss)
+				b.ReportMetric(mbs, name+"-MB/s")
+				b.ReportMetric(mbs/base, name+"-x-of-lossless")
+				b.Logf("1 -> 1, RTT %v, %g%% lost each way (%d datagrams): %.2f s, %.1f MB/s, %.2fx of no loss (%.0f MB/s); second half %.1f MB/s", rtt, 100*loss, harnessLost.Load()-lost, r.took.Seconds(), mbs, mbs/base, base, r.steady(size, 1))
 			}
 		}
 	}
