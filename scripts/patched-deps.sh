@@ -41,6 +41,9 @@
 #                              received datagrams between ICE and DTLS (1 MB
 #                              fixed: bursts across long round trips were
 #                              dropped there).
+#   swarm/pion-mux-queue.patch  pion/webrtc: that queue is held in pooled
+#                              64 KiB chunks, not a ring that grows by a
+#                              quarter at a time (CPU of many connections).
 #   swarm/pion-sctp-cwnd.patch  pion/sctp: the congestion window starts at
 #                              ten packets, as Chrome's dcSCTP (slow start
 #                              across long round trips).
@@ -74,7 +77,7 @@ patch_module() {
   echo "-replace=$mod=./$dst"
 }
 patch_webrtc() {
-  patch_module github.com/pion/webrtc/v4 .build/pion-webrtc swarm/pion-sctp-mtu.patch swarm/pion-mux-handoff.patch swarm/pion-mux-buffer.patch
+  patch_module github.com/pion/webrtc/v4 .build/pion-webrtc swarm/pion-sctp-mtu.patch swarm/pion-mux-handoff.patch swarm/pion-mux-buffer.patch swarm/pion-mux-queue.patch
 }
 patch_sctp() {
   patch_module github.com/pion/sctp .build/pion-sctp swarm/pion-sctp-alloc.patch swarm/pion-sctp-read-owned.patch swarm/pion-sctp-release-owned.patch swarm/pion-sctp-cwnd.patch
