@@ -9,6 +9,9 @@ FUZZEXECS ?= 200000
 # (made by `make deps`; see scripts/patched-deps.sh). A plain `go build`
 # without make uses upstream modules and works too, minus those patches.
 export GOFLAGS := $(strip $(GOFLAGS) -modfile=$(CURDIR)/.build/go.mod)
+# Packages of the patched dependencies that a patch adds code of ours to
+# (swarm/pion-mux-queue.patch's queue, with its tests): their own tests.
+PATCHEDPKGS ?= github.com/pion/webrtc/v4/internal/mux
 # Packages whose code is concurrent: run under the race detector.
 RACEPKGS ?= $(patsubst %,./%/...,$(wildcard cas signaling swarm gpu tiers kernels)) ./experts/
 
@@ -40,6 +43,7 @@ test: deps vet wasm
 	RDRR_EXPECT_BIG_PACKETS=1 $(GO) test -count=1 -timeout 15m ./...
 	GOFLAGS= RDRR_EXPECT_BIG_PACKETS=0 $(GO) test -count=1 -short -timeout 10m ./swarm/...
 	$(GO) test -count=1 -race -short -timeout 15m $(RACEPKGS)
+	$(GO) test -count=1 -race $(PATCHEDPKGS)
 	@$(MAKE) --no-print-directory fuzz FUZZEXECS=50000
 
 race: deps
