@@ -25,9 +25,7 @@ type Batch struct {
 	rec    *recording
 	err    error // first recording error; Submit returns it
 	done   bool
-	// encoded: its recording went to the Encoded, which pools it again.
-	encoded bool
-	temps   []*Buffer // scratch buffers of the batch's kernels, pooled again after Submit or Drop
+	temps  []*Buffer // scratch buffers of the batch's kernels, pooled again after Submit or Drop
 }
 
 // A recording holds a batch's slices for the next batch: a decode step
@@ -132,10 +130,8 @@ func (b *Batch) releaseTemps() {
 func (b *Batch) Drop() {
 	b.done = true
 	b.releaseTemps()
-	if !b.encoded {
-		b.handOff().recycle()
-		b.cmds = nil
-	}
+	b.handOff().recycle() // none left after Encode: the Encoded pools it
+	b.cmds = nil
 }
 
 // Err returns the first error recorded so far (what Submit would return
@@ -347,7 +343,6 @@ func (b *Batch) Encode(ctx context.Context) (*Encoded, error) {
 		return nil, fmt.Errorf("%w: batch already submitted", ErrClosed)
 	}
 	b.done = true
-	b.encoded = true
 	d := b.d
 	e := &Encoded{d: d, temps: b.temps, cmds: b.cmds}
 	b.temps = nil

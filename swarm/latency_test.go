@@ -30,8 +30,6 @@ type delayConn struct {
 	piontransport.UDPConn
 	d    time.Duration
 	loss float64
-	rng  *rand.Rand // for loss; used by WriteTo's callers one at a time
-	mu   sync.Mutex // guards rng
 	q    chan delayed
 	done chan struct{}
 	once sync.Once
@@ -56,7 +54,7 @@ type delayed struct {
 
 func delayUDP(d time.Duration, loss float64) func(piontransport.UDPConn) piontransport.UDPConn {
 	return func(c piontransport.UDPConn) piontransport.UDPConn {
-		dc := &delayConn{UDPConn: c, d: d, loss: loss, rng: rand.New(rand.NewPCG(rand.Uint64(), 1)), q: make(chan delayed, 1<<14), done: make(chan struct{})}
+		dc := &delayConn{UDPConn: c, d: d, loss: loss, q: make(chan delayed, 1<<14), done: make(chan struct{})}
 		go dc.run()
 		return dc
 	}
@@ -84,14 +82,9 @@ func (c *delayConn) WriteTo(p []byte, to net.Addr) (int, error) {
 	if len(p) > 13 && p[0] == 22 && p[13] == 3 {
 		helloVerifies.Add(1)
 	}
-	if c.loss > 0 {
-		c.mu.Lock()
-		lost := c.rng.Float64() < c.loss
-		c.mu.Unlock()
-		if lost {
-			harnessLost.Add(1)
-			return len(p), nil
-		}
+	if c.loss > 0 && rand.Float64() < c.loss {
+		harnessLost.Add(1)
+		return len(p), nil
 	}
 	select {
 	case c.q <- delayed{time.Now().Add(c.d), bytes.Clone(p), to}:
