@@ -131,14 +131,17 @@ func (s TopPShape) check() error {
 }
 
 // toppBlock is the values one workgroup of TopP takes (a multiple of
-// 256): a 152k vocabulary spreads over 38.
-const toppBlock = 4096
+// 256): a 152k vocabulary spreads over 75, eight values a thread. A stage's
+// time is its per-value instruction chain times the values a thread takes
+// (gpu/BENCHMARKS.md): blocks of 2048 took 28.4-29.0 us on the H100 where
+// blocks of 4096 took 33.6-35.1.
+const toppBlock = 2048
 
-// toppMaxBlocks is the most workgroups TopP spreads over: past 64 blocks
+// toppMaxBlocks is the most workgroups TopP spreads over: past 128 blocks
 // of toppBlock values (a 262144 vocabulary) the blocks widen instead, so
 // that the blocks' round-2 suffix sums (4 KiB each, see the kernel) stay
 // a few hundred KiB of scratch.
-const toppMaxBlocks = 64
+const toppMaxBlocks = 128
 
 // toppStages is the dispatches of topp_blocks (see the kernel).
 const toppStages = 5

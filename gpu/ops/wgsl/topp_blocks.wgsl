@@ -47,7 +47,7 @@
 // BASE + 2b and + 1, its mass above the 20 chosen bits (f32 bits) at
 // BASE + 2 nb + b, and its round-2 suffix sums (NB words: entry d is the
 // mass of its tokens in the chosen 20 bits whose last ten are >= d) at
-// BASE + 3 nb + NB b. The host keeps nb <= 64 (ops.TopPLaunches widens the
+// BASE + 3 nb + NB b. The host keeps nb <= 128 (ops.TopPLaunches widens the
 // blocks past that), so this stays a few hundred KiB and stage 4 gives a
 // thread a block.
 
@@ -104,7 +104,7 @@ fn probOf(x: f32) -> f32 {
 // of them before it uses any, so that their latencies overlap (a loop
 // that loaded one value, then hashed it into the histogram with an
 // atomic, waited for each load in turn).
-const VPT: u32 = 16u;
+const VPT: u32 = 8u;
 var<private> xv: array<f32, VPT>;
 
 // loadRun fills xv with values i0 + tid + k WG (k < VPT); those at hi or
