@@ -575,10 +575,6 @@ func (g *GPUModel) step(ctx context.Context, token int, hd head) ([]float32, int
 		}
 		lap(&pr.RouteWait)
 		idb := both[:k*4]
-		g.score(idb)
-		if predict {
-			g.prefetch(l+1, both[idsPredOff:])
-		}
 		// Page in what the chosen experts need that the GPU did not run
 		// already: every matrix of an expert whose products did not all
 		// run from a resident slot (cur's), its products recomputed at its
@@ -673,6 +669,13 @@ func (g *GPUModel) step(ctx context.Context, token int, hd head) ([]float32, int
 		held = releaseAll(held)
 		pr.Submits++
 		lap(&pr.Record)
+		// The guesses are scored and the next layer's prefetched after the
+		// submit: the GPU waits for nothing they do (their cache calls
+		// took the lock that this layer's gets needed).
+		g.score(idb)
+		if predict {
+			g.prefetch(l+1, both[idsPredOff:])
+		}
 		b = g.d.Batch()
 	}
 	logitsAt := B["out"].Sub(0, uint64(c.VocabSize*4))

@@ -666,6 +666,7 @@ const (
 // polls without waiting and sleeps between polls with a short backoff.
 func (d *Device) pollLoop() {
 	defer close(d.pollDone)
+	pinPollThread()
 	for {
 		select {
 		case <-d.stop:
