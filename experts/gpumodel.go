@@ -491,6 +491,9 @@ func (g *GPUModel) step(ctx context.Context, token int, hd head) ([]float32, int
 	// as this layer's choice is known to need nothing else.
 	var ahead *aheadLayer
 	defer func() { ahead.drop() }()
+	var rest *gpu.Encoded // this layer's resident products, until submitted behind its read-back
+	var restHeld []*tiers.Lease
+	defer func() { rest.Drop(); releaseAll(restHeld) }()
 	for l := 0; l < c.NumHiddenLayers; l++ {
 		p := fmt.Sprintf("model.layers.%d.", l)
 		var predict bool
@@ -499,11 +502,11 @@ func (g *GPUModel) step(ctx context.Context, token int, hd head) ([]float32, int
 			// Submitted behind the last layer's experts: its attention,
 			// router and resident experts' products are running.
 			cur, ahead = ahead, nil
+			rest, cur.rest = cur.rest, nil
 			predict = cur.predict
-			// Its experts stay held until this layer's submit: its misses
-			// must not evict what its products read.
-			held = append(held, cur.held...)
-			cur.held = nil
+			// Its experts stay held until its resident products are
+			// submitted (rest): its misses must not evict what they read.
+			restHeld, cur.held = cur.held, nil
 		} else {
 			g.recordAttention(ctx, b, l)
 			if err := section("attention"); err != nil {
@@ -560,6 +563,18 @@ func (g *GPUModel) step(ctx context.Context, token int, hd head) ([]float32, int
 			return nil, 0, err
 		}
 		pr.Readbacks++
+		if rest != nil {
+			// The resident experts' products, behind the read-back.
+			err := g.d.SubmitEncoded(ctx, rest)
+			rest = nil
+			if err != nil {
+				rd.Wait(ctx, make([]byte, n))
+				return nil, 0, err
+			}
+			pr.Submits++
+		}
+		// Queued: a later upload into their slots runs after them.
+		restHeld = releaseAll(restHeld)
 		if next := l + 1; !g.ProfileGPU && next < c.NumHiddenLayers && c.IsMoE(next) && !g.resident(next) {
 			// While the GPU runs this layer, encode the next one.
 			if ahead, err = g.encodeAhead(ctx, l, next, len(held)); err != nil {
@@ -658,7 +673,9 @@ func (g *GPUModel) step(ctx context.Context, token int, hd head) ([]float32, int
 				ahead.enc.Drop()
 			}
 			ahead.enc = nil
-			ahead.release()
+			if ahead.rest == nil {
+				ahead.release()
+			} // else held until the rest is submitted (the layer's own submit)
 		} else {
 			err = b.Submit(ctx)
 		}
@@ -966,8 +983,13 @@ func (g *GPUModel) finishLayer(ctx context.Context, b *gpu.Batch, l int) {
 // (held, so that nothing evicts them before the submit), computed on the
 // GPU for whichever of them the router chooses.
 type aheadLayer struct {
-	l       int
-	enc     *gpu.Encoded
+	l   int
+	enc *gpu.Encoded
+	// rest is the resident experts' products, encoded apart: submitted
+	// after the read-back of the choice has started, so that the choice
+	// comes back while the GPU runs them (a read-back waits for all work
+	// submitted before it) and the host pages the misses in meanwhile.
+	rest    *gpu.Encoded
 	predict bool
 	held    []*tiers.Lease
 	experts []int // those held (their matrices in held, in order): their products run if chosen
@@ -982,6 +1004,7 @@ func (a *aheadLayer) release() {
 func (a *aheadLayer) drop() {
 	if a != nil {
 		a.enc.Drop()
+		a.rest.Drop()
 		a.release()
 	}
 }
@@ -1024,15 +1047,20 @@ func (g *GPUModel) encodeAhead(ctx context.Context, prev, l, busy int) (*aheadLa
 		a.held = append(a.held, ls...)
 		a.experts = append(a.experts, e)
 	}
-	if len(a.experts) > 0 {
-		g.recordMaskedProducts(ctx, nb, a.experts, a.held, B["ids"].Sub(0, uint64(k*4)))
-	}
 	enc, err := nb.Encode(ctx)
 	if err != nil {
 		a.release()
 		return nil, err
 	}
 	a.enc = enc
+	if len(a.experts) > 0 {
+		rb := g.d.Batch()
+		g.recordMaskedProducts(ctx, rb, a.experts, a.held, B["ids"].Sub(0, uint64(k*4)))
+		if a.rest, err = rb.Encode(ctx); err != nil {
+			a.drop()
+			return nil, err
+		}
+	}
 	return a, nil
 }
 
