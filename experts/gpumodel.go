@@ -675,7 +675,7 @@ func (g *GPUModel) step(ctx context.Context, token int, hd head) ([]float32, int
 			ahead.enc = nil
 			if ahead.rest == nil {
 				ahead.release()
-			} // else held until the rest is submitted (the layer's own submit)
+			} // else held until rest is submitted, behind l+1's read-back
 		} else {
 			err = b.Submit(ctx)
 		}
@@ -980,8 +980,9 @@ func (g *GPUModel) finishLayer(ctx context.Context, b *gpu.Batch, l int) {
 // aheadLayer is MoE layer l encoded while the GPU runs layer l-1 (the
 // layer before it in the step): l-1's accumulate, then l's attention,
 // router and choice, and the products of l's experts that were resident
-// (held, so that nothing evicts them before the submit), computed on the
-// GPU for whichever of them the router chooses.
+// (held, so that nothing evicts them before they are submitted), computed
+// on the GPU for whichever of them the router chooses: encoded apart
+// (rest), so that the choice's read-back does not wait for them.
 type aheadLayer struct {
 	l   int
 	enc *gpu.Encoded
