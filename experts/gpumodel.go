@@ -491,9 +491,11 @@ func (g *GPUModel) step(ctx context.Context, token int, hd head) ([]float32, int
 	// as this layer's choice is known to need nothing else.
 	var ahead *aheadLayer
 	defer func() { ahead.drop() }()
-	var rest *gpu.Encoded // this layer's resident products, until submitted behind its read-back
-	var restHeld []*tiers.Lease
-	defer func() { rest.Drop(); releaseAll(restHeld) }()
+	// pending is this layer if it came encoded ahead, until its resident
+	// experts' products (rest) are submitted behind its read-back, and
+	// the experts they read released.
+	var pending *aheadLayer
+	defer func() { pending.drop() }()
 	for l := 0; l < c.NumHiddenLayers; l++ {
 		p := fmt.Sprintf("model.layers.%d.", l)
 		var predict bool
@@ -502,11 +504,8 @@ func (g *GPUModel) step(ctx context.Context, token int, hd head) ([]float32, int
 			// Submitted behind the last layer's experts: its attention,
 			// router and resident experts' products are running.
 			cur, ahead = ahead, nil
-			rest, cur.rest = cur.rest, nil
+			pending = cur // its experts stay held until rest is submitted: its misses must not evict what they read
 			predict = cur.predict
-			// Its experts stay held until its resident products are
-			// submitted (rest): its misses must not evict what they read.
-			restHeld, cur.held = cur.held, nil
 		} else {
 			g.recordAttention(ctx, b, l)
 			if err := section("attention"); err != nil {
@@ -563,10 +562,10 @@ func (g *GPUModel) step(ctx context.Context, token int, hd head) ([]float32, int
 			return nil, 0, err
 		}
 		pr.Readbacks++
-		if rest != nil {
+		if pending != nil && pending.rest != nil {
 			// The resident experts' products, behind the read-back.
-			err := g.d.SubmitEncoded(ctx, rest)
-			rest = nil
+			err := g.d.SubmitEncoded(ctx, pending.rest)
+			pending.rest = nil
 			if err != nil {
 				rd.Wait(ctx, make([]byte, n))
 				return nil, 0, err
@@ -574,7 +573,8 @@ func (g *GPUModel) step(ctx context.Context, token int, hd head) ([]float32, int
 			pr.Submits++
 		}
 		// Queued: a later upload into their slots runs after them.
-		restHeld = releaseAll(restHeld)
+		pending.release()
+		pending = nil
 		if next := l + 1; !g.ProfileGPU && next < c.NumHiddenLayers && c.IsMoE(next) && !g.resident(next) {
 			// While the GPU runs this layer, encode the next one.
 			if ahead, err = g.encodeAhead(ctx, l, next, len(held)); err != nil {
@@ -672,10 +672,7 @@ func (g *GPUModel) step(ctx context.Context, token int, hd head) ([]float32, int
 			} else {
 				ahead.enc.Drop()
 			}
-			ahead.enc = nil
-			if ahead.rest == nil {
-				ahead.release()
-			} // else held until rest is submitted, behind l+1's read-back
+			ahead.enc = nil // its held experts: until its rest is submitted, behind l+1's read-back
 		} else {
 			err = b.Submit(ctx)
 		}
