@@ -293,11 +293,32 @@ func (x *DHT) Provided() int {
 	return len(x.provided)
 }
 
+// findGrace is how long a fetch's provider lookup (FindFirstProviders)
+// goes on after it found the first provider. A lookup that has fewer than its limit to find runs
+// until it asked every peer near the key, and a peer that left (a
+// leecher gone, whose records and routing entries outlive it) holds it
+// for a dial timeout: 5 s of every fetch after a peer left, on loopback.
+// A fetch can start from one provider and finds others as it goes (the
+// HAVE announcements of the peers it asks, gossip, the signaling topic).
+const findGrace = 250 * time.Millisecond
+
 // FindProviders returns up to limit peers other than this one that
 // announced c (or the same bytes under another codec), searching at most
 // FindTimeout. Addresses are what the providers announced; a caller
 // should still verify everything it fetches.
 func (x *DHT) FindProviders(ctx context.Context, c cas.CID, limit int) ([]peer.AddrInfo, error) {
+	return x.findProviders(ctx, c, limit, 0)
+}
+
+// FindFirstProviders is FindProviders for a fetch, which can start from
+// one provider: the lookup stops findGrace after the first one was found.
+func (x *DHT) FindFirstProviders(ctx context.Context, c cas.CID, limit int) ([]peer.AddrInfo, error) {
+	return x.findProviders(ctx, c, limit, findGrace)
+}
+
+// findProviders looks c up; grace > 0 ends the lookup that long after the
+// first provider was found.
+func (x *DHT) findProviders(ctx context.Context, c cas.CID, limit int, grace time.Duration) ([]peer.AddrInfo, error) {
 	if limit <= 0 {
 		return nil, errors.New("p2p: FindProviders: limit must be positive")
 	}
@@ -315,9 +336,18 @@ func (x *DHT) FindProviders(ctx context.Context, c cas.CID, limit int) ([]peer.A
 	withAddrs := 0
 	// One more than limit: this peer may be among them. A provider comes
 	// again when a later answer has addresses for it.
+	var graceTimer *time.Timer
+	defer func() {
+		if graceTimer != nil {
+			graceTimer.Stop()
+		}
+	}()
 	for ai := range x.d.FindProvidersAsync(lookup, gc, limit+1) {
 		if ai.ID == x.h.ID() {
 			continue
+		}
+		if grace > 0 && graceTimer == nil {
+			graceTimer = time.AfterFunc(grace, stop) // found one: a little longer for more
 		}
 		if i, ok := at[ai.ID]; ok {
 			if len(out[i].Addrs) == 0 && len(ai.Addrs) > 0 {

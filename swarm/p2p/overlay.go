@@ -386,10 +386,18 @@ func (o *Overlay) queueHaveLocked(c cas.CID) {
 	o.queue = append(o.queue, c)
 }
 
-// Providers implements swarm.Overlay: peers that announced c on gossip,
-// then on the DHT, each connected to (at most 5 s, all at once) so that
-// signaling to it can go over libp2p.
+// Providers implements swarm.Overlay, for a fetch: peers that announced c
+// on gossip, then on the DHT (a lookup that ends soon after it found one:
+// FindFirstProviders), each connected to (at most 5 s, all at once) so
+// that signaling to it can go over libp2p. It returns when every connect
+// ended or one succeeded; the others go on meanwhile.
 func (o *Overlay) Providers(ctx context.Context, c cas.CID, limit int) ([]peer.ID, error) {
+	return o.providers(ctx, c, limit, true)
+}
+
+// providers is Providers; first: the fetch's kind of lookup, and the
+// return at the first connect.
+func (o *Overlay) providers(ctx context.Context, c cas.CID, limit int, first bool) ([]peer.ID, error) {
 	if limit <= 0 {
 		return nil, fmt.Errorf("p2p: Providers: limit must be positive")
 	}
@@ -401,7 +409,11 @@ func (o *Overlay) Providers(ctx context.Context, c cas.CID, limit int) ([]peer.I
 	var err error
 	if len(out) < limit {
 		o.awaitRoutingTable(ctx)
-		infos, err = o.DHT.FindProviders(ctx, c, limit)
+		if first {
+			infos, err = o.DHT.FindFirstProviders(ctx, c, limit)
+		} else {
+			infos, err = o.DHT.FindProviders(ctx, c, limit)
+		}
 		for _, ai := range infos {
 			if len(out) < limit && !containsPeer(out, ai.ID) {
 				out = append(out, ai.ID)
@@ -412,21 +424,42 @@ func (o *Overlay) Providers(ctx context.Context, c cas.CID, limit int) ([]peer.I
 		}
 	}
 	var wg sync.WaitGroup
+	connected := make(chan struct{}, len(out))
+	dialing := 0
 	for _, p := range out {
 		if o.Host.Network().Connectedness(p) == network.Connected {
 			continue
 		}
+		dialing++
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			// Not ended by ctx when Providers returns early: the dial is
+			// bounded by its own 5 s.
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 			defer cancel()
 			if err := o.Host.Connect(cctx, peer.AddrInfo{ID: p}); err != nil {
 				o.log.Debug("p2p: connect to provider", "peer", p, "err", err)
+				return
 			}
+			connected <- struct{}{}
 		}()
 	}
-	wg.Wait()
+	if first && dialing > 0 && dialing < len(out) {
+		dialing = 0 // one is connected already: no need to wait
+	}
+	all := make(chan struct{})
+	go func() { wg.Wait(); close(all) }()
+	if dialing > 0 || !first {
+		select {
+		case <-all:
+		case <-connected:
+			if !first {
+				<-all
+			}
+		case <-ctx.Done():
+		}
+	}
 	if len(out) > 0 {
 		err = nil
 	}

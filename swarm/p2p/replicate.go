@@ -430,7 +430,7 @@ func (o *Overlay) lookupProviders(ctx context.Context, c cas.CID, limit int) ([]
 	lc.mu.Unlock()
 	lctx, cancel := context.WithTimeout(ctx, liveLookup)
 	defer cancel()
-	ps, err := o.Providers(lctx, c, limit)
+	ps, err := o.providers(lctx, c, limit, false) // a count: the whole lookup
 	if ctx.Err() != nil {
 		return ps, err
 	}
