@@ -265,6 +265,16 @@ func (p *Partial) Complete() bool {
 // returns a *RangeError naming that group, and nothing of the slice is
 // written. Groups already present are written again (harmlessly).
 func (p *Partial) WriteSlice(off, n int64, slice []byte) error {
+	return p.WriteSliceFunc(off, n, slice, nil)
+}
+
+// WriteSliceFunc is WriteSlice that also hands the verified data to fn,
+// if not nil, before writing it: runs of whole groups (the blob's last
+// one may be short), each with its offset in the blob, in order. data
+// is part of slice: fn must not keep it. A program that writes a fetched
+// file somewhere else as well (`peer get -o`) takes each group from
+// here instead of reading it back and verifying it again.
+func (p *Partial) WriteSliceFunc(off, n int64, slice []byte, fn func(off int64, data []byte)) error {
 	p.mu.Lock()
 	done, closed := p.done != nil, p.closed
 	if !done && !closed && p.size == 0 {
@@ -311,6 +321,14 @@ func (p *Partial) WriteSlice(off, n int64, slice []byte) error {
 		return ErrClosed
 	}
 	p.mu.Unlock()
+	if fn != nil {
+		// Before the write, which consumes iov.
+		at := start
+		for _, run := range iov {
+			fn(at, run)
+			at += int64(len(run))
+		}
+	}
 	if err := writeAtv(p.f, iov, start); err != nil {
 		return fmt.Errorf("partial %s: write: %w", p.cid, err)
 	}

@@ -356,3 +356,55 @@ func TestPartialServesVerifiedGroups(t *testing.T) {
 		t.Fatalf("rebuilt blob differs (%v)", err)
 	}
 }
+
+// WriteSliceFunc hands over the data of the groups it verified, at their
+// offsets, covering the groups the slice covers (a range that is not
+// group-aligned, and the blob's short last group), and nothing of a
+// slice that fails.
+func TestWriteSliceFuncHandsOverVerifiedData(t *testing.T) {
+	src, dst := newStore(t), newStore(t)
+	size := int64(8*GroupSize + 333)
+	data := randData(41, size)
+	c := put(t, src, data).CID
+	p, err := dst.OpenPartial(c, size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	got := make([]byte, size)
+	var handed int64
+	fn := func(off int64, b []byte) {
+		if off%GroupSize != 0 {
+			t.Errorf("data handed at %d, not at a group", off)
+		}
+		copy(got[off:], b)
+		handed += int64(len(b))
+	}
+	// A bad slice: nothing handed over.
+	off, n := int64(GroupSize+100), int64(3*GroupSize)
+	slice, _ := src.AppendSlice(nil, c, off, n)
+	bad := bytes.Clone(slice)
+	bad[len(bad)-10] ^= 1
+	if err := p.WriteSliceFunc(off, n, bad, fn); err == nil {
+		t.Fatal("a bad slice was accepted")
+	}
+	if handed != 0 {
+		t.Fatalf("a bad slice handed over %d bytes", handed)
+	}
+	// [GroupSize+100, 4 GroupSize+100) covers groups 1-4.
+	if err := p.WriteSliceFunc(off, n, slice, fn); err != nil {
+		t.Fatal(err)
+	}
+	if handed != 4*GroupSize || !bytes.Equal(got[GroupSize:5*GroupSize], data[GroupSize:5*GroupSize]) {
+		t.Fatalf("handed %d bytes; want groups 1-4's %d, equal to the blob's", handed, 4*GroupSize)
+	}
+	// The last groups, the short one included.
+	off, n = 6*GroupSize, size-6*GroupSize
+	slice, _ = src.AppendSlice(nil, c, off, n)
+	if err := p.WriteSliceFunc(off, n, slice, fn); err != nil {
+		t.Fatal(err)
+	}
+	if handed != 4*GroupSize+n || !bytes.Equal(got[off:], data[off:]) {
+		t.Fatalf("handed %d bytes in all; want %d", handed, 4*GroupSize+n)
+	}
+}

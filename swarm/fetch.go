@@ -95,8 +95,42 @@ type FetchOptions struct {
 	// (which shrinks as resumed blobs are opened). Calls come one at a
 	// time from the fetch's goroutines; it must not block.
 	Progress func(done, total int64)
+	// Verified, if set, is given the data of each piece once it is
+	// verified, before the store writes it: runs of whole 16 KiB groups of
+	// blob (c or, for a collection, one of its shards; the blob's last
+	// group may be short) at offset off in it. Calls come concurrently
+	// from the fetch's goroutines; data is valid only during the call. A
+	// group may come more than once (an endgame's copies), and groups the
+	// store held before the fetch, or that it gets without the fetch's
+	// scheduler, do not come at all. `peer get -o` writes a file with it
+	// as it arrives, instead of reading it back from the store and
+	// verifying it again. Only a store whose Partials have
+	// WriteSliceFunc (a *cas.Store's) can hand the data over; with
+	// another, Verified is not called.
+	Verified func(blob cas.CID, off int64, data []byte)
 
 	hooks *fetchHooks // tests only
+}
+
+// funcPartial is a Partial that hands what it verified to a function
+// (*cas.Partial).
+type funcPartial interface {
+	WriteSliceFunc(off, n int64, slice []byte, fn func(off int64, data []byte)) error
+}
+
+// writeSlice writes the slice [off, off+n) of blob c into part, handing
+// its data to opt.Verified on the way when part can.
+func (f *fetcher) writeSlice(part Partial, c cas.CID, off, n int64, slice []byte) error {
+	if f.opt.Verified != nil {
+		inner := part
+		if sp, ok := part.(*slotPartial); ok {
+			inner = sp.Partial
+		}
+		if fp, ok := inner.(funcPartial); ok {
+			return fp.WriteSliceFunc(off, n, slice, func(at int64, data []byte) { f.opt.Verified(c, at, data) })
+		}
+	}
+	return part.WriteSlice(off, n, slice)
 }
 
 // fetchHooks let tests watch a fetch; nil outside tests.

@@ -820,7 +820,7 @@ func (s *scheduler) openBlob(ctx context.Context, b *blobJob) error {
 		// Verified already; a failure here only means it is fetched again.
 		off := (w.size - 1) / cas.GroupSize * cas.GroupSize
 		missing := slices.ContainsFunc(part.Missing(), func(r cas.Range) bool { return r.Off <= off && off < r.Off+r.Len })
-		if part.WriteSlice(off, w.size-off, w.proof) == nil && missing {
+		if s.f.writeSlice(part, w.cid, off, w.size-off, w.proof) == nil && missing {
 			s.f.touch()
 			s.f.n.stats.fetchedBytes.Add(w.size - off) // a group fetched (to prove the size)
 		}
@@ -1128,7 +1128,7 @@ func (s *scheduler) get(ctx context.Context, l *link, pc *piece, maxReq int64) g
 		if h := s.f.opt.hooks; h != nil && h.verified != nil {
 			h.verified(l.remote, b.w.cid, pc.off, n)
 		}
-		err = b.part.WriteSlice(pc.off, n, slice)
+		err = s.f.writeSlice(b.part, b.w.cid, pc.off, n, slice)
 		done()
 		if err != nil {
 			var re *cas.RangeError

@@ -537,8 +537,9 @@ func storedCIDs(st *cas.Store) ([]cas.CID, error) {
 // fetchFromSwarm makes blob c (and its shards, if it is a collection)
 // present in st, fetching from the peers found through the signaling
 // server at signalURL in topic (default: the default swarm and the topic
-// named by the CID).
-func fetchFromSwarm(ctx context.Context, a *app, st *cas.Store, c cas.CID, signalURL, topic string) error {
+// named by the CID). verified, if not nil, is given each piece as it is
+// verified (swarm.FetchOptions.Verified).
+func fetchFromSwarm(ctx context.Context, a *app, st *cas.Store, c cas.CID, signalURL, topic string, verified func(cas.CID, int64, []byte)) error {
 	id, _, err := swarm.InitIdentity(a.home)
 	if err != nil {
 		return err
@@ -559,6 +560,7 @@ func fetchFromSwarm(ctx context.Context, a *app, st *cas.Store, c cas.CID, signa
 	_, err = node.Fetch(ctx, st, c, swarm.FetchOptions{
 		Discover:  discover,
 		Providers: m.Providers,
+		Verified:  verified,
 		Progress: func(done, total int64) {
 			if now := time.Now(); now.Sub(last) >= time.Second || done == total {
 				last = now

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"syscall"
 	"time"
 )
 
@@ -15,11 +16,41 @@ import (
 // not given.
 var errExists = errors.New("exists (give --force to replace it)")
 
-// writeOut writes r to path, or to standard output for "-".
+// writeOut writes r to path, or to standard output for "-", by the rules
+// of openOutput.
+func writeOut(path string, r io.WriterTo, force bool) (int64, error) {
+	o, err := openOutput(path, force)
+	if err != nil {
+		return 0, err
+	}
+	defer o.abort()
+	n, err := r.WriteTo(o.f)
+	if err == nil {
+		err = o.commit()
+	}
+	return n, err
+}
+
+// output is a file being written for the user (`peer get -o`), opened
+// before what goes into it is fetched, so that a fetch can write its
+// pieces into it as they arrive (when positional), and so that a refusal
+// (an existing file without --force, a directory) comes before the
+// fetch, not after it.
+type output struct {
+	f *os.File
+	// positional: f takes writes at offsets (a file, /dev/null, a block
+	// device), in any order; a pipe or a terminal does not.
+	positional bool
+	tmp, path  string      // a temporary file renamed over path by commit
+	mode       fs.FileMode // given to tmp before the rename (0: the default)
+	done       bool
+}
+
+// openOutput opens path for writing, or standard output for "-".
 //
 //   - A path that does not exist is created atomically (a temporary file in
-//     the same directory, synced, then renamed), with the usual 0666 &^ umask
-//     mode.
+//     the same directory, synced, then renamed by commit), with the usual
+//     0666 &^ umask mode.
 //   - An existing regular file is replaced the same way only with force, and
 //     keeps its mode.
 //   - A symbolic link is followed: the rules apply to its target, so the link
@@ -27,29 +58,95 @@ var errExists = errors.New("exists (give --force to replace it)")
 //   - A device, FIFO or other non-regular file (/dev/null, /dev/stdout, a
 //     named pipe) is written through, never replaced.
 //   - A directory is refused.
-func writeOut(path string, r io.WriterTo, force bool) (int64, error) {
+func openOutput(path string, force bool) (*output, error) {
 	if path == "-" {
-		return r.WriteTo(os.Stdout)
+		return &output{f: os.Stdout, done: true}, nil
 	}
 	target, err := followLinks(path)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	fi, err := os.Stat(target)
+	var mode fs.FileMode
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		return replaceFile(target, r, 0)
 	case err != nil:
-		return 0, err
+		return nil, err
 	case fi.IsDir():
-		return 0, fmt.Errorf("%s: is a directory", path)
+		return nil, fmt.Errorf("%s: is a directory", path)
 	case fi.Mode().IsRegular():
 		if !force {
-			return 0, fmt.Errorf("%s: %w", path, errExists)
+			return nil, fmt.Errorf("%s: %w", path, errExists)
 		}
-		return replaceFile(target, r, fi.Mode().Perm())
+		mode = fi.Mode().Perm()
 	default:
-		return writeThrough(target, r)
+		// Written through, without truncating or replacing it.
+		f, err := os.OpenFile(target, os.O_WRONLY, 0)
+		if err != nil {
+			return nil, err
+		}
+		return &output{f: f, positional: positional(f)}, nil
+	}
+	f, err := createTemp(target)
+	if err != nil {
+		return nil, err
+	}
+	return &output{f: f, positional: true, tmp: f.Name(), path: target, mode: mode}, nil
+}
+
+// positional reports whether f takes writes at offsets: the kernel refuses
+// a positional write of nothing (ESPIPE) to a pipe, socket or terminal.
+func positional(f *os.File) bool {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return false
+	}
+	var werr error
+	if err := rc.Write(func(fd uintptr) bool {
+		_, werr = syscall.Pwrite(int(fd), nil, 0)
+		return true
+	}); err != nil {
+		return false
+	}
+	return werr == nil
+}
+
+// commit finishes the output: a temporary file is given its mode, synced
+// and renamed over the path; a file written through is closed.
+func (o *output) commit() error {
+	if o.done {
+		return nil
+	}
+	o.done = true
+	var err error
+	if o.tmp != "" && o.mode != 0 {
+		err = o.f.Chmod(o.mode)
+	}
+	if o.tmp != "" && err == nil {
+		err = o.f.Sync()
+	}
+	if cerr := o.f.Close(); err == nil {
+		err = cerr
+	}
+	if o.tmp != "" && err == nil {
+		err = os.Rename(o.tmp, o.path)
+	}
+	if err != nil && o.tmp != "" {
+		os.Remove(o.tmp)
+	}
+	return err
+}
+
+// abort closes an output that was not committed, removing its temporary
+// file. A no-op after commit.
+func (o *output) abort() {
+	if o.done {
+		return
+	}
+	o.done = true
+	o.f.Close()
+	if o.tmp != "" {
+		os.Remove(o.tmp)
 	}
 }
 
@@ -71,46 +168,6 @@ func followLinks(path string) (string, error) {
 		path = dest
 	}
 	return "", fmt.Errorf("%s: too many levels of symbolic links", path)
-}
-
-// writeThrough writes r into an existing non-regular file without
-// truncating or replacing it.
-func writeThrough(path string, r io.WriterTo) (int64, error) {
-	f, err := os.OpenFile(path, os.O_WRONLY, 0)
-	if err != nil {
-		return 0, err
-	}
-	n, err := r.WriteTo(f)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	return n, err
-}
-
-// replaceFile writes r to a temporary file beside path, syncs it and
-// renames it over path. mode 0 means a new file's default mode (0666 &^
-// umask); otherwise the temporary file is given mode before the rename.
-func replaceFile(path string, r io.WriterTo, mode fs.FileMode) (int64, error) {
-	f, err := createTemp(path)
-	if err != nil {
-		return 0, err
-	}
-	tmp := f.Name()
-	defer os.Remove(tmp) // fails harmlessly after the rename
-	n, err := r.WriteTo(f)
-	if err == nil && mode != 0 {
-		err = f.Chmod(mode)
-	}
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	return n, err
 }
 
 // createTemp makes a new file beside path. Unlike os.CreateTemp (mode

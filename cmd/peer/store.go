@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -199,11 +200,30 @@ func getCmd(a *app) *cobra.Command {
 				return errors.New("get: -o <path> is required (use -o - for standard output)")
 			}
 			return a.withBlob(args[0], func(st *cas.Store, c cas.CID) error {
-				if !complete(st, c) {
-					if signalURL == "" {
-						return fmt.Errorf("get %s: %w here; give --signal URL to fetch it from the swarm", c, cas.ErrNotFound)
+				have := complete(st, c)
+				if !have && signalURL == "" {
+					return fmt.Errorf("get %s: %w here; give --signal URL to fetch it from the swarm", c, cas.ErrNotFound)
+				}
+				o, err := openOutput(out, force)
+				if err != nil {
+					return fmt.Errorf("get %s: %w", c, err)
+				}
+				defer o.abort()
+				var tee *teeOut
+				if !have {
+					// A file or device takes the pieces as they are
+					// verified; a pipe gets the file after the fetch.
+					ctx, cancel := context.WithCancelCause(cmd.Context())
+					defer cancel(nil)
+					var verified func(cas.CID, int64, []byte)
+					if o.positional {
+						tee = newTeeOut(o.f, st, c, cancel)
+						verified = tee.verified
 					}
-					if err := fetchFromSwarm(cmd.Context(), a, st, c, signalURL, topic); err != nil {
+					if err := fetchFromSwarm(ctx, a, st, c, signalURL, topic, verified); err != nil {
+						if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+							err = cause // the output failed
+						}
 						return fmt.Errorf("get %s: %w", c, err)
 					}
 				}
@@ -211,7 +231,15 @@ func getCmd(a *app) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				n, err := writeOut(out, fr, force)
+				var n, streamed int64
+				if tee != nil {
+					n, streamed, err = tee.fill(fr)
+				} else {
+					n, err = fr.WriteTo(o.f)
+				}
+				if err == nil {
+					err = o.commit()
+				}
 				if err != nil {
 					return fmt.Errorf("get %s: %w", c, err)
 				}
@@ -222,7 +250,11 @@ func getCmd(a *app) *cobra.Command {
 					CID  cas.CID `json:"cid"`
 					Path string  `json:"path"`
 					Size int64   `json:"size"`
-				}{c, out, n}
+					// Streamed: the bytes written into the output as the
+					// fetch verified them; the rest were read back from
+					// the store (held before, or not a collection's shard).
+					Streamed int64 `json:"streamed"`
+				}{c, out, n, streamed}
 				return a.print(res, func(w io.Writer) { fmt.Fprintf(w, "%s  %s  %s\n", c, formatBytes(n), out) })
 			})
 		},
