@@ -28,7 +28,7 @@ import (
 
 func generateCmd(a *app) *cobra.Command {
 	var warm, profileGPU, special bool
-	var prompt, tracePath, cpuProfile, policy, engine, procedural string
+	var prompt, tracePath, cpuProfile, goTrace, policy, engine, procedural string
 	var maxTokens int
 	var prefetch bool
 	hostRAM := autoBool{auto: true}
@@ -169,6 +169,13 @@ tokens. --profile-gpu times every dispatch on the GPU.`,
 						return fmt.Errorf("generate: --cpuprofile and %s both ask for a CPU profile (the process's covers the generation): use one", envCPUProfile)
 					}
 					stop, err := profileCPU(cpuProfile)
+					if err != nil {
+						return err
+					}
+					defer stop()
+				}
+				if goTrace != "" {
+					stop, err := traceGo(goTrace)
 					if err != nil {
 						return err
 					}
@@ -315,6 +322,7 @@ tokens. --profile-gpu times every dispatch on the GPU.`,
 	f.BoolVar(&warm, "warm", false, "gpu engine: before timing, load every expert into RAM, and into VRAM when --vram holds them all (the stats are then those of the timed run)")
 	f.BoolVar(&profileGPU, "profile-gpu", false, "gpu engine: time every dispatch on the GPU (timestamp queries, each dispatch in a pass of its own) and print where the steps' GPU time goes; without timestamps, wait for the GPU after each part of a resident layer instead (much slower)")
 	f.StringVar(&cpuProfile, "cpuprofile", "", "write a Go CPU profile of the generation (not the load) here")
+	f.StringVar(&goTrace, "go-trace", "", "write a Go execution trace of the generation (not the load) here (go tool trace: where the host waits, goroutine wake-ups)")
 	f.StringVar(&tracePath, "trace", "", "write the expert access trace here (tiers/TRACE.md)")
 	f.StringVar(&engine, "engine", "ref", "decode engine: ref (float64 CPU reference) or gpu (wgpu kernels, experts paged into a VRAM arena of --vram bytes)")
 	f.Var(&hostRAM, "host-ram", "gpu engine: keep the RAM level's experts in pinned host memory the GPU copies from directly, so that an upload is one DMA copy with no memcpy into staging: auto (on when --vram does not hold every expert, so that experts are paged), true or false. Pinned memory slows the GPU's own work (on the H100 a resident Mixtral step 7.8 -> 9.5 ms with 24 GiB pinned) but paging faster (16 -> 21 tok/s at 25% in VRAM): tiers/BENCHMARKS.md")
