@@ -53,6 +53,15 @@ type Options struct {
 	// Profile asks for the timestamp-query feature (when the adapter has
 	// it) so that StartProfile can time dispatches on the GPU.
 	Profile bool
+	// SpinWait is how long a wait for the GPU (a read-back, a Sync) first
+	// spins, looking for its completion without blocking while the poller
+	// polls every few microseconds, before it blocks. A blocked waiter
+	// wakes 15-60 us after its completion (the poller's sleep, then the Go
+	// scheduler handing it a thread: measured on the H100's host, a paged
+	// decode step waits for 33 read-backs); spinning spends a core for it.
+	// 0 means 2 ms on a machine of at least 8 CPUs, none on smaller ones;
+	// negative: never spin.
+	SpinWait time.Duration
 }
 
 const (
@@ -91,8 +100,17 @@ func (o Options) withDefaults() Options {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
+	if o.SpinWait == 0 && runtime.NumCPU() >= spinCPUs {
+		o.SpinWait = defaultSpinWait
+	}
 	return o
 }
+
+// The default SpinWait, and the CPUs a machine needs for it.
+const (
+	defaultSpinWait = 2 * time.Millisecond
+	spinCPUs        = 8
+)
 
 // Device is an open wgpu device with its queue, buffer pool, pipeline cache
 // and staging ring. All methods are safe for concurrent use. Work from all
@@ -143,6 +161,8 @@ type Device struct {
 	pollDone chan struct{}
 	progress atomic.Uint64
 	waiting  atomic.Int32 // goroutines blocked in asyncOp.wait: the poller keeps its sleeps short
+	spinning atomic.Int32 // goroutines spinning in asyncOp.wait: the poller sleeps pollSpinSleep
+	spinWait time.Duration
 }
 
 type counters struct {
@@ -223,6 +243,7 @@ func Open(ctx context.Context, o Options) (*Device, error) {
 		pollDone: make(chan struct{}),
 
 		timestamps: timestamps,
+		spinWait:   o.SpinWait,
 	}
 	d.limits = limitsOf(dev.GetLimits().Limits)
 	d.info.Limits = d.limits
@@ -560,19 +581,10 @@ func (op *asyncOp) complete(status uint32) {
 func (op *asyncOp) wait(ctx context.Context, d *Device) error {
 	d.waiting.Add(1)
 	defer d.waiting.Add(-1)
-	select {
-	case <-op.done:
-	case <-ctx.Done():
-		op.mu.Lock()
-		settled := op.settled
-		if !settled {
-			op.dropped = true
+	if d.spinWait <= 0 || !op.spin(ctx, d) {
+		if !op.block(ctx) {
+			return ctx.Err() // dropped: its callback cleans up
 		}
-		op.mu.Unlock()
-		if !settled {
-			return ctx.Err()
-		}
-		<-op.done
 	}
 	switch op.status {
 	case statusSuccess:
@@ -586,6 +598,51 @@ func (op *asyncOp) wait(ctx context.Context, d *Device) error {
 		return ErrDeviceLost
 	}
 	return fmt.Errorf("%w: asynchronous operation failed with status %d", ErrValidation, op.status)
+}
+
+// spin looks for op's completion without blocking for up to d.spinWait,
+// while the poller polls every pollSpinSleep, and reports whether op
+// completed.
+func (op *asyncOp) spin(ctx context.Context, d *Device) bool {
+	d.spinning.Add(1)
+	defer d.spinning.Add(-1)
+	d.wake() // the poller sleeps at most pollSpinSleep from now
+	deadline := time.Now().Add(d.spinWait)
+	for i := 0; ; i++ {
+		select {
+		case <-op.done:
+			return true
+		default:
+		}
+		if i%64 == 63 {
+			if ctx.Err() != nil || time.Now().After(deadline) {
+				return false
+			}
+			runtime.Gosched() // others runnable on this P go first
+		}
+	}
+}
+
+// block waits for op's completion or ctx's end, and reports whether op
+// completed. On ctx's end before the completion, op is marked dropped: its
+// callback cleans up, and the waiter must not touch what op guards.
+func (op *asyncOp) block(ctx context.Context) bool {
+	select {
+	case <-op.done:
+		return true
+	case <-ctx.Done():
+		op.mu.Lock()
+		settled := op.settled
+		if !settled {
+			op.dropped = true
+		}
+		op.mu.Unlock()
+		if !settled {
+			return false
+		}
+		<-op.done
+		return true
+	}
 }
 
 func (d *Device) failOps(status uint32) {
@@ -649,6 +706,11 @@ const (
 	pollMinSleep  = 10 * time.Microsecond
 	pollMaxSleep  = 200 * time.Microsecond
 	pollWaitSleep = 20 * time.Microsecond
+	// While a waiter spins (Options.SpinWait), the poller sleeps this
+	// little between polls (a system call with 1 us of timer slack: a few
+	// microseconds), so that the completion is seen at once without
+	// taking wgpu's locks back to back from the goroutines that submit.
+	pollSpinSleep = 2 * time.Microsecond
 )
 
 // pollLoop drives wgpu's callbacks while anything is outstanding: work on
@@ -698,6 +760,9 @@ func (d *Device) pollLoop() {
 				ceiling = pollWaitSleep
 			}
 			sleep = min(max(2*sleep, pollMinSleep), ceiling)
+			if d.spinning.Load() > 0 {
+				sleep = pollSpinSleep
+			}
 			preciseSleep(sleep)
 			select {
 			case <-d.stop:

@@ -765,3 +765,62 @@ func smallBindGroupCache(t *testing.T) (*Device, OpKernels) {
 	})
 	return d, k
 }
+
+// With SpinWait a wait looks for its completion without blocking first:
+// reads come back whole whether they end within the spin (50 ms) or after
+// it (1 us), from several goroutines at once, a wait whose context is
+// already done gives up without touching the read-back buffer, and no
+// spinner is left counted (the poller would keep polling every few
+// microseconds).
+func TestSpinWait(t *testing.T) {
+	for _, spin := range []time.Duration{time.Microsecond, 50 * time.Millisecond} {
+		t.Run(spin.String(), func(t *testing.T) {
+			d := openDevice(t, Options{SpinWait: spin})
+			if d.spinWait != spin {
+				t.Fatalf("spinWait %v; want %v", d.spinWait, spin)
+			}
+			var wg sync.WaitGroup
+			for g := range 4 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					src := make([]byte, 1<<20+4*g)
+					for i := range src {
+						src[i] = byte(i*7 + g + i>>9)
+					}
+					b := upload(t, d, src)
+					defer b.Release()
+					for range 3 {
+						got := make([]byte, len(src))
+						if err := d.Read(ctxT(t), b, got); err != nil {
+							t.Error(err)
+							return
+						}
+						if !bytes.Equal(got, src) {
+							t.Error("read back differs from upload")
+							return
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			b := upload(t, d, make([]byte, 4096))
+			defer b.Release()
+			pending, err := d.StartRead(b, 4096)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(ctxT(t))
+			cancel()
+			if err := pending.Wait(ctx, make([]byte, 4096)); err != nil && !errors.Is(err, context.Canceled) {
+				t.Fatalf("wait with a done context: %v", err)
+			}
+			if err := d.Sync(ctxT(t)); err != nil {
+				t.Fatal(err)
+			}
+			if n := d.spinning.Load(); n != 0 {
+				t.Fatalf("%d spinners left counted", n)
+			}
+		})
+	}
+}
