@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"runtime/pprof"
 	"runtime/trace"
@@ -34,33 +35,28 @@ func startCPUProfile() (stop func()) {
 // profileCPU starts a Go CPU profile into the file at path and returns
 // the function that stops it and closes the file.
 func profileCPU(path string) (stop func(), err error) {
-	f, err := os.Create(path)
-	if err != nil {
-		return nil, err
-	}
-	if err := pprof.StartCPUProfile(f); err != nil {
-		f.Close()
-		return nil, err
-	}
-	return func() {
-		pprof.StopCPUProfile()
-		f.Close()
-	}, nil
+	return profileTo(path, pprof.StartCPUProfile, pprof.StopCPUProfile)
 }
 
 // traceGo starts a Go execution trace into the file at path and returns
 // the function that stops it and closes the file.
 func traceGo(path string) (stop func(), err error) {
+	return profileTo(path, trace.Start, trace.Stop)
+}
+
+// profileTo creates the file at path, starts writing a profile into it
+// and returns the function that ends the profile and closes the file.
+func profileTo(path string, start func(io.Writer) error, end func()) (stop func(), err error) {
 	f, err := os.Create(path)
 	if err != nil {
 		return nil, err
 	}
-	if err := trace.Start(f); err != nil {
+	if err := start(f); err != nil {
 		f.Close()
 		return nil, err
 	}
 	return func() {
-		trace.Stop()
+		end()
 		f.Close()
 	}, nil
 }

@@ -30,3 +30,16 @@ func TestGenerateCPUProfileOnce(t *testing.T) {
 		t.Fatalf("--cpuprofile wrote no profile (%v)", err)
 	}
 }
+
+// generate --go-trace writes a Go execution trace of the generation.
+func TestGenerateGoTrace(t *testing.T) {
+	home := filepath.Join(t.TempDir(), "home")
+	dir := filepath.Join(t.TempDir(), "tiny")
+	mustRun(t, home, "synth", "-q", "--preset", "tiny-moe", "--procedural", "-o", dir)
+	tr := filepath.Join(t.TempDir(), "gen.trace")
+	mustRun(t, home, "generate", "-", "--procedural", filepath.Join(dir, "manifest.json"), "--prompt", "a", "--max-tokens", "1", "--go-trace", tr)
+	b, err := os.ReadFile(tr)
+	if err != nil || !strings.HasPrefix(string(b), "go 1.") {
+		t.Fatalf("--go-trace wrote %d bytes (%v); want a Go trace (\"go 1.N trace\")", len(b), err)
+	}
+}
