@@ -313,6 +313,10 @@ func TestParseCollectionStrict(t *testing.T) {
 		t.Fatalf("canonical collection refused: %v", err)
 	}
 	cid := `"` + sh.String() + `"`
+	// A repeated region: one CID twice with one size.
+	if _, err := ParseCollection((&Collection{Size: 10, Shards: []Shard{{sh, 5}, {sh, 5}}}).Marshal()); err != nil {
+		t.Fatalf("a shard listed twice refused: %v", err)
+	}
 	for name, b := range map[string]string{
 		"repeated key":         `{"rdrr":"collection/v1","size":5,"size":5,"shards":[{"cid":` + cid + `,"size":5}]}`,
 		"repeated shard key":   `{"rdrr":"collection/v1","size":5,"shards":[{"cid":` + cid + `,"size":4,"size":5}]}`,
@@ -331,6 +335,7 @@ func TestParseCollectionStrict(t *testing.T) {
 		"null shards":          `{"rdrr":"collection/v1","size":0,"shards":null}`,
 		"sizes disagree":       `{"rdrr":"collection/v1","size":6,"shards":[{"cid":` + cid + `,"size":5}]}`,
 		"escaped key":          `{"rdrr":"collection/v1","siz\u0065":5,"shards":[{"cid":` + cid + `,"size":5}]}`,
+		"one CID, two sizes":   `{"rdrr":"collection/v1","size":9,"shards":[{"cid":` + cid + `,"size":5},{"cid":` + cid + `,"size":4}]}`,
 	} {
 		if _, err := ParseCollection([]byte(b)); !errors.Is(err, ErrNotCollection) {
 			t.Errorf("%s: ParseCollection(%s) = %v; want ErrNotCollection", name, b, err)

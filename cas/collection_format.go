@@ -81,10 +81,18 @@ func ParseCollection(b []byte) (*Collection, error) {
 		return nil, fmt.Errorf("%w: %d shards (want 1 to %d)", ErrNotCollection, n, MaxCollectionShards)
 	}
 	var sum int64
+	sizes := make(map[CID]int64, len(cj.Shards))
 	for i, s := range cj.Shards {
 		if s.Size <= 0 || s.Size > ShardSize || s.CID.IsCollection() {
 			return nil, fmt.Errorf("%w: shard %d: %s of %d bytes (want a raw CID of 1 to %d bytes)", ErrNotCollection, i, s.CID, s.Size, ShardSize)
 		}
+		// A blob has one size: a shard listed again (a repeated region)
+		// with another is a lie that a reader placing bytes by the list
+		// would believe.
+		if was, ok := sizes[s.CID]; ok && was != s.Size {
+			return nil, fmt.Errorf("%w: shard %d: %s listed as %d bytes and as %d", ErrNotCollection, i, s.CID, was, s.Size)
+		}
+		sizes[s.CID] = s.Size
 		sum += s.Size
 	}
 	if sum != cj.Size {

@@ -59,7 +59,8 @@ type Options struct {
 	// wakes 15-60 us after its completion (the poller's sleep, then the Go
 	// scheduler handing it a thread: measured on the H100's host, a paged
 	// decode step waits for 33 read-backs); spinning spends a core for it.
-	// 0 means 2 ms on a machine of at least 8 CPUs, none on smaller ones;
+	// 0 means 2 ms when the process may use at least 8 CPUs (GOMAXPROCS:
+	// a container's quota, not the host's count), none with fewer;
 	// negative: never spin.
 	SpinWait time.Duration
 }
@@ -100,7 +101,7 @@ func (o Options) withDefaults() Options {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	if o.SpinWait == 0 && runtime.NumCPU() >= spinCPUs {
+	if o.SpinWait == 0 && runtime.GOMAXPROCS(0) >= spinCPUs {
 		o.SpinWait = defaultSpinWait
 	}
 	return o

@@ -52,10 +52,22 @@ run $peer generate "$model" --prompt "The swarm is" --max-tokens 16 --ram 16MiB 
 
 step "7. A swarm on loopback: this peer seeds (daemon with an embedded signaling server), a second peer fetches over WebRTC"
 port=$((20000 + RANDOM % 20000))
-RDRR_HOME=$RDRR_HOME $peer daemon --signal-listen 127.0.0.1:$port --procedural "$work/proc" --log-level warn > "$work/daemon.log" 2>&1 &
+RDRR_HOME=$RDRR_HOME $peer daemon --signal-listen 127.0.0.1:$port --api-listen 127.0.0.1:0 --procedural "$work/proc" --log-level warn > "$work/daemon.log" 2>&1 &
 daemon=$!
 trap 'kill $daemon 2>/dev/null || true; cleanup' EXIT
-for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null && break; sleep 0.1; done
+# Up to 60 s for its signaling server (a loaded 2-core machine is slow to
+# start it), and say why if it never comes.
+up=
+for _ in $(seq 600); do
+  if (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null; then up=1; break; fi
+  kill -0 $daemon 2>/dev/null || break
+  sleep 0.1
+done
+if [ -z "$up" ]; then
+  echo "the seeding daemon did not start listening on 127.0.0.1:$port; its log:" >&2
+  cat "$work/daemon.log" >&2
+  exit 1
+fi
 sleep 1 # the seeder signs in to its own signaling server
 export RDRR_HOME=$work/home2
 run $peer init

@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // errExists is returned when -o names a file that exists and --force was
@@ -24,7 +26,11 @@ func writeOut(path string, r io.WriterTo, force bool) (int64, error) {
 		return 0, err
 	}
 	defer o.abort()
-	n, err := r.WriteTo(o.f)
+	f, err := o.Writer()
+	if err != nil {
+		return 0, err
+	}
+	n, err := r.WriteTo(f)
 	if err == nil {
 		err = o.commit()
 	}
@@ -37,13 +43,30 @@ func writeOut(path string, r io.WriterTo, force bool) (int64, error) {
 // (an existing file without --force, a directory) comes before the
 // fetch, not after it.
 type output struct {
-	f *os.File
+	f *os.File // nil for a named pipe until Writer opens it
 	// positional: f takes writes at offsets (a file, /dev/null, a block
 	// device), in any order; a pipe or a terminal does not.
 	positional bool
 	tmp, path  string      // a temporary file renamed over path by commit
 	mode       fs.FileMode // given to tmp before the rename (0: the default)
-	done       bool
+	// noReplace: path did not exist and --force was not given, so a
+	// file that appeared there meanwhile is not replaced.
+	noReplace bool
+	fifo      string // a named pipe, opened by Writer
+	done      bool
+}
+
+// Writer returns the file to write, opening a named pipe now: opening
+// one blocks until a reader comes, which must not hold up a fetch.
+func (o *output) Writer() (*os.File, error) {
+	if o.f == nil && o.fifo != "" {
+		f, err := os.OpenFile(o.fifo, os.O_WRONLY, 0)
+		if err != nil {
+			return nil, err
+		}
+		o.f = f
+	}
+	return o.f, nil
 }
 
 // openOutput opens path for writing, or standard output for "-".
@@ -79,6 +102,8 @@ func openOutput(path string, force bool) (*output, error) {
 			return nil, fmt.Errorf("%s: %w", path, errExists)
 		}
 		mode = fi.Mode().Perm()
+	case fi.Mode()&fs.ModeNamedPipe != 0:
+		return &output{fifo: target}, nil // written through, opened by Writer
 	default:
 		// Written through, without truncating or replacing it.
 		f, err := os.OpenFile(target, os.O_WRONLY, 0)
@@ -91,7 +116,7 @@ func openOutput(path string, force bool) (*output, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &output{f: f, positional: true, tmp: f.Name(), path: target, mode: mode}, nil
+	return &output{f: f, positional: true, tmp: f.Name(), path: target, mode: mode, noReplace: mode == 0}, nil
 }
 
 // positional reports whether f takes writes at offsets: the kernel refuses
@@ -118,6 +143,9 @@ func (o *output) commit() error {
 		return nil
 	}
 	o.done = true
+	if o.f == nil {
+		return nil // a named pipe never opened
+	}
 	var err error
 	if o.tmp != "" && o.mode != 0 {
 		err = o.f.Chmod(o.mode)
@@ -129,12 +157,36 @@ func (o *output) commit() error {
 		err = cerr
 	}
 	if o.tmp != "" && err == nil {
-		err = os.Rename(o.tmp, o.path)
+		if o.noReplace {
+			err = renameNoReplace(o.tmp, o.path)
+		} else {
+			err = os.Rename(o.tmp, o.path)
+		}
 	}
 	if err != nil && o.tmp != "" {
 		os.Remove(o.tmp)
 	}
 	return err
+}
+
+// renameNoReplace renames old to new unless new exists (a file made at
+// the output path while a fetch ran is not replaced without --force).
+func renameNoReplace(old, new string) error {
+	err := unix.Renameat2(unix.AT_FDCWD, old, unix.AT_FDCWD, new, unix.RENAME_NOREPLACE)
+	if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS) {
+		// A file system without the flag: a hard link fails as well
+		// when new exists.
+		if err = os.Link(old, new); err == nil {
+			return os.Remove(old)
+		}
+	}
+	if errors.Is(err, fs.ErrExist) {
+		return fmt.Errorf("%s: %w", new, errExists)
+	}
+	if err != nil {
+		return &os.LinkError{Op: "rename", Old: old, New: new, Err: err}
+	}
+	return nil
 }
 
 // abort closes an output that was not committed, removing its temporary
@@ -144,6 +196,9 @@ func (o *output) abort() {
 		return
 	}
 	o.done = true
+	if o.f == nil {
+		return
+	}
 	o.f.Close()
 	if o.tmp != "" {
 		os.Remove(o.tmp)

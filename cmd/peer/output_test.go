@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"io/fs"
 	"os"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rdrr/peer/cas"
 	"golang.org/x/sys/unix"
 )
 
@@ -153,5 +155,59 @@ func TestAddRefusesFIFO(t *testing.T) {
 			f.Close()
 		}
 		t.Fatal("add of a FIFO blocked")
+	}
+}
+
+// A get that must fetch opens its output first: an existing file without
+// --force is refused before anything is fetched, and a fetch that fails
+// leaves no temporary file behind.
+func TestGetOutputBeforeFetch(t *testing.T) {
+	home := t.TempDir()
+	mustRun(t, home, "init")
+	cid := cas.Sum([]byte("a blob nobody here has")).String()
+	dir := t.TempDir()
+	existing := filepath.Join(dir, "existing")
+	if err := os.WriteFile(existing, []byte("keep me"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dead := "ws://127.0.0.1:1" // nothing listens: a fetch would fail on it
+	if _, err := run(t, home, "get", cid, "-o", existing, "--signal", dead); err == nil || !strings.Contains(err.Error(), "--force") {
+		t.Fatalf("get onto an existing file: %v; want the refusal naming --force, before any fetch", err)
+	}
+	if _, err := run(t, home, "get", cid, "-o", filepath.Join(dir, "new"), "--signal", dead); err == nil {
+		t.Fatal("a get from a dead signaling server succeeded")
+	}
+	ents, _ := os.ReadDir(dir)
+	if len(ents) != 1 {
+		var names []string
+		for _, e := range ents {
+			names = append(names, e.Name())
+		}
+		t.Fatalf("the output directory holds %v; want only the existing file", names)
+	}
+	if b, _ := os.ReadFile(existing); string(b) != "keep me" {
+		t.Fatalf("the existing file became %q", b)
+	}
+}
+
+// The rename that ends a get onto a new path does not replace a file
+// that appeared there meanwhile.
+func TestRenameNoReplace(t *testing.T) {
+	dir := t.TempDir()
+	tmp, dst := filepath.Join(dir, "tmp"), filepath.Join(dir, "dst")
+	os.WriteFile(tmp, []byte("new"), 0o644)
+	os.WriteFile(dst, []byte("theirs"), 0o644)
+	if err := renameNoReplace(tmp, dst); !errors.Is(err, errExists) {
+		t.Fatalf("rename onto a file that appeared: %v; want errExists", err)
+	}
+	if b, _ := os.ReadFile(dst); string(b) != "theirs" {
+		t.Fatalf("the file that appeared became %q", b)
+	}
+	os.Remove(dst)
+	if err := renameNoReplace(tmp, dst); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(dst); string(b) != "new" {
+		t.Fatalf("renamed file holds %q", b)
 	}
 }

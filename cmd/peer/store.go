@@ -234,8 +234,10 @@ func getCmd(a *app) *cobra.Command {
 				var n, streamed int64
 				if tee != nil {
 					n, streamed, err = tee.fill(fr)
+				} else if f, werr := o.Writer(); werr != nil {
+					err = werr
 				} else {
-					n, err = fr.WriteTo(o.f)
+					n, err = fr.WriteTo(f)
 				}
 				if err == nil {
 					err = o.commit()

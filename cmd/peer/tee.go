@@ -48,10 +48,10 @@ func (t *teeOut) verified(blob cas.CID, off int64, data []byte) {
 			return
 		}
 	}
-	offs, err := t.at[blob], t.err
+	offs, size, err := t.at[blob], t.size[blob], t.err
 	t.mu.Unlock()
-	if err != nil || len(offs) == 0 {
-		return
+	if err != nil || len(offs) == 0 || off < 0 || off+int64(len(data)) > size {
+		return // not a shard of the file, or not within it: fill writes what is missing
 	}
 	for _, at := range offs {
 		if _, err := t.w.WriteAt(data, at+off); err != nil {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	dht "github.com/libp2p/go-libp2p-kad-dht"
+	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/core/protocol"
 	ma "github.com/multiformats/go-multiaddr"
@@ -311,13 +312,15 @@ func (x *DHT) FindProviders(ctx context.Context, c cas.CID, limit int) ([]peer.A
 }
 
 // FindFirstProviders is FindProviders for a fetch, which can start from
-// one provider: the lookup stops findGrace after the first one was found.
+// one provider: the lookup stops findGrace after it found one that this
+// host is connected to (a record of a peer gone does not end it; without
+// a connected provider the lookup runs as FindProviders does).
 func (x *DHT) FindFirstProviders(ctx context.Context, c cas.CID, limit int) ([]peer.AddrInfo, error) {
 	return x.findProviders(ctx, c, limit, findGrace)
 }
 
 // findProviders looks c up; grace > 0 ends the lookup that long after the
-// first provider was found.
+// first provider found that this host is connected to.
 func (x *DHT) findProviders(ctx context.Context, c cas.CID, limit int, grace time.Duration) ([]peer.AddrInfo, error) {
 	if limit <= 0 {
 		return nil, errors.New("p2p: FindProviders: limit must be positive")
@@ -346,8 +349,10 @@ func (x *DHT) findProviders(ctx context.Context, c cas.CID, limit int, grace tim
 		if ai.ID == x.h.ID() {
 			continue
 		}
-		if grace > 0 && graceTimer == nil {
-			graceTimer = time.AfterFunc(grace, stop) // found one: a little longer for more
+		if grace > 0 && graceTimer == nil && x.h.Network().Connectedness(ai.ID) == network.Connected {
+			// A provider this host is connected to (alive, unlike a
+			// record of a peer gone): a little longer for more.
+			graceTimer = time.AfterFunc(grace, stop)
 		}
 		if i, ok := at[ai.ID]; ok {
 			if len(out[i].Addrs) == 0 && len(ai.Addrs) > 0 {

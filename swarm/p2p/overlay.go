@@ -434,9 +434,14 @@ func (o *Overlay) providers(ctx context.Context, c cas.CID, limit int, first boo
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			// Not ended by ctx when Providers returns early: the dial is
-			// bounded by its own 5 s.
-			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			// A fetch's dials are not ended by ctx when Providers returns
+			// early: each is bounded by its own 5 s. A count's end with
+			// ctx, as it waits for them.
+			dctx := ctx
+			if first {
+				dctx = context.WithoutCancel(ctx)
+			}
+			cctx, cancel := context.WithTimeout(dctx, 5*time.Second)
 			defer cancel()
 			if err := o.Host.Connect(cctx, peer.AddrInfo{ID: p}); err != nil {
 				o.log.Debug("p2p: connect to provider", "peer", p, "err", err)
@@ -450,13 +455,13 @@ func (o *Overlay) providers(ctx context.Context, c cas.CID, limit int, first boo
 	}
 	all := make(chan struct{})
 	go func() { wg.Wait(); close(all) }()
-	if dialing > 0 || !first {
+	switch {
+	case !first:
+		<-all // the dials end with ctx
+	case dialing > 0:
 		select {
 		case <-all:
 		case <-connected:
-			if !first {
-				<-all
-			}
 		case <-ctx.Done():
 		}
 	}
