@@ -226,3 +226,35 @@ func TestDHTMaxProvided(t *testing.T) {
 		t.Fatal("provided more than MaxProvided")
 	}
 }
+
+// A fetch's lookup (FindFirstProviders) finds the live provider when a
+// record of a provider that left is held too. (On loopback both records
+// come in the same answers, so this checks what the lookup returns, not
+// when its grace period starts.)
+func TestDHTFindFirstProvidersPastAProviderGone(t *testing.T) {
+	ds := newTestDHTs(t, 6, nil)
+	blob := cas.Sum([]byte("a blob whose first provider left"))
+	for _, i := range []int{2, 4} {
+		if err := ds[i].Provide(ctxFor(t, 30*time.Second), blob); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, d := range ds {
+		if i != 2 && i != 4 {
+			waitFor(t, 10*time.Second, fmt.Sprintf("dht %d holds both records", i), func() bool {
+				return holdsRecord(t, d.DHT, blob, ds[2].h.ID()) && holdsRecord(t, d.DHT, blob, ds[4].h.ID())
+			})
+		}
+	}
+	ds[2].Close()
+	ds[2].h.Close()
+	for _, i := range []int{0, 1, 3, 5} {
+		got, err := ds[i].FindFirstProviders(ctxFor(t, 30*time.Second), blob, 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Contains(ids(got), ds[4].h.ID()) {
+			t.Fatalf("dht %d found %v; want the live provider %s among them", i, ids(got), ds[4].h.ID())
+		}
+	}
+}
