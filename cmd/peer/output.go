@@ -3,12 +3,10 @@ package main
 import (
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -17,25 +15,6 @@ import (
 // errExists is returned when -o names a file that exists and --force was
 // not given.
 var errExists = errors.New("exists (give --force to replace it)")
-
-// writeOut writes r to path, or to standard output for "-", by the rules
-// of openOutput.
-func writeOut(path string, r io.WriterTo, force bool) (int64, error) {
-	o, err := openOutput(path, force)
-	if err != nil {
-		return 0, err
-	}
-	defer o.abort()
-	f, err := o.Writer()
-	if err != nil {
-		return 0, err
-	}
-	n, err := r.WriteTo(f)
-	if err == nil {
-		err = o.commit()
-	}
-	return n, err
-}
 
 // output is a file being written for the user (`peer get -o`), opened
 // before what goes into it is fetched, so that a fetch can write its
@@ -128,7 +107,7 @@ func positional(f *os.File) bool {
 	}
 	var werr error
 	if err := rc.Write(func(fd uintptr) bool {
-		_, werr = syscall.Pwrite(int(fd), nil, 0)
+		_, werr = unix.Pwrite(int(fd), nil, 0)
 		return true
 	}); err != nil {
 		return false

@@ -450,15 +450,13 @@ func (o *Overlay) providers(ctx context.Context, c cas.CID, limit int, first boo
 			connected <- struct{}{}
 		}()
 	}
-	if first && dialing > 0 && dialing < len(out) {
-		dialing = 0 // one is connected already: no need to wait
-	}
-	all := make(chan struct{})
-	go func() { wg.Wait(); close(all) }()
 	switch {
 	case !first:
-		<-all // the dials end with ctx
-	case dialing > 0:
+		wg.Wait() // the dials end with ctx
+	case dialing > 0 && dialing == len(out):
+		// None connected yet: wait for one, or for every dial to fail.
+		all := make(chan struct{})
+		go func() { wg.Wait(); close(all) }()
 		select {
 		case <-all:
 		case <-connected:
