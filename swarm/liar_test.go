@@ -51,7 +51,16 @@ func (h *haveLiar) AppendPartialSlice(dst []byte, c cas.CID, off, n int64) ([]by
 func TestHaveLiarBanned(t *testing.T) {
 	url := startSignal(t)
 	data := randBytes(71, 16*(1<<20)+333)
-	seed := newTestNode(t, url, nil)
+	// The seed answers each request 20 ms late: its shards then stay
+	// open long enough for the leecher to learn the liar's HAVE of them
+	// and ask it (on a loaded machine the seed otherwise served all but
+	// two of them before the liar's bitmaps arrived: two refusals, no ban).
+	seed := newTestNode(t, url, func(c *Config) {
+		c.testHooks.serve = func(l *link, ch *channel, job serveJob) error {
+			time.Sleep(20 * time.Millisecond)
+			return l.serveOne(ch, job)
+		}
+	})
 	root, col := smallCollection(t, seed.st, data, 1<<20)
 	lie := &haveLiar{sizes: map[cas.CID]int64{}}
 	for _, sh := range col.Shards {
