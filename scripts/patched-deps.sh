@@ -12,8 +12,9 @@
 #                              and SCTPTransport.SetMTU, one connection's
 #                              size (an offerer learns it from the answer).
 #   swarm/pion-sctp-alloc.patch    pion/sctp: a DATA packet is marshalled
-#                              into one recycled buffer (CPU per byte); packets
-#                              of any size are read.
+#                              into one recycled buffer, and a message's
+#                              fragments share one copy of it (CPU per
+#                              byte); packets of any size are read.
 #   swarm/pion-dtls-records.patch  pion/dtls: an application data record is
 #                              built and encrypted in place in one buffer, and
 #                              received in one copy (CPU per byte); datagrams
