@@ -55,9 +55,11 @@ func TestSwarmChurn(t *testing.T) {
 	sigAddr := freeAddr(t)
 	common := []string{"--signal", "ws://" + sigAddr, "--announce-interval", "300ms"}
 	quiet := append(common, "--log-level", "warn")
-	// 1 MiB/s: the leecher's fetch spans much of the churn, from the
-	// seeder and from churners that hold pieces.
-	seed := startDaemon(t, peer, seedHome, append(common, "--signal-listen", sigAddr, "--upload-rate", "1MiB")...)
+	// 2 MiB/s, shared with the churners' fetches: the leecher's fetch
+	// spans most of the churn, from the seeder and from churners that hold
+	// pieces, and ends about when the churn does (at 1 MiB/s it ran a
+	// minute past it, a minute of make test spent waiting).
+	seed := startDaemon(t, peer, seedHome, append(common, "--signal-listen", sigAddr, "--upload-rate", "2MiB")...)
 	leech := startDaemon(t, peer, leechHome, common...)
 	waitFor(t, "both daemons online", 30*time.Second, func() bool { return seed.status(t).Online && leech.status(t).Online })
 	job := leech.startFetch(t, cid)
@@ -92,6 +94,7 @@ func TestSwarmChurn(t *testing.T) {
 		stopped++
 	}
 	start := time.Now()
+	var doneAt time.Time // when the leecher's fetch was seen done
 	for joined < maxChurners && time.Since(start) < period {
 		// Leave: those whose time is up.
 		rest := alive[:0]
@@ -129,6 +132,8 @@ func TestSwarmChurn(t *testing.T) {
 		}
 		if j := leech.job(t, job); j.State == "failed" {
 			t.Fatalf("the leecher's fetch failed during the churn: %s", j.Error)
+		} else if j.State == "done" && doneAt.IsZero() {
+			doneAt = time.Now()
 		}
 		time.Sleep(time.Second)
 	}
@@ -143,6 +148,10 @@ func TestSwarmChurn(t *testing.T) {
 		}
 		return j.State == "done"
 	})
+	if doneAt.IsZero() {
+		doneAt = time.Now()
+	}
+	t.Logf("the leecher's fetch was seen done %v after the churn began", doneAt.Sub(start).Round(time.Second))
 	// Goroutines back near the baseline once the churners' connections
 	// are gone (a dead peer's connection closes when ICE gives up on it):
 	// within 64 of it, where a leak of two goroutines per churner would
