@@ -130,6 +130,21 @@ fn scales(h: vec4<u32>, s: Sel) -> vec4<f32> {
   return tofloat(vec4<u32>(sc0, sc1, m0, m1));
 }
 
+// pairs is scales for the matrix-vector path: each value's pair (of
+// sub-blocks 2j and 2j+1) taken in one go, the two six-bit values in
+// bytes 0 and 1 of a word, then made floats with the positional trick:
+// (sc0, 256 sc1, m0, 256 m1). The caller scales what sc1 and m1 multiply
+// by 2^-8 (exact).
+fn pairs(h: vec4<u32>, s: Sel) -> vec4<f32> {
+  let a_sc = select(h.w, h.y, s.lo);
+  let a_m = select(h.w, h.z, s.lo);
+  let mask = select(0x0f0fu, 0x3f3fu, s.lo);
+  let m_hi = select(0x3030u, 0u, s.lo);
+  let tsc = ((a_sc >> s.s_sc) & mask) | ((h.y >> s.s_hi) & m_hi);
+  let tm = ((a_m >> s.s_m) & mask) | ((h.z >> s.s_hi) & m_hi);
+  return tofloat(vec4<u32>(tsc, tsc, tm, tm) & vec4<u32>(0x3fu, 0x3f00u, 0x3fu, 0x3f00u));
+}
+
 // tofloat converts small integers (< 2^23) to f32 exactly. CONV 1 uses
 // f32(2^23 + v) - 2^23 (an OR and an add, full-rate ALU) instead of
 // integer-to-float conversions, which issue at a quarter rate or less on
@@ -161,6 +176,27 @@ fn quad(w: u32) -> vec4<f32> {
   }
   return vec4<f32>(v);
 }
+
+// lows and highs are quad for the matrix-vector path, the low and the
+// high nibbles of w's four bytes with one shift for both (s = w >> 12):
+// no nibble then sits at or above bit 23, where the 2^23 trick of
+// tofloat ends. Their positional scales are XL and XH. With pairs for
+// the scales, this path takes about 9 integer instructions every 8
+// weights instead of 11, and the scales 14 instead of ~22 a block and
+// row: on an H100, whose SMs issue integer instructions at half their
+// FP32 rate, that is what the products' arithmetic waits for (2.6-5.7%
+// faster products, gpu/BENCHMARKS.md).
+fn lows(w: u32, s: u32) -> vec4<f32> {
+  return tofloat(vec4<u32>(w, w, w, s) & vec4<u32>(0xfu, 0xf00u, 0xf0000u, 0xf000u));
+}
+
+fn highs(w: u32, s: u32) -> vec4<f32> {
+  return tofloat(vec4<u32>(w, w, s, s) & vec4<u32>(0xf0u, 0xf000u, 0xf00u, 0xf0000u));
+}
+
+const XL: vec4<f32> = vec4<f32>(1.0, 0.00390625, 0.0000152587890625, 0.000244140625);
+// XH also carries pairs' 2^-8 for sc1.
+const XH: vec4<f32> = vec4<f32>(0.000244140625, 0.00000095367431640625, 0.0000152587890625, 0.000000059604644775390625);
 
 // load_x returns the 32 x values of a thread's quant bytes: 4 vec4 from
 // o (low nibbles) and 4 from o + 8 (high nibbles, 32 weights later).
@@ -255,6 +291,28 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       let sv = xs[0] + xs[1] + xs[2] + xs[3];
       let hv = xs[4] + xs[5] + xs[6] + xs[7];
       let xsum = vec2<f32>(sv.x + sv.y + sv.z + sv.w, hv.x + hv.y + hv.z + hv.w);
+      if (POS == 1u) {
+        let a0 = xs[0] * XL;
+        let a1 = xs[1] * XL;
+        let a2 = xs[2] * XL;
+        let a3 = xs[3] * XL;
+        let b0 = xs[4] * XH;
+        let b1 = xs[5] * XH;
+        let b2 = xs[6] * XH;
+        let b3 = xs[7] * XH;
+        let xsum2 = xsum * vec2<f32>(1.0, 0.00390625); // m1 comes as 256 m1
+        for (var r = 0u; r < ROWS; r++) {
+          let h = hs[r];
+          let q = qs[r];
+          let dm = unpack2x16float(h.x);
+          let sm = pairs(h, sel);
+          let s = q >> vec4<u32>(12u);
+          let dl = dot(lows(q.x, s.x), a0) + dot(lows(q.y, s.y), a1) + dot(lows(q.z, s.z), a2) + dot(lows(q.w, s.w), a3);
+          let dh = dot(highs(q.x, s.x), b0) + dot(highs(q.y, s.y), b1) + dot(highs(q.z, s.z), b2) + dot(highs(q.w, s.w), b3);
+          acc[r] += dm.x * (sm.x * dl + sm.y * dh) - dm.y * dot(sm.zw, xsum2);
+        }
+        continue;
+      }
       let a0 = xs[0] * XS;
       let a1 = xs[1] * XS;
       let a2 = xs[2] * XS;
