@@ -65,7 +65,7 @@ var opVariants = map[string]struct {
 	},
 	"q4k_matvec": {
 		cheaters: map[string][]edit{
-			"leaves out the mins": {{"acc[r] += dm.x * (sm.x * dl + sm.y * dh) - dm.y * dot(sm.zw, xsum);", "acc[r] += dm.x * (sm.x * dl + sm.y * dh);"}},
+			"leaves out the mins": {{"acc[r] += dm.x * (sm.x * dl + sm.y * dh) - dm.y * dot(sm.zw, xsum2);", "acc[r] += dm.x * (sm.x * dl + sm.y * dh);"}},
 			"skips the last row":  {{"if (row < p.rows && tt < p.n) {", "if (row + 1u < p.rows && tt < p.n) {"}},
 		},
 		correct: q4kRewrite,
@@ -110,6 +110,8 @@ var opVariants = map[string]struct {
 // q4kRewrite sums a block's terms into the accumulators in another order,
 // with FMA (both paths of q4k_matmul.wgsl).
 var q4kRewrite = []edit{
+	{"acc[r] += dm.x * (sm.x * dl + sm.y * dh) - dm.y * dot(sm.zw, xsum2);",
+		"acc[r] = fma(dm.x, sm.x * dl + sm.y * dh, acc[r] - dm.y * dot(sm.zw, xsum2));"},
 	{"acc[r] += dm.x * (sm.x * dl + sm.y * dh) - dm.y * dot(sm.zw, xsum);",
 		"acc[r] = fma(dm.x, sm.x * dl + sm.y * dh, acc[r] - dm.y * dot(sm.zw, xsum));"},
 	{"acc[r * TOK + t] += dm.x * (sm.x * dl + sm.y * dh) - dm.y * dot(sm.zw, xsum);",
