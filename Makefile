@@ -18,7 +18,7 @@ PATCHEDPKGS ?= github.com/pion/webrtc/v4/internal/mux
 # Tests a patch adds to a package whose other tests assume upstream
 # behaviour (pion/sctp's TestStats expects the stock initial congestion
 # window that swarm/pion-sctp-cwnd.patch raises): only ours run.
-PATCHEDTESTS ?= github.com/pion/sctp:TestPacketize
+PATCHEDTESTS ?= github.com/pion/sctp:TestPacketizeFragmentsShareOneCopy
 # Packages whose code is concurrent: run under the race detector.
 RACEPKGS ?= $(patsubst %,./%/...,$(wildcard cas signaling swarm gpu tiers kernels)) ./experts/
 
@@ -51,7 +51,7 @@ test: deps vet wasm
 	GOFLAGS= RDRR_EXPECT_BIG_PACKETS=0 $(GO) test -count=1 -short -timeout 10m ./swarm/...
 	$(GO) test -count=1 -race -short -timeout 15m $(RACEPKGS)
 	$(GO) test -count=1 -race $(PATCHEDPKGS)
-	@set -e; for t in $(PATCHEDTESTS); do $(GO) test -count=1 -race -run "^$${t#*:}" $${t%%:*}; done
+	@set -e; for t in $(PATCHEDTESTS); do $(GO) test -count=1 -race -run "^$${t#*:}$$" $${t%%:*}; done
 	@$(MAKE) --no-print-directory fuzz FUZZEXECS=$(TESTFUZZEXECS)
 
 race: deps

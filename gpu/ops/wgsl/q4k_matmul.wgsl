@@ -14,7 +14,8 @@
 // Constants: ROWS rows per thread; TOK tokens per workgroup (1: the
 // matrix-vector path); WG threads per workgroup; PIPE 1 issues the next
 // block's loads before this block's arithmetic; POS 1 decodes nibbles with
-// the positional trick (see quad), 0 with shifts; CONV 1 converts small
+// the positional trick (see quad; lows, highs and pairs on the matrix-
+// vector path), 0 with shifts; CONV 1 converts small
 // integers to float with the 2^23 trick, 0 with conversion instructions.
 // GROUPED 1 makes one dispatch run up to 16 independent matrix-vector
 // products (workgroup z = product e): W of product e starts at vec4
