@@ -108,13 +108,11 @@ var opVariants = map[string]struct {
 }
 
 // q4kRewrite sums a block's terms into the accumulators in another order,
-// with FMA (the three paths of q4k_matmul.wgsl: the matrix-vector one
-// with positional scales, the one with shifts, the small-batch one).
+// with FMA (both paths of q4k_matmul.wgsl: matrix-vector and small
+// batch).
 var q4kRewrite = []edit{
 	{"acc[r] += dm.x * (sm.x * dl + sm.y * dh) - dm.y * dot(sm.zw, xsum2);",
 		"acc[r] = fma(dm.x, sm.x * dl + sm.y * dh, acc[r] - dm.y * dot(sm.zw, xsum2));"},
-	{"acc[r] += dm.x * (sm.x * dl + sm.y * dh) - dm.y * dot(sm.zw, xsum);",
-		"acc[r] = fma(dm.x, sm.x * dl + sm.y * dh, acc[r] - dm.y * dot(sm.zw, xsum));"},
 	{"acc[r * TOK + t] += dm.x * (sm.x * dl + sm.y * dh) - dm.y * dot(sm.zw, xsum);",
 		"acc[r * TOK + t] = fma(dm.x, sm.x * dl + sm.y * dh, acc[r * TOK + t] - dm.y * dot(sm.zw, xsum));"},
 }

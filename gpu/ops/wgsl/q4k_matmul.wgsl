@@ -292,44 +292,36 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       let sv = xs[0] + xs[1] + xs[2] + xs[3];
       let hv = xs[4] + xs[5] + xs[6] + xs[7];
       let xsum = vec2<f32>(sv.x + sv.y + sv.z + sv.w, hv.x + hv.y + hv.z + hv.w);
-      if (POS == 1u) {
-        let a0 = xs[0] * XL;
-        let a1 = xs[1] * XL;
-        let a2 = xs[2] * XL;
-        let a3 = xs[3] * XL;
-        let b0 = xs[4] * XH;
-        let b1 = xs[5] * XH;
-        let b2 = xs[6] * XH;
-        let b3 = xs[7] * XH;
-        let xsum2 = xsum * vec2<f32>(1.0, 0.00390625); // m1 comes as 256 m1
-        for (var r = 0u; r < ROWS; r++) {
-          let h = hs[r];
-          let q = qs[r];
-          let dm = unpack2x16float(h.x);
-          let sm = pairs(h, sel);
-          let s = q >> vec4<u32>(12u);
-          let dl = dot(lows(q.x, s.x), a0) + dot(lows(q.y, s.y), a1) + dot(lows(q.z, s.z), a2) + dot(lows(q.w, s.w), a3);
-          let dh = dot(highs(q.x, s.x), b0) + dot(highs(q.y, s.y), b1) + dot(highs(q.z, s.z), b2) + dot(highs(q.w, s.w), b3);
-          acc[r] += dm.x * (sm.x * dl + sm.y * dh) - dm.y * dot(sm.zw, xsum2);
-        }
-        continue;
-      }
-      let a0 = xs[0] * XS;
-      let a1 = xs[1] * XS;
-      let a2 = xs[2] * XS;
-      let a3 = xs[3] * XS;
-      let b0 = xs[4] * XS;
-      let b1 = xs[5] * XS;
-      let b2 = xs[6] * XS;
-      let b3 = xs[7] * XS;
+      // POS 1: x scaled for lows', highs' and pairs' positions; 0: as is.
+      let xl = select(vec4<f32>(1.0), XL, POS == 1u);
+      let xh = select(vec4<f32>(1.0), XH, POS == 1u);
+      let a0 = xs[0] * xl;
+      let a1 = xs[1] * xl;
+      let a2 = xs[2] * xl;
+      let a3 = xs[3] * xl;
+      let b0 = xs[4] * xh;
+      let b1 = xs[5] * xh;
+      let b2 = xs[6] * xh;
+      let b3 = xs[7] * xh;
+      let xsum2 = xsum * select(vec2<f32>(1.0), vec2<f32>(1.0, 0.00390625), POS == 1u); // pairs' m1 comes as 256 m1
       for (var r = 0u; r < ROWS; r++) {
         let h = hs[r];
         let q = qs[r];
         let dm = unpack2x16float(h.x);
-        let sm = scales(h, sel);
-        let dl = dot(quad(q.x), a0) + dot(quad(q.y), a1) + dot(quad(q.z), a2) + dot(quad(q.w), a3);
-        let dh = dot(quad(q.x >> 4u), b0) + dot(quad(q.y >> 4u), b1) + dot(quad(q.z >> 4u), b2) + dot(quad(q.w >> 4u), b3);
-        acc[r] += dm.x * (sm.x * dl + sm.y * dh) - dm.y * dot(sm.zw, xsum);
+        var sm: vec4<f32>;
+        var dl: f32;
+        var dh: f32;
+        if (POS == 1u) {
+          sm = pairs(h, sel);
+          let s = q >> vec4<u32>(12u);
+          dl = dot(lows(q.x, s.x), a0) + dot(lows(q.y, s.y), a1) + dot(lows(q.z, s.z), a2) + dot(lows(q.w, s.w), a3);
+          dh = dot(highs(q.x, s.x), b0) + dot(highs(q.y, s.y), b1) + dot(highs(q.z, s.z), b2) + dot(highs(q.w, s.w), b3);
+        } else {
+          sm = scales(h, sel);
+          dl = dot(quad(q.x), a0) + dot(quad(q.y), a1) + dot(quad(q.z), a2) + dot(quad(q.w), a3);
+          dh = dot(quad(q.x >> 4u), b0) + dot(quad(q.y >> 4u), b1) + dot(quad(q.z >> 4u), b2) + dot(quad(q.w >> 4u), b3);
+        }
+        acc[r] += dm.x * (sm.x * dl + sm.y * dh) - dm.y * dot(sm.zw, xsum2);
       }
     } else {
       // Small batch: dequantize factors once per row, stream each token's x.
