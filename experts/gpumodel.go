@@ -3,6 +3,7 @@ package experts
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -66,6 +67,13 @@ type GPUModel struct {
 	// every workgroup). RDRR_GPU_FUSE picks them for measurements: o,
 	// swiglu, 1 (both) or 0 (neither); see fusions.
 	fuseO, fuseSwiGLU bool
+	// pipeline has Generate record each step while the GPU runs the one
+	// before it (generatePipelined); RDRR_GPU_PIPELINE=0 turns it off,
+	// for measurements.
+	pipeline bool
+	// settling is the step before the one begin is recording, not yet
+	// ended, when generatePipelined records ahead (see settle).
+	settling *settling
 	// ProfileGPU and GPUTimes: see StepProfile's note.
 	ProfileGPU bool
 	GPUTimes   map[string]time.Duration
@@ -122,6 +130,7 @@ func NewGPUModel(ctx context.Context, m *Manifest, d *gpu.Device, cache *tiers.C
 	}
 	g := &GPUModel{m: m, d: d, k: ops.NewKernels(d), cache: cache, arena: arena, dense: map[string]*gpu.Buffer{}, buf: map[string]*gpu.Buffer{}, MaxPos: maxPos}
 	g.fuseO, g.fuseSwiGLU = fusions(os.Getenv("RDRR_GPU_FUSE"))
+	g.pipeline = os.Getenv("RDRR_GPU_PIPELINE") != "0"
 	g.groupExperts()
 	rm := &RefModel{m: m, cache: cache}
 	inExpert := map[string]bool{}
@@ -440,22 +449,55 @@ type head struct {
 
 // step runs one token; see Step and head.
 func (g *GPUModel) step(ctx context.Context, token int, hd head) ([]float32, int, error) {
+	p, err := g.begin(ctx, token, false, hd)
+	if err != nil {
+		return nil, 0, err
+	}
+	return g.end(ctx, p, true)
+}
+
+// A stepRun is a step submitted to the GPU whose end (its read-back of
+// the logits, the sampled token and the masked layers' choices) the host
+// has not collected yet: begin returns it, end collects it.
+type stepRun struct {
+	hd       head
+	rd       *gpu.PendingRead // nil: nothing to read (the step was waited for)
+	from, to uint64           // the span of out that rd reads
+	masked   []int            // layers that ran masked: their choice comes back in rd
+	start    time.Time
+	ended    bool
+	logits   []float32
+	tok      int
+	err      error
+}
+
+// begin records and submits one step at the next position and starts
+// its read-back without waiting for it. The step embeds token, or, with
+// onGPU, the token the step before it sampled, which never leaves the
+// GPU: the host records this step while the GPU still runs that one
+// (generatePipelined). A step that must page experts (a layer not wholly
+// in VRAM) settles the step before it first (see settle).
+func (g *GPUModel) begin(ctx context.Context, token int, onGPU bool, hd head) (*stepRun, error) {
 	c := &g.m.Config
 	k := c.NumExpertsPerTok
-	if token < 0 || token >= c.VocabSize {
-		return nil, 0, fmt.Errorf("experts: token %d outside the vocabulary of %d", token, c.VocabSize)
+	if !onGPU && (token < 0 || token >= c.VocabSize) {
+		return nil, fmt.Errorf("experts: token %d outside the vocabulary of %d", token, c.VocabSize)
 	}
 	if g.pos >= g.MaxPos {
-		return nil, 0, fmt.Errorf("experts: position %d: the KV cache holds %d", g.pos, g.MaxPos)
+		return nil, fmt.Errorf("experts: position %d: the KV cache holds %d", g.pos, g.MaxPos)
 	}
 	B := g.buf
 	pr := &g.Profile
-	tStep := time.Now()
-	mark := tStep
+	run := &stepRun{hd: hd, start: time.Now()}
+	mark := run.start
 	lap := func(d *time.Duration) { now := time.Now(); *d += now.Sub(mark); mark = now }
-	defer func() { pr.Steps++; pr.Total += time.Since(tStep) }()
-	if err := g.d.Write(B["tok"], binary.LittleEndian.AppendUint32(nil, uint32(token))); err != nil {
-		return nil, 0, err
+	defer func() { pr.Total += time.Since(run.start) }()
+	tok := gpu.Region(B["sampled"].Sub(0, 4))
+	if !onGPU {
+		tok = B["tok"]
+		if err := g.d.Write(B["tok"], binary.LittleEndian.AppendUint32(nil, uint32(token))); err != nil {
+			return nil, err
+		}
 	}
 	var held []*tiers.Lease // matrices of the masked layers, until their submit
 	defer func() { releaseAll(held) }()
@@ -481,9 +523,9 @@ func (g *GPUModel) step(ctx context.Context, token int, hd head) ([]float32, int
 		b = g.d.Batch()
 		return nil
 	}
-	g.k.Embed(ctx, b, g.dense["model.embed_tokens.weight"], B["tok"], B["x"], ops.EmbedShape{Type: abi.Q4K, Tokens: 1, Dim: c.HiddenSize, Vocab: c.VocabSize})
+	g.k.Embed(ctx, b, g.dense["model.embed_tokens.weight"], tok, B["x"], ops.EmbedShape{Type: abi.Q4K, Tokens: 1, Dim: c.HiddenSize, Vocab: c.VocabSize})
 	if err := section("embed"); err != nil {
-		return nil, 0, err
+		return nil, err
 	}
 	// ahead is the next paged layer, encoded while the GPU runs this one
 	// (encodeAhead): this layer's accumulate, the next one's attention,
@@ -509,7 +551,7 @@ func (g *GPUModel) step(ctx context.Context, token int, hd head) ([]float32, int
 		} else {
 			g.recordAttention(ctx, b, l)
 			if err := section("attention"); err != nil {
-				return nil, 0, err
+				return nil, err
 			}
 			if !c.IsMoE(l) {
 				// A dense layer (DeepSeek's first ones): its FFN, resident.
@@ -523,19 +565,19 @@ func (g *GPUModel) step(ctx context.Context, token int, hd head) ([]float32, int
 				sel := B["out"].Sub(g.idsAt(l), uint64(k*4))
 				g.k.Route(ctx, b, B["rlogits"], nil, sel, B["w"], g.route())
 				if err := section("router"); err != nil {
-					return nil, 0, err
+					return nil, err
 				}
 				held = append(held, layer...)
 				g.recordMasked(ctx, b, l, layer, sel)
 				if err := section("experts"); err != nil {
-					return nil, 0, err
+					return nil, err
 				}
 				masked = append(masked, l)
 				if len(masked)%maskedPerSubmit == 0 {
 					// Submit as we go: the GPU runs these layers while the
 					// next ones are recorded.
 					if err := b.Submit(ctx); err != nil {
-						return nil, 0, err
+						return nil, err
 					}
 					pr.Submits++
 					held = releaseAll(held)
@@ -543,9 +585,14 @@ func (g *GPUModel) step(ctx context.Context, token int, hd head) ([]float32, int
 				}
 				continue
 			}
+			// A layer to page: the step before this one must have ended
+			// (the trace counts its experts first).
+			if err := g.settle(ctx); err != nil {
+				return nil, err
+			}
 			predict = g.recordChoice(ctx, b, l)
 			if err := b.Submit(ctx); err != nil {
-				return nil, 0, err
+				return nil, err
 			}
 			pr.Submits++
 			held = releaseAll(held) // submitted: a later upload into their slots queues after
@@ -559,7 +606,7 @@ func (g *GPUModel) step(ctx context.Context, token int, hd head) ([]float32, int
 		}
 		rd, err := g.d.StartRead(B["ids"].Sub(0, uint64(n)), n)
 		if err != nil {
-			return nil, 0, err
+			return nil, err
 		}
 		pr.Readbacks++
 		if pending != nil && pending.rest != nil {
@@ -568,7 +615,7 @@ func (g *GPUModel) step(ctx context.Context, token int, hd head) ([]float32, int
 			pending.rest = nil
 			if err != nil {
 				rd.Wait(ctx, make([]byte, n))
-				return nil, 0, err
+				return nil, err
 			}
 			pr.Submits++
 		}
@@ -579,14 +626,14 @@ func (g *GPUModel) step(ctx context.Context, token int, hd head) ([]float32, int
 			// While the GPU runs this layer, encode the next one.
 			if ahead, err = g.encodeAhead(ctx, l, next, len(held)); err != nil {
 				rd.Wait(ctx, make([]byte, n))
-				return nil, 0, err
+				return nil, err
 			}
 			pr.Ahead += time.Since(mark)
 		}
 		lap(&pr.Record)
 		both := make([]byte, n)
 		if err := rd.Wait(ctx, both); err != nil {
-			return nil, 0, err
+			return nil, err
 		}
 		lap(&pr.RouteWait)
 		idb := both[:k*4]
@@ -601,7 +648,7 @@ func (g *GPUModel) step(ctx context.Context, token int, hd head) ([]float32, int
 		var wants []want
 		exs, err := g.chosen(l, idb)
 		if err != nil {
-			return nil, 0, err
+			return nil, err
 		}
 		for pos, ex := range exs {
 			if cur != nil && slices.Contains(cur.experts, ex.Index) {
@@ -636,7 +683,7 @@ func (g *GPUModel) step(ctx context.Context, token int, hd head) ([]float32, int
 		}
 		if err != nil {
 			releaseAll(leases)
-			return nil, 0, err
+			return nil, err
 		}
 		lap(&pr.PageWait)
 		b = g.d.Batch()
@@ -678,7 +725,7 @@ func (g *GPUModel) step(ctx context.Context, token int, hd head) ([]float32, int
 		}
 		releaseAll(leases)
 		if err != nil {
-			return nil, 0, err
+			return nil, err
 		}
 		held = releaseAll(held)
 		pr.Submits++
@@ -707,14 +754,14 @@ func (g *GPUModel) step(ctx context.Context, token int, hd head) ([]float32, int
 			g.k.TopP(ctx, b, logitsAt, tok, ops.TopPShape{N: c.VocabSize, Temperature: float32(hd.temperature), TopP: float32(hd.topP), U: float32(hd.u)})
 		}
 		if err := b.Copy(B["out"].Sub(g.tokAt(), 4), tok); err != nil {
-			return nil, 0, err
+			return nil, err
 		}
 	}
 	if err := section("head"); err != nil {
-		return nil, 0, err
+		return nil, err
 	}
 	if err := b.Submit(ctx); err != nil {
-		return nil, 0, err
+		return nil, err
 	}
 	pr.Submits++
 	lap(&pr.Record)
@@ -732,18 +779,53 @@ func (g *GPUModel) step(ctx context.Context, token int, hd head) ([]float32, int
 		to = g.idsAt(masked[len(masked)-1]) + uint64(k*4)
 		from = min(from, g.idsAt(masked[0]))
 	}
-	buf := make([]byte, to-from)
+	run.from, run.to, run.masked = from, to, masked
 	if to > from {
-		if err := g.d.Read(ctx, B["out"].Sub(from, to-from), buf); err != nil {
-			return nil, 0, err
+		var err error
+		if run.rd, err = g.d.StartRead(B["out"].Sub(from, to-from), int(to-from)); err != nil {
+			return nil, err
 		}
 		pr.Readbacks++
 	} else if err := g.d.Sync(ctx); err != nil { // nothing to read: wait for the step
-		return nil, 0, err
+		return nil, err
 	}
-	lap(&pr.LogitsWait)
+	pr.Steps++
+	g.pos++
+	return run, nil
+}
+
+// end collects a step begun by begin: it waits for its read-back, counts
+// what its masked layers chose as VRAM hits (the paged path's count), and
+// returns its logits (head.logits) and sampled token (head.sample). With
+// count false (a step that generatePipelined discards) nothing is
+// counted. A step ends once; a second end returns what the first did.
+func (g *GPUModel) end(ctx context.Context, run *stepRun, count bool) ([]float32, int, error) {
+	if run.ended {
+		return run.logits, run.tok, run.err
+	}
+	run.ended = true
+	run.logits, run.tok, run.err = g.collect(ctx, run, count)
+	return run.logits, run.tok, run.err
+}
+
+func (g *GPUModel) collect(ctx context.Context, run *stepRun, count bool) ([]float32, int, error) {
+	c := &g.m.Config
+	k := c.NumExpertsPerTok
+	pr := &g.Profile
+	t := time.Now()
+	defer func() { d := time.Since(t); pr.LogitsWait += d; pr.Total += d }()
+	from, to := run.from, run.to
+	buf := make([]byte, to-from)
+	if run.rd != nil {
+		if err := run.rd.Wait(ctx, buf); err != nil {
+			return nil, 0, err
+		}
+	}
+	if !count {
+		return nil, 0, nil
+	}
 	at := func(off uint64) []byte { return buf[off-from:] } // buf holds [from, to) of out
-	for _, l := range masked {
+	for _, l := range run.masked {
 		// What the masked layers chose: count it as the paged path does.
 		exs, err := g.chosen(l, at(g.idsAt(l))[:k*4])
 		if err != nil {
@@ -755,17 +837,16 @@ func (g *GPUModel) step(ctx context.Context, token int, hd head) ([]float32, int
 			}
 		}
 	}
-	pr.MaskedLayers += len(masked)
-	g.pos++
+	pr.MaskedLayers += len(run.masked)
 	var logits []float32
-	if hd.logits {
+	if run.hd.logits {
 		logits = make([]float32, c.VocabSize)
 		for i := range logits {
 			logits[i] = math.Float32frombits(binary.LittleEndian.Uint32(at(uint64(4 * i))))
 		}
 	}
 	tok := -1
-	if hd.sample {
+	if run.hd.sample {
 		tok = int(binary.LittleEndian.Uint32(at(g.tokAt())))
 		if tok < 0 || tok >= c.VocabSize {
 			return nil, 0, fmt.Errorf("experts: the GPU sampled token %d outside the vocabulary of %d", tok, c.VocabSize)
@@ -1234,6 +1315,9 @@ func (g *GPUModel) recordMaskedProducts(ctx context.Context, b *gpu.Batch, exper
 // ones may differ from the float64 reference's where a draw falls within
 // f32 rounding of a boundary.
 func (g *GPUModel) Generate(ctx context.Context, prompt []int, maxTokens int, s Sampling, emit func(int)) ([]int, error) {
+	if g.pipeline && !g.ProfileGPU && maxTokens > 1 && len(prompt) > 0 {
+		return g.generatePipelined(ctx, prompt, maxTokens, s, emit)
+	}
 	return decode(ctx, g.m, g.Trace, prompt, maxTokens, s, emit, func(ctx context.Context, tok int, d *draw) (int, error) {
 		hd := head{}
 		if d != nil {
@@ -1242,4 +1326,124 @@ func (g *GPUModel) Generate(ctx context.Context, prompt []int, maxTokens int, s 
 		_, next, err := g.step(ctx, tok, hd)
 		return next, err
 	})
+}
+
+// generatePipelined is Generate (decode's loop: the same tokens, draws
+// and trace) with each step recorded and submitted while the GPU still
+// runs the step before it: a step embeds the token the one before it
+// sampled on the GPU, and the host collects that token (end) only after
+// it has submitted the next step. The GPU no longer idles while the host
+// records the start of a step and reads back the end of the last one.
+// When the last token turns out to be the end of the text, the step
+// begun after it is discarded (collected uncounted, its position given
+// back).
+func (g *GPUModel) generatePipelined(ctx context.Context, prompt []int, maxTokens int, s Sampling, emit func(int)) ([]int, error) {
+	next := draws(s)
+	sample := func() head {
+		d := next()
+		return head{sample: true, temperature: d.temperature, topP: d.topP, u: d.u}
+	}
+	n := len(prompt)
+	for i, t := range prompt[:n-1] {
+		g.setToken(i)
+		if _, _, err := g.step(ctx, t, head{}); err != nil {
+			return nil, err
+		}
+	}
+	g.setToken(n - 1)
+	run, err := g.begin(ctx, prompt[n-1], false, sample())
+	if err != nil {
+		return nil, err
+	}
+	defer func() { g.settling = nil }()
+	var out []int
+	for {
+		// The step after run, recorded before run's token is known.
+		var ahead *stepRun
+		if len(out)+1 < maxTokens && ctx.Err() == nil {
+			i := n + len(out)
+			g.settling = &settling{run: run, index: i - 1, next: i}
+			g.setToken(i)
+			ahead, err = g.begin(ctx, -1, true, sample())
+			g.settling = nil
+			if err == errStopped {
+				ahead, err = nil, nil // run's token ends the text: settle ended run
+			}
+			if err != nil {
+				g.end(ctx, run, false)
+				return out, err
+			}
+		}
+		g.setToken(n + len(out) - 1)
+		_, tok, err := g.end(ctx, run, true)
+		if err != nil {
+			g.discard(ctx, ahead)
+			return out, err
+		}
+		out = append(out, tok)
+		if emit != nil {
+			emit(tok)
+		}
+		if tk := g.m.Tokenizer; (tk != nil && tok == tk.EOS) || len(out) == maxTokens {
+			g.discard(ctx, ahead)
+			return out, nil
+		}
+		if err := ctx.Err(); err != nil {
+			g.discard(ctx, ahead)
+			return out, err
+		}
+		run = ahead
+	}
+}
+
+// errStopped is settle's word that the step it ended sampled the end of
+// the text: the step being recorded after it is not needed.
+var errStopped = errors.New("experts: the text ended")
+
+// settling is a step that generatePipelined began and has not ended,
+// while it records the next one: index is its token's place in the
+// trace, next the next step's.
+type settling struct {
+	run         *stepRun
+	index, next int
+}
+
+// settle ends the step before the one being recorded, if generatePipelined
+// left one pending (g.settling), before this step pages experts: its
+// masked layers' choices go into the trace and the cache's counts before
+// this step's. It returns errStopped if that step sampled the end of the
+// text.
+func (g *GPUModel) settle(ctx context.Context) error {
+	s := g.settling
+	if s == nil {
+		return nil
+	}
+	g.settling = nil
+	g.setToken(s.index)
+	_, tok, err := g.end(ctx, s.run, true)
+	g.setToken(s.next)
+	if err != nil {
+		return err
+	}
+	if tk := g.m.Tokenizer; tk != nil && tok == tk.EOS {
+		return errStopped
+	}
+	return nil
+}
+
+// discard collects a step begun ahead that is not needed, counting
+// nothing, and gives its position back.
+func (g *GPUModel) discard(ctx context.Context, run *stepRun) {
+	if run == nil {
+		return
+	}
+	g.end(ctx, run, false)
+	g.pos--
+	g.Profile.Steps--
+}
+
+func (g *GPUModel) setToken(i int) {
+	if g.Trace != nil {
+		g.Trace.SetToken(i)
+	}
 }

@@ -1,6 +1,7 @@
 package experts
 
 import (
+	"cmp"
 	"context"
 	"math"
 	"os"
@@ -341,4 +342,142 @@ func testGPUModel(t *testing.T, d *gpu.Device, m *Manifest, src tiers.Source, sl
 	}
 	t.Cleanup(g.Close)
 	return g, cache
+}
+
+// Generate records each step while the GPU runs the one before it
+// (generatePipelined): its tokens, the expert trace, the cache's counts,
+// the steps and the position it ends at are those of one step at a time,
+// with every expert in VRAM (no step waits for the host), all but one
+// (masked layers and paged ones in a step) and a quarter of them paged
+// (a step ends the one before it before it pages),
+// greedy and top-p, and when the text ends early (the end-of-text token
+// chosen mid-way: the step begun after it is discarded).
+func TestGPUModelPipelined(t *testing.T) {
+	d := openTestDevice(t, 0)
+	m, src := tinyInStore(t, 1)
+	defer func(tk *Tokenizer) { m.Tokenizer = tk }(m.Tokenizer)
+	ctx := context.Background()
+	prompt := ByteTokens("The swarm is")
+	n := 12
+	type result struct {
+		toks   []int
+		trace  *tiers.Trace
+		counts [][4]int64 // per level: hits, misses, evictions, bytes up
+		steps  int
+		masked int
+		pos    int
+	}
+	// run generates with VRAM slots for every expert's matrices but
+	// short experts', warmed with as many as fit.
+	run := func(t *testing.T, pipeline bool, short int, s Sampling) result {
+		slots := 3 * (len(m.Experts) - short)
+		arena, err := tiers.NewGPUArena(d, ExpertMatrixBytes(m), slots, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer arena.Release()
+		rec := &tiers.TraceRecorder{}
+		cache, err := tiers.New(tiers.Config{RAM: m.TotalSize, Arena: arena, Disk: src, HostRAM: short > 0, Trace: rec})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cache.Close()
+		g, err := NewGPUModel(ctx, m, d, cache, arena, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer g.Close()
+		g.pipeline, g.Trace = pipeline, rec
+		if short < len(m.Experts)/4 {
+			if err := cache.Warm(ctx, g.ExpertKeys()[:slots], tiers.VRAM, 2, nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+		toks, err := g.Generate(ctx, prompt, n, s, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var counts [][4]int64
+		for _, st := range cache.Stats() {
+			counts = append(counts, [4]int64{st.Hits, st.Misses, st.Evictions, st.BytesUp})
+		}
+		return result{toks, rec.Trace(), counts, g.Profile.Steps, g.Profile.MaskedLayers, g.pos}
+	}
+	same := func(t *testing.T, short int, s Sampling) []int {
+		one := run(t, false, short, s)
+		piped := run(t, true, short, s)
+		if !slices.Equal(one.toks, piped.toks) {
+			t.Fatalf("tokens pipelined %v; one step at a time %v", piped.toks, one.toks)
+		}
+		// A paged layer's matrices are fetched concurrently: their
+		// order within a token is not fixed, their token is.
+		sorted := func(a []tiers.Access) []tiers.Access {
+			a = slices.Clone(a)
+			slices.SortStableFunc(a, func(x, y tiers.Access) int { return cmp.Or(cmp.Compare(x.Token, y.Token), cmp.Compare(x.Key, y.Key)) })
+			return a
+		}
+		if !slices.Equal(sorted(one.trace.Accesses), sorted(piped.trace.Accesses)) {
+			t.Fatalf("traces differ: %d accesses pipelined, %d one step at a time", len(piped.trace.Accesses), len(one.trace.Accesses))
+		}
+		// Paged, which matrices VRAM evicts depends on the order of
+		// concurrent fetches, and so what the levels below it see and
+		// which layers run masked: only VRAM's demands (hits and misses)
+		// are fixed.
+		demands := func(counts [][4]int64) [][4]int64 {
+			if short == 0 {
+				return counts
+			}
+			return [][4]int64{{counts[0][0] + counts[0][1]}}
+		}
+		if !slices.Equal(demands(one.counts), demands(piped.counts)) || one.steps != piped.steps || short == 0 && one.masked != piped.masked || one.pos != piped.pos {
+			t.Fatalf("pipelined: counts %v, %d steps, %d masked, position %d; one step at a time: counts %v, %d steps, %d masked, position %d",
+				piped.counts, piped.steps, piped.masked, piped.pos, one.counts, one.steps, one.masked, one.pos)
+		}
+		if short < len(m.Experts)/4 && piped.masked == 0 {
+			t.Fatal("no layer ran masked")
+		}
+		if short > 0 && piped.masked >= piped.steps*m.Config.NumHiddenLayers {
+			t.Fatalf("every layer ran masked with %d experts short", short)
+		}
+		t.Logf("%d experts short of all: %d layers of %d steps ran masked", short, piped.masked, piped.steps)
+		return one.toks
+	}
+	for _, c := range []struct {
+		name     string
+		s        Sampling
+		short    int
+	}{
+		{"greedy, resident", Sampling{}, 0},
+		{"greedy, all experts but one in VRAM", Sampling{}, 1},
+		{"greedy, a quarter paged", Sampling{}, len(m.Experts) / 4},
+		{"top-p, resident", Sampling{Temperature: 0.9, TopP: 0.8, Seed: 7}, 0},
+		{"top-p, all experts but one in VRAM", Sampling{Temperature: 0.9, TopP: 0.8, Seed: 7}, 1},
+		{"top-p, a quarter paged", Sampling{Temperature: 0.9, TopP: 0.8, Seed: 7}, len(m.Experts) / 4},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if testing.Short() && c.s.Temperature == 0 {
+				t.Skip("short: the top-p cases only (the same path, a different kernel at the end)")
+			}
+			m.Tokenizer = nil
+			toks := same(t, c.short, c.s)
+			if len(toks) != n {
+				t.Fatalf("%d tokens, asked for %d", len(toks), n)
+			}
+			// The end of the text: the first token not seen before it,
+			// from the fourth on.
+			at := -1
+			for i := 3; i < n-1 && at < 0; i++ {
+				if !slices.Contains(toks[:i], toks[i]) {
+					at = i
+				}
+			}
+			if at < 0 {
+				t.Fatalf("no token to end the text with in %v", toks)
+			}
+			m.Tokenizer = &Tokenizer{Model: "byte", EOS: toks[at]}
+			if got := same(t, c.short, c.s); len(got) != at+1 {
+				t.Fatalf("the text ends at token %d (%d): %d tokens %v", at, toks[at], len(got), got)
+			}
+		})
+	}
 }

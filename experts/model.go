@@ -288,18 +288,7 @@ func decode(ctx context.Context, m *Manifest, trace *tiers.TraceRecorder, prompt
 	if len(prompt) == 0 {
 		return nil, fmt.Errorf("experts: empty prompt")
 	}
-	rng := newSplitmix(s.Seed)
-	topP := s.TopP
-	if topP <= 0 || topP > 1 {
-		topP = 1
-	}
-	next := func() *draw {
-		d := &draw{temperature: s.Temperature, topP: topP}
-		if s.Temperature > 0 {
-			d.u = unit(rng.next())
-		}
-		return d
-	}
+	next := draws(s)
 	var out []int
 	if maxTokens <= 0 {
 		// Only the prompt: no token is chosen.
@@ -347,6 +336,24 @@ func decode(ctx context.Context, m *Manifest, trace *tiers.TraceRecorder, prompt
 		}
 	}
 	return out, nil
+}
+
+// draws returns a function that makes the draw of each sampled token in
+// turn: s's temperature and top-p, and a uniform from s's seed when the
+// temperature is above 0.
+func draws(s Sampling) func() *draw {
+	rng := newSplitmix(s.Seed)
+	topP := s.TopP
+	if topP <= 0 || topP > 1 {
+		topP = 1
+	}
+	return func() *draw {
+		d := &draw{temperature: s.Temperature, topP: topP}
+		if s.Temperature > 0 {
+			d.u = unit(rng.next())
+		}
+		return d
+	}
 }
 
 type splitmixRNG struct{ s uint64 }
