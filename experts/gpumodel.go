@@ -67,6 +67,20 @@ type GPUModel struct {
 	// every workgroup). RDRR_GPU_FUSE picks them for measurements: o,
 	// swiglu, 1 (both) or 0 (neither); see fusions.
 	fuseO, fuseSwiGLU bool
+	// partNorm hands each RMSNorm from the accumulate that writes its
+	// input (ops.AccumulateNorm: x * g and partial sums of x^2, in normed)
+	// to the products that read it (q k v, a masked layer's router and
+	// gate and up products, the LM head): no dispatch of its own. For
+	// models where every write of x is such an accumulate (every layer
+	// MoE, no shared experts, the o product not adding into x itself); a
+	// paged layer's FFN, and products of other layouts, still read xn from
+	// an RMSNorm dispatch. Off unless RDRR_GPU_NORM=1: on the H100 it
+	// took 64 dispatches a step away and 0.3 ms of the GPU's profiled
+	// busy time, yet the resident step was 1.4% slower (145.4 against
+	// 147.5 tok/s, experts/BENCHMARKS.md), as the o product adding into x
+	// was (fuseO).
+	partNorm bool
+	normed   ops.Normed
 	// pipeline has Generate record each step while the GPU runs the one
 	// before it (generatePipelined); RDRR_GPU_PIPELINE=0 turns it off,
 	// for measurements.
@@ -131,6 +145,10 @@ func NewGPUModel(ctx context.Context, m *Manifest, d *gpu.Device, cache *tiers.C
 	g := &GPUModel{m: m, d: d, k: ops.NewKernels(d), cache: cache, arena: arena, dense: map[string]*gpu.Buffer{}, buf: map[string]*gpu.Buffer{}, MaxPos: maxPos}
 	g.fuseO, g.fuseSwiGLU = fusions(os.Getenv("RDRR_GPU_FUSE"))
 	g.pipeline = os.Getenv("RDRR_GPU_PIPELINE") != "0"
+	g.partNorm = os.Getenv("RDRR_GPU_NORM") == "1" && !g.fuseO && m.Config.NumSharedExperts == 0 && ops.AccumParts(m.Config.HiddenSize) <= ops.MaxParts
+	for l := range m.Config.NumHiddenLayers {
+		g.partNorm = g.partNorm && m.Config.IsMoE(l)
+	}
 	g.groupExperts()
 	rm := &RefModel{m: m, cache: cache}
 	inExpert := map[string]bool{}
@@ -202,7 +220,7 @@ func NewGPUModel(ctx context.Context, m *Manifest, d *gpu.Device, cache *tiers.C
 		"tok": 4, "x": h * 4, "xn": h * 4, "q": nq * hd * 4, "qkv": (nq + 2*nkv) * hd * 4, "att": nq * hd * 4, "o": h * 4,
 		"rlogits": c.Experts() * 4, "ids": idsPredOff + k*4, "w": k * 4, "gu": 2 * ((k*ffn*4 + 255) / 256 * 256),
 		"act": k * ffn * 4, "y": k * h * 4, "out": (c.VocabSize*4+255)/256*256 + 256 + c.NumHiddenLayers*256, "ones": 16, "sampled": 16, "freqs": hd / 2 * 4,
-		"pxn": h * 4, "plogits": c.Experts() * 4, "pw": k * 4,
+		"pxn": h * 4, "plogits": c.Experts() * 4, "pw": k * 4, "xg": h * 4, "parts": ops.AccumParts(h) * 4,
 	}
 	for name, n := range sizes {
 		b, err := d.Alloc(uint64(n))
@@ -212,6 +230,7 @@ func NewGPUModel(ctx context.Context, m *Manifest, d *gpu.Device, cache *tiers.C
 		}
 		g.buf[name] = b
 	}
+	g.normed = ops.Normed{XG: g.buf["xg"], Parts: g.buf["parts"], N: ops.AccumParts(h), Eps: float32(c.RMSNormEps)}
 	kv := uint64(maxPos * nkv * hd * 4)
 	for l := 0; l < c.NumHiddenLayers; l++ {
 		kb, err1 := d.Alloc(kv)
@@ -524,6 +543,7 @@ func (g *GPUModel) begin(ctx context.Context, token int, onGPU bool, hd head) (*
 		return nil
 	}
 	g.k.Embed(ctx, b, g.dense["model.embed_tokens.weight"], tok, B["x"], ops.EmbedShape{Type: abi.Q4K, Tokens: 1, Dim: c.HiddenSize, Vocab: c.VocabSize})
+	g.embedNorm(ctx, b)
 	if err := section("embed"); err != nil {
 		return nil, err
 	}
@@ -555,11 +575,21 @@ func (g *GPUModel) begin(ctx context.Context, token int, onGPU bool, hd head) (*
 			}
 			if !c.IsMoE(l) {
 				// A dense layer (DeepSeek's first ones): its FFN, resident.
+				g.normFFN(ctx, b, l)
 				g.ffn(ctx, b, p+"mlp.", c.IntermediateSize)
 				continue
 			}
-			g.k.MatVec(ctx, b, abi.F32, g.dense[p+"mlp.gate.weight"], B["xn"], B["rlogits"], c.Experts(), c.HiddenSize)
-			if layer := g.holdLayer(l); layer != nil {
+			layer := g.holdLayer(l)
+			// A masked layer reads the FFN's norm from the accumulate
+			// before it (partNorm); the others from a dispatch of its own.
+			normed := layer != nil && g.partNorm
+			if normed {
+				g.k.MatVecNormed(ctx, b, g.dense[p+"mlp.gate.weight"], g.normed, B["rlogits"], c.Experts(), c.HiddenSize)
+			} else {
+				g.normFFN(ctx, b, l)
+				g.k.MatVec(ctx, b, abi.F32, g.dense[p+"mlp.gate.weight"], B["xn"], B["rlogits"], c.Experts(), c.HiddenSize)
+			}
+			if layer != nil {
 				// The choice goes straight into the out buffer, read back
 				// with the logits.
 				sel := B["out"].Sub(g.idsAt(l), uint64(k*4))
@@ -568,7 +598,7 @@ func (g *GPUModel) begin(ctx context.Context, token int, onGPU bool, hd head) (*
 					return nil, err
 				}
 				held = append(held, layer...)
-				g.recordMasked(ctx, b, l, layer, sel)
+				g.recordMasked(ctx, b, l, layer, sel, normed)
 				if err := section("experts"); err != nil {
 					return nil, err
 				}
@@ -741,8 +771,7 @@ func (g *GPUModel) begin(ctx context.Context, token int, onGPU bool, hd head) (*
 	}
 	logitsAt := B["out"].Sub(0, uint64(c.VocabSize*4))
 	if hd.logits || hd.sample {
-		g.k.RMSNorm(ctx, b, B["x"], g.dense["model.norm.weight"], B["xn"], ops.NormShape{Rows: 1, Dim: c.HiddenSize, Eps: float32(c.RMSNormEps)})
-		g.k.Q4KMatVec(ctx, b, g.dense["lm_head.weight"], B["xn"], logitsAt, c.VocabSize, c.HiddenSize)
+		g.lmHead(ctx, b, logitsAt)
 	}
 	if hd.sample {
 		// The kernel writes its own buffer (a dispatch cannot write the
@@ -864,6 +893,7 @@ func (g *GPUModel) compile(ctx context.Context) error {
 	h, ffn, k := c.HiddenSize, c.ExpertFFN(), c.NumExpertsPerTok
 	b := g.d.Batch()
 	g.k.Embed(ctx, b, g.dense["model.embed_tokens.weight"], B["tok"], B["x"], ops.EmbedShape{Type: abi.Q4K, Tokens: 1, Dim: h, Vocab: c.VocabSize})
+	g.embedNorm(ctx, b)
 	g.recordAttention(ctx, b, 0)
 	for l := 0; l < c.NumHiddenLayers; l++ {
 		if !c.IsMoE(l) {
@@ -876,6 +906,7 @@ func (g *GPUModel) compile(ctx context.Context) error {
 			continue
 		}
 		p := fmt.Sprintf("model.layers.%d.", l)
+		g.normFFN(ctx, b, l)
 		g.k.MatVec(ctx, b, abi.F32, g.dense[p+"mlp.gate.weight"], B["xn"], B["rlogits"], c.Experts(), h)
 		g.k.Route(ctx, b, B["rlogits"], nil, B["ids"], B["w"], g.route())
 		var slots [3][]int
@@ -895,13 +926,19 @@ func (g *GPUModel) compile(ctx context.Context) error {
 			X: B["act"], Y: B["y"], Rows: h, Cols: ffn})
 		g.k.Q4KMatVecMaskedSwiGLU(ctx, b, ops.Masked{Arena: buf, Slots: zeros, Experts: ids, Sel: B["ids"], K: k,
 			X: B["gu"], Y: B["y"], Rows: h, Cols: ffn}, g.upOff())
+		if g.partNorm {
+			g.k.MatVecNormed(ctx, b, g.dense[p+"mlp.gate.weight"], g.normed, B["rlogits"], c.Experts(), h)
+			g.k.Q4KMatVecMasked(ctx, b, ops.Masked{Arena: buf, Slots: zeros, Experts: ids, Sel: B["ids"], K: k,
+				SharedX: true, Y: B["gu"], YUpper: g.upOff(), Rows: ffn, Cols: h, Normed: g.normed})
+		}
+		g.finishLayer(ctx, b, l)
 		if c.NumSharedExperts > 0 {
 			g.ffn(ctx, b, p+"mlp.shared_experts.", ffn*c.NumSharedExperts)
 		}
 		break
 	}
 	logitsAt := B["out"].Sub(0, uint64(c.VocabSize*4))
-	g.k.Q4KMatVec(ctx, b, g.dense["lm_head.weight"], B["xn"], logitsAt, c.VocabSize, h)
+	g.lmHead(ctx, b, logitsAt)
 	// Both samplers, so that no generated token compiles one.
 	g.k.Argmax(ctx, b, logitsAt, B["sampled"].Sub(0, 4), c.VocabSize)
 	g.k.TopP(ctx, b, logitsAt, B["sampled"].Sub(0, 4), ops.TopPShape{N: c.VocabSize, Temperature: 1, TopP: 0.9, U: 0.5})
@@ -944,17 +981,25 @@ func (g *GPUModel) recordAttention(ctx context.Context, b *gpu.Batch, l int) {
 	h, hd := c.HiddenSize, c.HeadDimension()
 	nq, nkv := c.NumAttentionHeads, c.NumKeyValueHeads
 	p := fmt.Sprintf("model.layers.%d.", l)
-	g.k.RMSNorm(ctx, b, B["x"], g.dense[p+"input_layernorm.weight"], B["xn"], ops.NormShape{Rows: 1, Dim: h, Eps: float32(c.RMSNormEps)})
+	norm := g.dense[p+"input_layernorm.weight"]
+	eps := float32(c.RMSNormEps)
 	q := gpu.Region(B["q"])
 	if w := g.qkv[l]; w != nil {
-		// q, k and v in one product, then RoPE on q and k and k and v
-		// into the cache at this position in one dispatch.
+		// q, k and v in one product (reading x through the norm), then
+		// RoPE on q and k and k and v into the cache at this position in
+		// one dispatch.
 		qkv := B["qkv"]
-		g.k.Q4KMatVec(ctx, b, w, B["xn"], qkv, (nq+2*nkv)*hd, h)
+		if g.partNorm {
+			g.k.Q4KMatVecNormed(ctx, b, w, g.normed, qkv, (nq+2*nkv)*hd, h)
+		} else {
+			g.k.RMSNorm(ctx, b, B["x"], norm, B["xn"], ops.NormShape{Rows: 1, Dim: h, Eps: eps})
+			g.k.Q4KMatVec(ctx, b, w, B["xn"], qkv, (nq+2*nkv)*hd, h)
+		}
 		g.k.RopeKV(ctx, b, qkv, B["freqs"], g.kc[l], g.vc[l], ops.RopeShape{Tokens: 1, Heads: nq + nkv, HeadDim: hd, RotDim: hd, Pos0: g.pos, Style: abi.RopeNeoX},
 			ops.KVShape{Dim: nkv * hd, KOff: nq * hd, VOff: (nq + nkv) * hd, Pos: g.pos})
 		q = qkv.Sub(0, uint64(nq*hd*4))
 	} else {
+		g.k.RMSNorm(ctx, b, B["x"], norm, B["xn"], ops.NormShape{Rows: 1, Dim: h, Eps: eps})
 		kvRow := uint64(nkv * hd * 4)
 		ks := g.kc[l].Sub(uint64(g.pos)*kvRow, kvRow)
 		vs := g.vc[l].Sub(uint64(g.pos)*kvRow, kvRow)
@@ -967,11 +1012,43 @@ func (g *GPUModel) recordAttention(ctx context.Context, b *gpu.Batch, l int) {
 	g.k.Attention(ctx, b, q, g.kc[l], g.vc[l], B["att"], ops.AttnShape{Heads: nq, KVHeads: nkv, HeadDim: hd, KVLen: g.pos + 1, Scale: float32(1 / math.Sqrt(float64(hd)))})
 	if !g.fuseO {
 		g.k.Q4KMatVec(ctx, b, g.dense[p+"self_attn.o_proj.weight"], B["att"], B["o"], h, nq*hd)
-		g.k.Accumulate(ctx, b, B["o"], B["ones"], B["x"], ops.AccumShape{Experts: 1, Dim: h})
+		if g.partNorm {
+			// x and the FFN's norm of it.
+			g.k.AccumulateNorm(ctx, b, B["o"], B["ones"], B["x"], g.dense[p+"post_attention_layernorm.weight"], g.normed, ops.AccumShape{Experts: 1, Dim: h})
+		} else {
+			g.k.Accumulate(ctx, b, B["o"], B["ones"], B["x"], ops.AccumShape{Experts: 1, Dim: h})
+		}
 	} else {
 		g.k.Q4KMatVecAdd(ctx, b, g.dense[p+"self_attn.o_proj.weight"], B["att"], B["x"], h, nq*hd) // x += Wo att
 	}
-	g.k.RMSNorm(ctx, b, B["x"], g.dense[p+"post_attention_layernorm.weight"], B["xn"], ops.NormShape{Rows: 1, Dim: h, Eps: float32(c.RMSNormEps)})
+}
+
+// embedNorm hands the first layer's norm of the embedding in x to its q
+// k v product (partNorm): an accumulate of nothing into x.
+func (g *GPUModel) embedNorm(ctx context.Context, b *gpu.Batch) {
+	if g.partNorm {
+		B := g.buf
+		g.k.AccumulateNorm(ctx, b, B["ones"], B["ones"], B["x"], g.dense["model.layers.0.input_layernorm.weight"], g.normed, ops.AccumShape{Dim: g.m.Config.HiddenSize})
+	}
+}
+
+// normFFN records layer l's FFN input: xn = the FFN's RMSNorm of x.
+func (g *GPUModel) normFFN(ctx context.Context, b *gpu.Batch, l int) {
+	c := &g.m.Config
+	g.k.RMSNorm(ctx, b, g.buf["x"], g.dense[fmt.Sprintf("model.layers.%d.post_attention_layernorm.weight", l)], g.buf["xn"], ops.NormShape{Rows: 1, Dim: c.HiddenSize, Eps: float32(c.RMSNormEps)})
+}
+
+// lmHead records the logits: the LM head of the final norm of x.
+func (g *GPUModel) lmHead(ctx context.Context, b *gpu.Batch, logits gpu.Region) {
+	c := &g.m.Config
+	B := g.buf
+	norm, eps := g.dense["model.norm.weight"], float32(c.RMSNormEps)
+	if g.partNorm {
+		g.k.Q4KMatVecNormed(ctx, b, g.dense["lm_head.weight"], g.normed, logits, c.VocabSize, c.HiddenSize)
+		return
+	}
+	g.k.RMSNorm(ctx, b, B["x"], norm, B["xn"], ops.NormShape{Rows: 1, Dim: c.HiddenSize, Eps: eps})
+	g.k.Q4KMatVec(ctx, b, g.dense["lm_head.weight"], B["xn"], logits, c.VocabSize, c.HiddenSize)
 }
 
 // recordChoice records layer l's routing into the ids buffer (after its
@@ -1049,6 +1126,15 @@ func (g *GPUModel) recordAt(ctx context.Context, b *gpu.Batch, pos []int, slots 
 func (g *GPUModel) finishLayer(ctx context.Context, b *gpu.Batch, l int) {
 	c := &g.m.Config
 	B := g.buf
+	if g.partNorm {
+		// x and the next norm of it: the next layer's, or the final one.
+		next := "model.norm.weight"
+		if l+1 < c.NumHiddenLayers {
+			next = fmt.Sprintf("model.layers.%d.input_layernorm.weight", l+1)
+		}
+		g.k.AccumulateNorm(ctx, b, B["y"], B["w"], B["x"], g.dense[next], g.normed, ops.AccumShape{Experts: c.NumExpertsPerTok, Dim: c.HiddenSize})
+		return
+	}
 	g.k.Accumulate(ctx, b, B["y"], B["w"], B["x"], ops.AccumShape{Experts: c.NumExpertsPerTok, Dim: c.HiddenSize})
 	if c.NumSharedExperts > 0 {
 		g.ffn(ctx, b, fmt.Sprintf("model.layers.%d.mlp.shared_experts.", l), c.ExpertFFN()*c.NumSharedExperts)
@@ -1099,6 +1185,7 @@ func (g *GPUModel) encodeAhead(ctx context.Context, prev, l, busy int) (*aheadLa
 	nb := g.d.Batch()
 	g.finishLayer(ctx, nb, prev)
 	g.recordAttention(ctx, nb, l)
+	g.normFFN(ctx, nb, l)
 	g.k.MatVec(ctx, nb, abi.F32, g.dense[fmt.Sprintf("model.layers.%d.mlp.gate.weight", l)], B["xn"], B["rlogits"], c.Experts(), h)
 	a.predict = g.recordChoice(ctx, nb, l)
 	// At most this many held: the rest of the slots must take prev's
@@ -1134,7 +1221,7 @@ func (g *GPUModel) encodeAhead(ctx context.Context, prev, l, busy int) (*aheadLa
 	a.enc = enc
 	if len(a.experts) > 0 {
 		rb := g.d.Batch()
-		g.recordMaskedProducts(ctx, rb, a.experts, a.held, B["ids"].Sub(0, uint64(k*4)))
+		g.recordMaskedProducts(ctx, rb, a.experts, a.held, B["ids"].Sub(0, uint64(k*4)), false)
 		if a.rest, err = rb.Encode(ctx); err != nil {
 			a.drop()
 			return nil, err
@@ -1242,12 +1329,12 @@ func (g *GPUModel) chosen(l int, ids []byte) ([]*Expert, error) {
 // holdLayer's leases) with the router's choice (ids) left on the GPU:
 // one masked dispatch per matrix kind and arena buffer.
 // sel is where the router wrote its choice.
-func (g *GPUModel) recordMasked(ctx context.Context, b *gpu.Batch, l int, layer []*tiers.Lease, sel gpu.Region) {
+func (g *GPUModel) recordMasked(ctx context.Context, b *gpu.Batch, l int, layer []*tiers.Lease, sel gpu.Region, normed bool) {
 	experts := make([]int, len(layer)/3)
 	for e := range experts {
 		experts[e] = e
 	}
-	g.recordMaskedProducts(ctx, b, experts, layer, sel)
+	g.recordMaskedProducts(ctx, b, experts, layer, sel, normed)
 	g.finishLayer(ctx, b, l)
 }
 
@@ -1256,7 +1343,7 @@ func (g *GPUModel) recordMasked(ctx context.Context, b *gpu.Batch, l int, layer 
 // for the router's choice in sel, up to their outputs in y: one dispatch
 // per matrix kind, arena buffer and MaxGroup products, each running only
 // the products of chosen experts.
-func (g *GPUModel) recordMaskedProducts(ctx context.Context, b *gpu.Batch, experts []int, held []*tiers.Lease, sel gpu.Region) {
+func (g *GPUModel) recordMaskedProducts(ctx context.Context, b *gpu.Batch, experts []int, held []*tiers.Lease, sel gpu.Region, normed bool) {
 	c := &g.m.Config
 	B := g.buf
 	h, ffn, k := c.HiddenSize, c.ExpertFFN(), c.NumExpertsPerTok
@@ -1290,8 +1377,12 @@ func (g *GPUModel) recordMaskedProducts(ctx context.Context, b *gpu.Batch, exper
 					g.k.Q4KMatVecMaskedSwiGLU(ctx, b, ops.Masked{Arena: buf, Slots: r.slots[i:end], Experts: r.experts[i:end], Sel: sel, K: k,
 						X: x, Y: y, Rows: rows, Cols: cols}, g.upOff())
 				} else {
-					g.k.Q4KMatVecMasked(ctx, b, ops.Masked{Arena: buf, Slots: r.slots[i:end], Experts: r.experts[i:end], Sel: sel, K: k,
-						X: x, SharedX: shared, Y: y, YUpper: upper, Rows: rows, Cols: cols})
+					m := ops.Masked{Arena: buf, Slots: r.slots[i:end], Experts: r.experts[i:end], Sel: sel, K: k,
+						X: x, SharedX: shared, Y: y, YUpper: upper, Rows: rows, Cols: cols}
+					if shared && normed {
+						m.Normed = g.normed // the FFN's norm, from the accumulate before
+					}
+					g.k.Q4KMatVecMasked(ctx, b, m)
 				}
 			}
 		}

@@ -31,6 +31,17 @@ func TestGPUModelMatchesReference(t *testing.T) {
 		t.Setenv("RDRR_GPU_FUSE", "1")
 		testGPUModelMatches(t, "tiny-moe", 0, true)
 	})
+	// The norms handed from the accumulates to the products (partNorm,
+	// off by default), every expert resident and a quarter paged.
+	t.Run("norms handed over, resident", func(t *testing.T) {
+		t.Setenv("RDRR_GPU_NORM", "1")
+		testGPUModelMatches(t, "tiny-moe", 0, true)
+	})
+	t.Run("norms handed over, paged", func(t *testing.T) {
+		long(t)
+		t.Setenv("RDRR_GPU_NORM", "1")
+		testGPUModelMatches(t, "tiny-moe", 0, false)
+	})
 	t.Run("one arena buffer", func(t *testing.T) { long(t); testGPUModelMatches(t, "tiny-moe", 0, false) })
 	t.Run("RAM in ordinary memory", func(t *testing.T) {
 		long(t)

@@ -3,6 +3,7 @@ package ops
 import (
 	"embed"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -31,23 +32,29 @@ const (
 var builtins = map[string]builtin{
 	"q4k_matmul":        {"q4k_matmul.wgsl", []gpu.Access{ro, ro, rw}, 96, ""},
 	"q4k_matmul_masked": {"q4k_matmul.wgsl", []gpu.Access{ro, ro, rw, ro}, 176, "MASKED"},
-	"q4k_dequant":       {"q4k_dequant.wgsl", []gpu.Access{ro, rw}, 8, ""},
-	"q4k_matvec_co":     {"q4k_matvec_co.wgsl", []gpu.Access{ro, ro, rw}, 20, ""},
-	"dense_matmul":      {"dense_matmul.wgsl", []gpu.Access{ro, ro, rw}, 20, ""},
-	"rmsnorm":           {"rmsnorm.wgsl", []gpu.Access{ro, ro, rw}, 16, ""},
-	"softmax":           {"softmax.wgsl", []gpu.Access{ro, rw}, 12, ""},
-	"rope":              {"rope.wgsl", []gpu.Access{rw, ro}, 28, ""},
-	"rope_kv":           {"rope.wgsl", []gpu.Access{rw, ro, rw, rw}, 44, "KV"},
-	"attention_split":   {"attention_split.wgsl", []gpu.Access{ro, ro, ro, rw}, 32, ""},
-	"attention_merge":   {"attention_merge.wgsl", []gpu.Access{ro, rw}, 16, ""},
-	"route":             {"route.wgsl", []gpu.Access{ro, ro, rw, rw}, 32, ""},
-	"swiglu":            {"swiglu.wgsl", []gpu.Access{ro, ro, rw}, 8, ""},
-	"accumulate":        {"accumulate.wgsl", []gpu.Access{ro, ro, rw}, 16, ""},
-	"embed":             {"embed.wgsl", []gpu.Access{ro, ro, rw}, 16, ""},
-	"argmax_blocks":     {"argmax_blocks.wgsl", []gpu.Access{ro, rw}, 16, ""},
-	"topp_blocks":       {"topp_blocks.wgsl", []gpu.Access{ro, rw, rw}, 32, ""},
-	"copy":              {"copy.wgsl", []gpu.Access{ro, rw}, 8, ""},
-	"kv_store":          {"kv_store.wgsl", []gpu.Access{ro, rw, rw}, 16, ""},
+	// Products of an RMSNorm's output handed over by accumulate_norm
+	// (see q4k_matmul.wgsl's PART).
+	"q4k_matmul_part":        {"q4k_matmul.wgsl", []gpu.Access{ro, ro, rw, ro}, 112, "PART"},
+	"q4k_matmul_masked_part": {"q4k_matmul.wgsl", []gpu.Access{ro, ro, rw, ro, ro}, 192, "MASKED PART"},
+	"dense_matmul_part":      {"dense_matmul.wgsl", []gpu.Access{ro, ro, rw, ro}, 32, "PART"},
+	"accumulate_norm":        {"accumulate.wgsl", []gpu.Access{ro, ro, rw, ro, rw, rw}, 16, "NORM"},
+	"q4k_dequant":            {"q4k_dequant.wgsl", []gpu.Access{ro, rw}, 8, ""},
+	"q4k_matvec_co":          {"q4k_matvec_co.wgsl", []gpu.Access{ro, ro, rw}, 20, ""},
+	"dense_matmul":           {"dense_matmul.wgsl", []gpu.Access{ro, ro, rw}, 20, ""},
+	"rmsnorm":                {"rmsnorm.wgsl", []gpu.Access{ro, ro, rw}, 16, ""},
+	"softmax":                {"softmax.wgsl", []gpu.Access{ro, rw}, 12, ""},
+	"rope":                   {"rope.wgsl", []gpu.Access{rw, ro}, 28, ""},
+	"rope_kv":                {"rope.wgsl", []gpu.Access{rw, ro, rw, rw}, 44, "KV"},
+	"attention_split":        {"attention_split.wgsl", []gpu.Access{ro, ro, ro, rw}, 32, ""},
+	"attention_merge":        {"attention_merge.wgsl", []gpu.Access{ro, rw}, 16, ""},
+	"route":                  {"route.wgsl", []gpu.Access{ro, ro, rw, rw}, 32, ""},
+	"swiglu":                 {"swiglu.wgsl", []gpu.Access{ro, ro, rw}, 8, ""},
+	"accumulate":             {"accumulate.wgsl", []gpu.Access{ro, ro, rw}, 16, ""},
+	"embed":                  {"embed.wgsl", []gpu.Access{ro, ro, rw}, 16, ""},
+	"argmax_blocks":          {"argmax_blocks.wgsl", []gpu.Access{ro, rw}, 16, ""},
+	"topp_blocks":            {"topp_blocks.wgsl", []gpu.Access{ro, rw, rw}, 32, ""},
+	"copy":                   {"copy.wgsl", []gpu.Access{ro, rw}, 8, ""},
+	"kv_store":               {"kv_store.wgsl", []gpu.Access{ro, rw, rw}, 16, ""},
 }
 
 // BuiltinNames lists the built-in kernels.
@@ -76,29 +83,30 @@ func Builtin(name string, constants map[string]float64) (gpu.Kernel, error) {
 	return gpu.Kernel{Name: name, Source: flavored(string(src), b.flavor), Constants: constants, Bindings: b.bindings, Params: b.params}, nil
 }
 
-// flavored returns src as flavor f: a line starting with "//+f " is kept
-// (without the marker) only in flavor f, one starting with "//-f " only
-// outside it. One WGSL file then holds kernels that differ in a binding or
-// a field, which WGSL's override constants cannot add or remove.
+// flavored returns src as flavor f, a space-separated set of names: a
+// line starting with "//+n " is kept (without the marker) only in a
+// flavor that has n, one starting with "//-n " only in one that lacks it;
+// markers stack ("//+NORM //-MASKED ": with NORM, without MASKED). One
+// WGSL file then holds kernels that differ in a binding or a field, which
+// WGSL's override constants cannot add or remove.
 func flavored(src string, f string) string {
 	if !strings.Contains(src, "//+") && !strings.Contains(src, "//-") {
 		return src
 	}
+	has := strings.Fields(f)
 	lines := strings.SplitAfter(src, "\n")
 	out := lines[:0]
+line:
 	for _, l := range lines {
-		t := strings.TrimLeft(l, " ")
-		switch {
-		case strings.HasPrefix(t, "//+"):
-			name, rest, _ := strings.Cut(t[3:], " ")
-			if name != f {
-				continue
+		for {
+			t := strings.TrimLeft(l, " ")
+			plus := strings.HasPrefix(t, "//+")
+			if !plus && !strings.HasPrefix(t, "//-") {
+				break
 			}
-			l = rest
-		case strings.HasPrefix(t, "//-"):
 			name, rest, _ := strings.Cut(t[3:], " ")
-			if name == f {
-				continue
+			if slices.Contains(has, name) != plus {
+				continue line
 			}
 			l = rest
 		}

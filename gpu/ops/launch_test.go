@@ -39,6 +39,17 @@ func TestLaunchesMatchABI(t *testing.T) {
 	add("group", l, err)
 	l, err = maskedLaunch(masked.call())
 	add("masked", l, err)
+	n := Normed{Parts: masked.Sel, N: 16, Eps: 1e-5} // any region: the rules read only that there is one
+	l, err = Q4KPartLaunch(DefaultQ4KConfig(6144, 4096, 1), 6144, 4096, n)
+	add("q4k part", l, err)
+	normed := masked
+	normed.SharedX, normed.Normed = true, n
+	l, err = maskedLaunch(normed.call())
+	add("masked part", l, err)
+	l, err = DensePartLaunch(8, 4096, n)
+	add("dense part", l, err)
+	l, err = AccumulateNormLaunch(AccumShape{Experts: 2, Dim: 4096})
+	add("accumulate norm", l, err)
 	l, err = Q4KDequantLaunch(abi.F16, 512)
 	add("dequant", l, err)
 	l, err = DenseLaunch(abi.F16, MatShape{9, 1024, 8})

@@ -167,6 +167,13 @@ func TestFlavored(t *testing.T) {
 	if got := flavored(src, ""); got != "a\nc\ne" {
 		t.Errorf("no flavor: %q", got)
 	}
+	// Stacked markers: every one must hold.
+	src = "a\n//+M //-N b\n//+M //+N c\n//-M //-N d\ne"
+	for f, want := range map[string]string{"M": "a\nb\ne", "M N": "a\nc\ne", "N": "a\ne", "": "a\nd\ne"} {
+		if got := flavored(src, f); got != want {
+			t.Errorf("flavor %q: %q; want %q", f, got, want)
+		}
+	}
 }
 
 func TestKVStore(t *testing.T) {
@@ -310,4 +317,152 @@ func TestRopeKV(t *testing.T) {
 	if _, err := RopeKVLaunch(RopeShape{Tokens: 1, Heads: 6, HeadDim: 8, RotDim: 8}, KVShape{Dim: 16, KOff: 8, VOff: 48}); !errors.Is(err, gpu.ErrShape) {
 		t.Fatalf("k heads in the middle: %v; want gpu.ErrShape", err)
 	}
+}
+
+// AccumulateNorm hands an RMSNorm to the products that read its output
+// (Normed): dst += the weighted sources as Accumulate, x * g, and one
+// partial sum of x^2 per 256 elements; with no source (k = 0) and a
+// length that is not a multiple of 256.
+func TestAccumulateNorm(t *testing.T) {
+	d, k := shared.d, shared.k
+	r := rng(t)
+	for _, c := range []struct{ experts, dim int }{{2, 4096}, {1, 1000}, {0, 4096}, {3, 256}} {
+		t.Run(fmt.Sprintf("k%d/d%d", c.experts, c.dim), func(t *testing.T) {
+			src, w := randF32(r, c.experts*c.dim, 1), randF32(r, c.experts+1, 1)
+			dst, g := randF32(r, c.dim, 5), randF32(r, c.dim, 1)
+			db, xg, parts := uploadF32(t, d, dst), poisoned(t, d, c.dim*4), poisoned(t, d, AccumParts(c.dim)*4)
+			srcb := uploadF32(t, d, append(src, 0)) // a binding is never empty
+			run(t, d, func(b *gpu.Batch) error {
+				return k.AccumulateNorm(ctxT(t), b, srcb, uploadF32(t, d, w), db, uploadF32(t, d, g),
+					Normed{XG: xg, Parts: parts, N: AccumParts(c.dim)}, AccumShape{Experts: c.experts, Dim: c.dim, WeightOff: 1})
+			})
+			x := ref.Accumulate(ref.F32(dst), ref.F32(src), ref.F32(w[1:]), c.experts, c.dim)
+			// Scales: the sum of the magnitudes that met in each value.
+			xmag := make([]float64, c.dim)
+			want, mag := make([]float64, c.dim), make([]float64, c.dim)
+			sums := make([]float64, AccumParts(c.dim))
+			for i, v := range x {
+				xmag[i] = math.Abs(float64(dst[i]))
+				for j := 0; j < c.experts; j++ {
+					xmag[i] += math.Abs(float64(w[1+j] * src[j*c.dim+i]))
+				}
+				want[i], mag[i] = v*float64(g[i]), xmag[i]*math.Abs(float64(g[i]))
+				sums[i/256] += v * v
+			}
+			if err := ref.Compare(readF32(t, d, db, c.dim), x, xmag, ref.Tolerance(ref.OpAccum)); err != nil {
+				t.Fatalf("dst: %v", err)
+			}
+			if err := ref.Compare(readF32(t, d, xg, c.dim), want, mag, ref.Tolerance(ref.OpAccum)); err != nil {
+				t.Fatalf("x * g: %v", err)
+			}
+			if err := ref.Compare(readF32(t, d, parts, len(sums)), sums, sums, ref.Tolerance(ref.OpRMSNorm)); err != nil {
+				t.Fatalf("partial sums: %v", err)
+			}
+		})
+	}
+}
+
+// The PART products read an RMSNorm's output from AccumulateNorm (x * g
+// and its partial sums, no norm dispatch): W RMSNorm(x, g) as the float64
+// norm and product give it, Q4_K for the configurations a decode step
+// picks and awkward ones (pipelined or not, shifts, every workgroup
+// size), masked (two of three experts, gate and up halves in one
+// dispatch) and dense f32 (a router). x far from unit scale, so that a
+// missing or wrong scale cannot pass.
+func TestNormedProducts(t *testing.T) {
+	d, k := shared.d, shared.k
+	r := rng(t)
+	const eps = 1e-5
+	// normed runs AccumulateNorm (no source) on x with weight g and
+	// returns what it hands over, and the float64 norm of x.
+	normed := func(t *testing.T, x, g []float32) (Normed, []float64) {
+		n := Normed{XG: poisoned(t, d, len(x)*4), Parts: poisoned(t, d, AccumParts(len(x))*4), N: AccumParts(len(x)), Eps: eps}
+		run(t, d, func(b *gpu.Batch) error {
+			return k.AccumulateNorm(ctxT(t), b, uploadF32(t, d, []float32{0}), uploadF32(t, d, []float32{0}), uploadF32(t, d, x), uploadF32(t, d, g), n, AccumShape{Dim: len(x)})
+		})
+		return n, ref.RMSNorm(ref.F32(x), ref.F32(g), 1, len(x), eps)
+	}
+	for _, c := range []struct {
+		rows, cols int
+		cfg        Q4KConfig
+	}{
+		{6144, 4096, DefaultQ4KConfig(6144, 4096, 1)},
+		{37, 4608, DefaultQ4KConfig(6144, 4096, 1)},
+		{37, 4608, DefaultQ4KConfig(2*14336, 4096, 1)},
+		{37, 2048, DefaultQ4KConfig(7168, 2048, 1)},
+		{3, 512, Q4KConfig{SPR: 2, Rows: 2}},
+		{11, 2560, Q4KConfig{SPR: 32, Rows: 1, Shifts: true}},
+		{11, 2560, Q4KConfig{WG: 64, SPR: 8, Rows: 4, Pipeline: true}},
+		{1, 256, Q4KConfig{SPR: 1, Rows: 16, WG: 64}},
+	} {
+		t.Run(fmt.Sprintf("%dx%d%+v", c.rows, c.cols, c.cfg), func(t *testing.T) {
+			blocks := randQ4K(r, c.rows*c.cols/256)
+			w64, err := ref.Q4K(blocks)
+			if err != nil {
+				t.Fatal(err)
+			}
+			n, xn := normed(t, randF32(r, c.cols, 20), randF32(r, c.cols, 1))
+			want, mag := ref.MatMul(w64, xn, c.rows, c.cols, 1)
+			y := poisoned(t, d, c.rows*4)
+			run(t, d, func(b *gpu.Batch) error {
+				l, err := Q4KPartLaunch(c.cfg, c.rows, c.cols, n)
+				return k.launch(ctxT(t), b, l, err, upload(t, d, blocks), n.XG, y, n.Parts)
+			})
+			if err := ref.Compare(readF32(t, d, y, c.rows), want, mag, ref.Tolerance(ref.OpMatMul)); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+	t.Run("default", func(t *testing.T) {
+		const rows, cols = 300, 1024
+		blocks := randQ4K(r, rows*cols/256)
+		w64, _ := ref.Q4K(blocks)
+		n, xn := normed(t, randF32(r, cols, 0.01), randF32(r, cols, 3))
+		want, mag := ref.MatMul(w64, xn, rows, cols, 1)
+		y := poisoned(t, d, rows*4)
+		run(t, d, func(b *gpu.Batch) error { return k.Q4KMatVecNormed(ctxT(t), b, upload(t, d, blocks), n, y, rows, cols) })
+		if err := ref.Compare(readF32(t, d, y, rows), want, mag, ref.Tolerance(ref.OpMatMul)); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("masked", func(t *testing.T) {
+		const rows, cols = 300, 2048
+		mat := rows * cols / 256 * 144
+		arena := randQ4K(r, 6*rows*cols/256) // gate and up of experts 0, 1, 2
+		n, xn := normed(t, randF32(r, cols, 20), randF32(r, cols, 1))
+		sel := upload(t, d, gpu.Bytes([]uint32{2, 0}))
+		const upper = 2 * rows * 4
+		y := poisoned(t, d, 2*upper)
+		slots := []int{0, 1, 2, 3, 4, 5}
+		experts := []int{0, 1, 2, 0 | MaskedUpper, 1 | MaskedUpper, 2 | MaskedUpper}
+		run(t, d, func(b *gpu.Batch) error {
+			return k.Q4KMatVecMasked(ctxT(t), b, Masked{Arena: upload(t, d, arena), Slots: slots, Experts: experts, Sel: sel, K: 2,
+				SharedX: true, Y: y, YUpper: upper, Rows: rows, Cols: cols, Normed: n})
+		})
+		var want, wmag []float64
+		for _, half := range []int{0, 3} {
+			for _, e := range []int{2, 0} {
+				we, err := ref.Q4K(arena[(half+e)*mat : (half+e+1)*mat])
+				if err != nil {
+					t.Fatal(err)
+				}
+				p, m := ref.MatMul(we, xn, rows, cols, 1)
+				want, wmag = append(want, p...), append(wmag, m...)
+			}
+		}
+		if err := ref.Compare(readF32(t, d, y, 4*rows), want, wmag, ref.Tolerance(ref.OpMatMul)); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("dense router", func(t *testing.T) {
+		const rows, cols = 8, 4096
+		wr := randF32(r, rows*cols, 0.05)
+		n, xn := normed(t, randF32(r, cols, 20), randF32(r, cols, 1))
+		want, mag := ref.MatMul(ref.F32(wr), xn, rows, cols, 1)
+		y := poisoned(t, d, rows*4)
+		run(t, d, func(b *gpu.Batch) error { return k.MatVecNormed(ctxT(t), b, uploadF32(t, d, wr), n, y, rows, cols) })
+		if err := ref.Compare(readF32(t, d, y, rows), want, mag, ref.Tolerance(ref.OpMatMul)); err != nil {
+			t.Fatal(err)
+		}
+	})
 }

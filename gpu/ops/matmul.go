@@ -168,6 +168,63 @@ func (k *Kernels) Q4KMatMulWith(ctx context.Context, b *gpu.Batch, cfg Q4KConfig
 	return k.launch(ctx, b, l, err, w, x, y)
 }
 
+// Normed is an RMSNorm's output handed from the dispatch that wrote the
+// norm's input (AccumulateNorm) to the products that read it, with no
+// dispatch of its own: XG holds x * g (g the norm's weight) and Parts N
+// partial sums of x^2. A product of XG whose rows are scaled by 1 /
+// sqrt(sum(Parts) / len(x) + Eps) is the product of the norm's output.
+type Normed struct {
+	XG, Parts gpu.Region
+	N         int
+	Eps       float32
+}
+
+// MaxParts bounds Normed.N: the products sum at most this many.
+const MaxParts = 64
+
+func (n Normed) check(kernel string) error {
+	if n.N <= 0 || n.N > MaxParts {
+		return shapeErr(kernel, "%d partial sums (1..%d)", n.N, MaxParts)
+	}
+	return nil
+}
+
+// Q4KMatVecNormed records y = W RMSNorm(x) from n (see Normed): the
+// norm's dispatch gone, its work a scale per row.
+func (k *Kernels) Q4KMatVecNormed(ctx context.Context, b *gpu.Batch, w gpu.Region, n Normed, y gpu.Region, rows, cols int) error {
+	l, err := Q4KPartLaunch(DefaultQ4KConfig(rows, cols, 1), rows, cols, n)
+	return k.launch(ctx, b, l, err, w, n.XG, y, n.Parts)
+}
+
+// Q4KPartLaunch is the dispatch rule of Q4KMatVecNormed with
+// configuration cfg (the matrix-vector path of q4k_matmul, never
+// q4k_matvec_co): q4k_matmul_part. Bindings: weights, x * g, y, partial
+// sums.
+func Q4KPartLaunch(cfg Q4KConfig, rows, cols int, n Normed) (Launch, error) {
+	const name = "q4k_matmul_part"
+	if err := n.check(name); err != nil {
+		return Launch{}, err
+	}
+	cfg.Coalesced = false
+	l, err := Q4KLaunch(cfg, MatShape{Rows: rows, Cols: cols, Tokens: 1}, false)
+	if err != nil {
+		return Launch{}, err
+	}
+	l.Kernel = name
+	l.Params = normParams(l.Params, 96, n)
+	l.Bindings = append(l.Bindings, Binding{"partial sums", uint64(n.N * 4)})
+	return l, nil
+}
+
+// normParams appends the PART flavors' fields to p at byte at (the end
+// of the plain or masked Params): eps, the partial sums and padding.
+func normParams(p gpu.Params, at int, n Normed) gpu.Params {
+	for len(p) < at {
+		p = p.U32(0)
+	}
+	return p.F32(n.Eps).U32(uint32(n.N)).U32(0).U32(0)
+}
+
 // Q4KMatVecAdd records y += W x (a product added into a residual stream,
 // one dispatch instead of a product and an Accumulate).
 func (k *Kernels) Q4KMatVecAdd(ctx context.Context, b *gpu.Batch, w, x, y gpu.Region, rows, cols int) error {
@@ -230,11 +287,23 @@ type Masked struct {
 	YUpper  int // a multiple of 4
 	Rows    int
 	Cols    int
+	// Normed, if set (its Parts not nil), is an RMSNorm's output that the
+	// products read instead of X (shared): q4k_matmul_masked_part, the
+	// norm's dispatch gone (see Normed).
+	Normed Normed
 }
 
 func (m Masked) call() groupCall {
 	return groupCall{slots: m.Slots, experts: m.Experts, kSel: m.K,
-		sharedX: m.SharedX, xUpper: -1, yUpper: m.YUpper, rows: m.Rows, cols: m.Cols}
+		sharedX: m.SharedX, xUpper: -1, yUpper: m.YUpper, rows: m.Rows, cols: m.Cols, normed: m.Normed}
+}
+
+// binds are m's regions in the order of its kernel's bindings.
+func (m Masked) binds() []gpu.Region {
+	if m.Normed.Parts != nil {
+		return []gpu.Region{m.Arena, m.Normed.XG, m.Y, m.Sel, m.Normed.Parts}
+	}
+	return []gpu.Region{m.Arena, m.X, m.Y, m.Sel}
 }
 
 // Q4KMatVecMasked records m. If Experts[e] is Sel[j], product e reads
@@ -250,7 +319,7 @@ func (m Masked) call() groupCall {
 // its gate, each filling its half of Y.
 func (k *Kernels) Q4KMatVecMasked(ctx context.Context, b *gpu.Batch, m Masked) error {
 	l, err := maskedLaunch(m.call())
-	return k.launch(ctx, b, l, err, m.Arena, m.X, m.Y, m.Sel)
+	return k.launch(ctx, b, l, err, m.binds()...)
 }
 
 // Q4KMatVecMaskedSwiGLU is Q4KMatVecMasked for an MoE layer's down
@@ -268,7 +337,7 @@ func (k *Kernels) Q4KMatVecMaskedSwiGLU(ctx context.Context, b *gpu.Batch, m Mas
 	g := m.call()
 	g.sharedX, g.xUpper, g.yUpper = false, upOff, 0
 	l, err := maskedLaunch(g)
-	return k.launch(ctx, b, l, err, m.Arena, m.X, m.Y, m.Sel)
+	return k.launch(ctx, b, l, err, m.binds()...)
 }
 
 func maskedLaunch(g groupCall) (Launch, error) {
@@ -290,6 +359,7 @@ type groupCall struct {
 	xUpper         int
 	yUpper         int
 	rows, cols     int
+	normed         Normed // masked only: if its Parts are set, x (shared) is an RMSNorm's output
 }
 
 // MaskedUpper marks a Q4KMatVecMasked product whose output goes to the
@@ -305,6 +375,15 @@ func groupLaunch(cfg Q4KConfig, g groupCall) (Launch, error) {
 	outs := len(slots) // products whose output y holds
 	if experts != nil {
 		name, outs = "q4k_matmul_masked", kSel
+		if g.normed.Parts != nil {
+			name = "q4k_matmul_masked_part"
+			if !sharedX || xUpper >= 0 {
+				return Launch{}, shapeErr(name, "a norm's output is one shared x (not SwiGLU's gate and up)")
+			}
+			if err := g.normed.check(name); err != nil {
+				return Launch{}, err
+			}
+		}
 	}
 	if rows <= 0 || cols <= 0 || cols%256 != 0 || len(slots) == 0 || len(slots) > MaxGroup {
 		return Launch{}, shapeErr(name, "group of %d products of %dx%d (1..%d products; cols a positive multiple of 256)", len(slots), rows, cols, MaxGroup)
@@ -367,6 +446,10 @@ func groupLaunch(cfg Q4KConfig, g groupCall) (Launch, error) {
 		consts["SWIGLU"] = 1
 	}
 	binds = append(binds, Binding{"sel", uint64(kSel * 4)})
+	if g.normed.Parts != nil {
+		params = normParams(params, 176, g.normed)
+		binds = append(binds, Binding{"partial sums", uint64(g.normed.N * 4)})
+	}
 	return Launch{Kernel: name, Constants: consts, Groups: groups, Params: params, Bindings: binds}, nil
 }
 
@@ -403,6 +486,30 @@ func (k *Kernels) MatMul(ctx context.Context, b *gpu.Batch, dt abi.DType, w, x, 
 	}
 	l, err := DenseLaunch(dt, s)
 	return k.launch(ctx, b, l, err, w, x, y)
+}
+
+// MatVecNormed records y = W RMSNorm(x) for f32 weights W from n (see
+// Normed): dense_matmul_part, the norm's dispatch gone.
+func (k *Kernels) MatVecNormed(ctx context.Context, b *gpu.Batch, w gpu.Region, n Normed, y gpu.Region, rows, cols int) error {
+	l, err := DensePartLaunch(rows, cols, n)
+	return k.launch(ctx, b, l, err, w, n.XG, y, n.Parts)
+}
+
+// DensePartLaunch is the dispatch rule of MatVecNormed. Bindings:
+// weights, x * g, y, partial sums.
+func DensePartLaunch(rows, cols int, n Normed) (Launch, error) {
+	const name = "dense_matmul_part"
+	if err := n.check(name); err != nil {
+		return Launch{}, err
+	}
+	l, err := DenseLaunch(abi.F32, MatShape{Rows: rows, Cols: cols, Tokens: 1})
+	if err != nil {
+		return Launch{}, err
+	}
+	l.Kernel = name
+	l.Params = l.Params.F32(n.Eps).U32(uint32(n.N))
+	l.Bindings = append(l.Bindings, Binding{"partial sums", uint64(n.N * 4)})
+	return l, nil
 }
 
 // DenseLaunch is the dispatch rule of MatMul for f32 and f16 weights:

@@ -108,6 +108,37 @@ func (k *Kernels) Accumulate(ctx context.Context, b *gpu.Batch, src, w, dst gpu.
 	return k.launch(ctx, b, l, err, src, w, dst)
 }
 
+// AccumParts is how many partial sums AccumulateNorm writes for a
+// vector of dim: one per workgroup of 256.
+func AccumParts(dim int) int { return int(ceilDiv(uint64(dim), 256)) }
+
+// AccumulateNormLaunch is the dispatch rule of AccumulateNorm:
+// accumulate_norm; Experts may be 0. Bindings: src, weights, dst, norm
+// weight, x * g, partial sums.
+func AccumulateNormLaunch(s AccumShape) (Launch, error) {
+	const name = "accumulate_norm"
+	kExp, d, wOff := s.Experts, s.Dim, s.WeightOff
+	if kExp < 0 || d <= 0 || wOff < 0 || AccumParts(d) > MaxParts {
+		return Launch{}, shapeErr(name, "k %d, d %d, weight offset %d (d at most %d)", kExp, d, wOff, 256*MaxParts)
+	}
+	gx, gy := grid(ceilDiv(uint64(d), 256))
+	return Launch{Kernel: name, Groups: [3]uint32{gx, gy, 1},
+		Params: gpu.Params{}.U32(uint32(d)).U32(uint32(kExp)).U32(uint32(wOff)).U32(gx),
+		Bindings: []Binding{{"src", uint64(kExp * d * 4)}, {"weights", uint64((wOff + kExp) * 4)}, {"dst", uint64(d * 4)},
+			{"norm weight", uint64(d * 4)}, {"x * g", uint64(d * 4)}, {"partial sums", uint64(AccumParts(d) * 4)}}}, nil
+}
+
+// AccumulateNorm is Accumulate that also hands the RMSNorm of the new
+// dst, with weight g, to the products that read it (see Normed): out.XG
+// and out.Parts are written, out.N must be AccumParts(s.Dim).
+func (k *Kernels) AccumulateNorm(ctx context.Context, b *gpu.Batch, src, w, dst, g gpu.Region, out Normed, s AccumShape) error {
+	l, err := AccumulateNormLaunch(s)
+	if err == nil && out.N != AccumParts(s.Dim) {
+		err = shapeErr("accumulate_norm", "%d partial sums for %d elements (want %d)", out.N, s.Dim, AccumParts(s.Dim))
+	}
+	return k.launch(ctx, b, l, err, src, w, dst, g, out.XG, out.Parts)
+}
+
 // EmbedShape is an embedding lookup of Tokens ids into a table of Vocab
 // rows of Dim elements of type Type (Q4K needs Dim % 256 == 0).
 type EmbedShape struct {

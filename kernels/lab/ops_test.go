@@ -28,11 +28,11 @@ var opVariants = map[string]struct {
 }{
 	"accumulate": {
 		cheaters: map[string][]edit{
-			"skips the last partial workgroup": {{"if (i >= p.d) {", "if (i >= p.d / 256u * 256u && p.d >= 256u) {\n    return;\n  }\n  if (i >= p.d) {"}},
+			"skips the last partial workgroup": {{"if (i < p.d) {", "if (i < p.d / 256u * 256u || p.d < 256u) {"}},
 			"ignores the weights' offset":      {{"wt[p.w_off + j]", "wt[j]"}},
 		},
-		correct: []edit{{"for (var j = 0u; j < p.k; j++) {\n    s += wt[p.w_off + j] * src[j * p.d + i];",
-			"for (var j = p.k; j > 0u; j--) {\n    s = fma(wt[p.w_off + j - 1u], src[(j - 1u) * p.d + i], s);"}},
+		correct: []edit{{"for (var j = 0u; j < p.k; j++) {\n      s += wt[p.w_off + j] * src[j * p.d + i];",
+			"for (var j = p.k; j > 0u; j--) {\n      s = fma(wt[p.w_off + j - 1u], src[(j - 1u) * p.d + i], s);"}},
 	},
 	"embed": {
 		cheaters: map[string][]edit{

@@ -11,12 +11,28 @@ struct Params {
   n: u32,     // tokens
   gx: u32,    // workgroups along x
   vec: u32,   // 1: 16-byte path
+//+PART  eps: f32,
+//+PART  nparts: u32,
 }
 
 @group(0) @binding(0) var<storage, read> w: array<vec4<u32>>;
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
 @group(1) @binding(0) var<uniform> p: Params;
+//+PART @group(0) @binding(3) var<storage, read> part: array<f32>;
+
+// The PART flavor (dense_matmul_part) is a product of an RMSNorm's output
+// without its dispatch, as q4k_matmul's PART: x holds x * g, part nparts
+// partial sums of x^2 (accumulate's NORM wrote both); each row is scaled
+// by 1 / sqrt(sum(part) / cols + eps). One token.
+//-PART fn rms() -> f32 { return 1.0; }
+//+PART fn rms() -> f32 {
+//+PART   var ssq = 0.0;
+//+PART   for (var i = 0u; i < min(p.nparts, 64u); i++) {
+//+PART     ssq += part[i];
+//+PART   }
+//+PART   return inverseSqrt(ssq / f32(p.cols) + p.eps);
+//+PART }
 
 override ROWS: u32 = 2u;
 override TOK: u32 = 1u;
@@ -100,12 +116,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
   }
   if (tid == 0u) {
+    let rs = rms();
     for (var r = 0u; r < ROWS; r++) {
       for (var t = 0u; t < TOK; t++) {
         let row = row0 + r;
         let tt = tok0 + t;
         if (row < p.rows && tt < p.n) {
-          y[tt * p.rows + row] = red[(r * TOK + t) * WG + tid];
+          y[tt * p.rows + row] = red[(r * TOK + t) * WG + tid] * rs;
         }
       }
     }

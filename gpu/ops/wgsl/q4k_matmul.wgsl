@@ -34,6 +34,13 @@
 // gate, each into its half of y). Products of experts not chosen return at
 // once. The choice stays on the GPU: no read-back between the
 // router and the experts.
+//
+// The PART flavors (q4k_matmul_part, q4k_matmul_masked_part; lines
+// marked //+PART) are products of an RMSNorm's output without its
+// dispatch: x holds x * g (the norm's weight) and part nparts partial sums
+// of x^2, both written by the dispatch that wrote x (accumulate's NORM);
+// the product is W (x * g), each row then scaled by 1 / sqrt(sum(part) /
+// cols + eps). Matrix-vector only.
 
 struct Params {
   rows: u32,     // output rows
@@ -50,6 +57,10 @@ struct Params {
 //+MASKED  xupper: u32,  // SWIGLU: where the up half of x starts (vec4s)
 //+MASKED  _p2: u32,
 //+MASKED  _p3: u32,
+//+PART  eps: f32,
+//+PART  nparts: u32,
+//+PART  _n2: u32,
+//+PART  _n3: u32,
 }
 
 @group(0) @binding(0) var<storage, read> w: array<vec4<u32>>;
@@ -57,6 +68,18 @@ struct Params {
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
 @group(1) @binding(0) var<uniform> p: Params;
 //+MASKED @group(0) @binding(3) var<storage, read> sel: array<u32>;
+//+PART //-MASKED @group(0) @binding(3) var<storage, read> part: array<f32>;
+//+PART //+MASKED @group(0) @binding(4) var<storage, read> part: array<f32>;
+
+// rms is what a row's sum is scaled by: 1 without PART.
+//-PART fn rms() -> f32 { return 1.0; }
+//+PART fn rms() -> f32 {
+//+PART   var ssq = 0.0;
+//+PART   for (var i = 0u; i < min(p.nparts, 64u); i++) {
+//+PART     ssq += part[i];
+//+PART   }
+//+PART   return inverseSqrt(ssq / f32(p.nb * 256u) + p.eps);
+//+PART }
 
 // chosen is where product e's expert is among the router's ids, or
 // 0xffffffff (MASKED); the plain kernel's products are all chosen, at e.
@@ -375,12 +398,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
   }
   if ((tid & (seg - 1u)) == 0u) {
+    let rs = rms();
     for (var r = 0u; r < ROWS; r++) {
       let row = row0 + r;
       for (var t = 0u; t < TOK; t++) {
         let tt = tok0 + t;
         if (row < p.rows && tt < p.n) {
-          let v = red[(r * TOK + t) * WG + tid];
+          let v = red[(r * TOK + t) * WG + tid] * rs;
           if (ACC == 1u) {
             y[ybase + tt * p.rows + row] += v;
           } else {
