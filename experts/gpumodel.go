@@ -496,7 +496,7 @@ type stepRun struct {
 // GPU: the host records this step while the GPU still runs that one
 // (generatePipelined). A step that must page experts (a layer not wholly
 // in VRAM) settles the step before it first (see settle).
-func (g *GPUModel) begin(ctx context.Context, token int, onGPU bool, hd head) (*stepRun, error) {
+func (g *GPUModel) begin(ctx context.Context, token int, onGPU bool, hd head) (_ *stepRun, err error) {
 	c := &g.m.Config
 	k := c.NumExpertsPerTok
 	if !onGPU && (token < 0 || token >= c.VocabSize) {
@@ -510,7 +510,8 @@ func (g *GPUModel) begin(ctx context.Context, token int, onGPU bool, hd head) (*
 	run := &stepRun{hd: hd, start: time.Now()}
 	mark := run.start
 	lap := func(d *time.Duration) { now := time.Now(); *d += now.Sub(mark); mark = now }
-	defer func() { pr.Total += time.Since(run.start) }()
+	var settled time.Duration // ending the step before this one (settle): collect counts it
+	defer func() { pr.Total += time.Since(run.start) - settled }()
 	tok := gpu.Region(B["sampled"].Sub(0, 4))
 	if !onGPU {
 		tok = B["tok"]
@@ -522,6 +523,11 @@ func (g *GPUModel) begin(ctx context.Context, token int, onGPU bool, hd head) (*
 	defer func() { releaseAll(held) }()
 	var masked []int // layers that ran masked: their choice comes back at the end
 	b := g.d.Batch()
+	defer func() {
+		if err != nil {
+			b.Drop() // what is recorded and not submitted: its scratch buffers
+		}
+	}()
 	// section, with ProfileGPU, submits what was recorded since the last
 	// section and waits for it, charging the time to name.
 	section := func(name string) error {
@@ -617,7 +623,11 @@ func (g *GPUModel) begin(ctx context.Context, token int, onGPU bool, hd head) (*
 			}
 			// A layer to page: the step before this one must have ended
 			// (the trace counts its experts first).
-			if err := g.settle(ctx); err != nil {
+			t := time.Now()
+			err := g.settle(ctx)
+			settled += time.Since(t)
+			mark = time.Now()
+			if err != nil {
 				return nil, err
 			}
 			predict = g.recordChoice(ctx, b, l)
@@ -931,10 +941,7 @@ func (g *GPUModel) compile(ctx context.Context) error {
 			g.k.Q4KMatVecMasked(ctx, b, ops.Masked{Arena: buf, Slots: zeros, Experts: ids, Sel: B["ids"], K: k,
 				SharedX: true, Y: B["gu"], YUpper: g.upOff(), Rows: ffn, Cols: h, Normed: g.normed})
 		}
-		g.finishLayer(ctx, b, l)
-		if c.NumSharedExperts > 0 {
-			g.ffn(ctx, b, p+"mlp.shared_experts.", ffn*c.NumSharedExperts)
-		}
+		g.finishLayer(ctx, b, l) // and the shared experts, if any
 		break
 	}
 	logitsAt := B["out"].Sub(0, uint64(c.VocabSize*4))
@@ -973,8 +980,9 @@ func (g *GPUModel) tokAt() uint64 {
 	return (uint64(g.m.Config.VocabSize*4) + 255) / 256 * 256
 }
 
-// recordAttention records layer l up to its FFN input: x += attention(x)
-// at the current position, then xn = the FFN's RMSNorm of x.
+// recordAttention records layer l's attention: x += attention(x) at the
+// current position (with partNorm, the accumulate also hands the FFN's
+// norm of x to g.normed; else normFFN records it into xn).
 func (g *GPUModel) recordAttention(ctx context.Context, b *gpu.Batch, l int) {
 	c := &g.m.Config
 	B := g.buf
@@ -1122,7 +1130,9 @@ func (g *GPUModel) recordAt(ctx context.Context, b *gpu.Batch, pos []int, slots 
 }
 
 // finishLayer adds MoE layer l's expert outputs, weighted, into x, and
-// runs its shared experts.
+// runs its shared experts; with partNorm (no shared experts then) the
+// accumulate also hands the next norm of x (the next layer's, or the
+// final one) to g.normed.
 func (g *GPUModel) finishLayer(ctx context.Context, b *gpu.Batch, l int) {
 	c := &g.m.Config
 	B := g.buf
@@ -1410,11 +1420,7 @@ func (g *GPUModel) Generate(ctx context.Context, prompt []int, maxTokens int, s 
 		return g.generatePipelined(ctx, prompt, maxTokens, s, emit)
 	}
 	return decode(ctx, g.m, g.Trace, prompt, maxTokens, s, emit, func(ctx context.Context, tok int, d *draw) (int, error) {
-		hd := head{}
-		if d != nil {
-			hd = head{sample: true, temperature: d.temperature, topP: d.topP, u: d.u}
-		}
-		_, next, err := g.step(ctx, tok, hd)
+		_, next, err := g.step(ctx, tok, sampleHead(d))
 		return next, err
 	})
 }
@@ -1430,10 +1436,6 @@ func (g *GPUModel) Generate(ctx context.Context, prompt []int, maxTokens int, s 
 // back).
 func (g *GPUModel) generatePipelined(ctx context.Context, prompt []int, maxTokens int, s Sampling, emit func(int)) ([]int, error) {
 	next := draws(s)
-	sample := func() head {
-		d := next()
-		return head{sample: true, temperature: d.temperature, topP: d.topP, u: d.u}
-	}
 	n := len(prompt)
 	for i, t := range prompt[:n-1] {
 		g.setToken(i)
@@ -1442,7 +1444,7 @@ func (g *GPUModel) generatePipelined(ctx context.Context, prompt []int, maxToken
 		}
 	}
 	g.setToken(n - 1)
-	run, err := g.begin(ctx, prompt[n-1], false, sample())
+	run, err := g.begin(ctx, prompt[n-1], false, sampleHead(next()))
 	if err != nil {
 		return nil, err
 	}
@@ -1455,18 +1457,29 @@ func (g *GPUModel) generatePipelined(ctx context.Context, prompt []int, maxToken
 			i := n + len(out)
 			g.settling = &settling{run: run, index: i - 1, next: i}
 			g.setToken(i)
-			ahead, err = g.begin(ctx, -1, true, sample())
+			ahead, err = g.begin(ctx, -1, true, sampleHead(next()))
 			g.settling = nil
-			if err == errStopped {
+			if errors.Is(err, errStopped) {
 				ahead, err = nil, nil // run's token ends the text: settle ended run
 			}
 			if err != nil {
-				g.end(ctx, run, false)
+				// run's token is still generated, as decode would have it
+				// before the step that failed.
+				g.setToken(n + len(out) - 1)
+				if _, tok, e := g.end(ctx, run, true); e == nil {
+					out = append(out, tok)
+					if emit != nil {
+						emit(tok)
+					}
+				}
 				return out, err
 			}
 		}
 		g.setToken(n + len(out) - 1)
 		_, tok, err := g.end(ctx, run, true)
+		if err == nil {
+			err = ctx.Err() // decode stops before a token once cancelled
+		}
 		if err != nil {
 			g.discard(ctx, ahead)
 			return out, err
@@ -1479,12 +1492,16 @@ func (g *GPUModel) generatePipelined(ctx context.Context, prompt []int, maxToken
 			g.discard(ctx, ahead)
 			return out, nil
 		}
-		if err := ctx.Err(); err != nil {
-			g.discard(ctx, ahead)
-			return out, err
-		}
 		run = ahead
 	}
+}
+
+// sampleHead is the head of a step that samples with d (nil: no head).
+func sampleHead(d *draw) head {
+	if d == nil {
+		return head{}
+	}
+	return head{sample: true, temperature: d.temperature, topP: d.topP, u: d.u}
 }
 
 // errStopped is settle's word that the step it ended sampled the end of

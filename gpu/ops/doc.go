@@ -2,7 +2,9 @@
 // kernels and how they are run. For each op it holds
 //
 //   - the WGSL, in wgsl/ (embedded; one file can hold flavors that differ
-//     in a binding or a field, //+NAME lines), and its ABI (Builtin,
+//     in a binding or a field: //+NAME lines are kept only in flavors
+//     with NAME, //-NAME only in those without, and markers stack), and
+//     its ABI (Builtin,
 //     BuiltinNames): the descriptor the runtime compiles, the kernel lab
 //     measures variants against and a gpu.Variant stands in for;
 //   - its shape struct (MatShape, Group, Masked, NormShape, RopeShape,

@@ -3,6 +3,7 @@ package ops
 import (
 	"testing"
 
+	"github.com/rdrr/peer/gpu"
 	"github.com/rdrr/peer/gpu/abi"
 )
 
@@ -39,17 +40,33 @@ func TestLaunchesMatchABI(t *testing.T) {
 	add("group", l, err)
 	l, err = maskedLaunch(masked.call())
 	add("masked", l, err)
-	n := Normed{Parts: masked.Sel, N: 16, Eps: 1e-5} // any region: the rules read only that there is one
+	// A norm handed over: any region as the partial sums (the rules read
+	// only that there is one), as many as a vector of the columns has.
+	n := Normed{Parts: new(gpu.Buffer), N: AccumParts(4096), Eps: 1e-5}
 	l, err = Q4KPartLaunch(DefaultQ4KConfig(6144, 4096, 1), 6144, 4096, n)
 	add("q4k part", l, err)
 	normed := masked
-	normed.SharedX, normed.Normed = true, n
+	normed.SharedX, normed.Normed = true, Normed{Parts: n.Parts, N: AccumParts(masked.Cols)}
 	l, err = maskedLaunch(normed.call())
+	if l.Kernel != "q4k_matmul_masked_part" {
+		t.Errorf("masked with a norm handed over: kernel %q", l.Kernel)
+	}
 	add("masked part", l, err)
 	l, err = DensePartLaunch(8, 4096, n)
 	add("dense part", l, err)
 	l, err = AccumulateNormLaunch(AccumShape{Experts: 2, Dim: 4096})
 	add("accumulate norm", l, err)
+	// Partial sums that are not those of the product's x, or more than
+	// the kernels sum, are refused.
+	if _, err := Q4KPartLaunch(DefaultQ4KConfig(6144, 4096, 1), 6144, 2048, n); err == nil {
+		t.Error("q4k part: 16 partial sums for 2048 columns accepted")
+	}
+	if _, err := DensePartLaunch(8, 4096*5, Normed{Parts: n.Parts, N: 80}); err == nil {
+		t.Error("dense part: 80 partial sums accepted")
+	}
+	if _, err := AccumulateNormLaunch(AccumShape{Experts: 1, Dim: 256*MaxParts + 1}); err == nil {
+		t.Errorf("accumulate norm: %d partial sums accepted", MaxParts+1)
+	}
 	l, err = Q4KDequantLaunch(abi.F16, 512)
 	add("dequant", l, err)
 	l, err = DenseLaunch(abi.F16, MatShape{9, 1024, 8})

@@ -367,8 +367,9 @@ func TestAccumulateNorm(t *testing.T) {
 // norm and product give it, Q4_K for the configurations a decode step
 // picks and awkward ones (pipelined or not, shifts, every workgroup
 // size), masked (two of three experts, gate and up halves in one
-// dispatch) and dense f32 (a router). x far from unit scale, so that a
-// missing or wrong scale cannot pass.
+// dispatch) and dense f32 (a router). x far from unit scale (large, or
+// small enough that eps counts), so that a missing or wrong scale cannot
+// pass.
 func TestNormedProducts(t *testing.T) {
 	d, k := shared.d, shared.k
 	r := rng(t)
@@ -429,7 +430,7 @@ func TestNormedProducts(t *testing.T) {
 		const rows, cols = 300, 2048
 		mat := rows * cols / 256 * 144
 		arena := randQ4K(r, 6*rows*cols/256) // gate and up of experts 0, 1, 2
-		n, xn := normed(t, randF32(r, cols, 20), randF32(r, cols, 1))
+		n, xn := normed(t, randF32(r, cols, 0.01), randF32(r, cols, 3)) // eps is 1/10 of mean(x^2)
 		sel := upload(t, d, gpu.Bytes([]uint32{2, 0}))
 		const upper = 2 * rows * 4
 		y := poisoned(t, d, 2*upper)
@@ -457,7 +458,7 @@ func TestNormedProducts(t *testing.T) {
 	t.Run("dense router", func(t *testing.T) {
 		const rows, cols = 8, 4096
 		wr := randF32(r, rows*cols, 0.05)
-		n, xn := normed(t, randF32(r, cols, 20), randF32(r, cols, 1))
+		n, xn := normed(t, randF32(r, cols, 0.01), randF32(r, cols, 3)) // eps is 1/10 of mean(x^2)
 		want, mag := ref.MatMul(ref.F32(wr), xn, rows, cols, 1)
 		y := poisoned(t, d, rows*4)
 		run(t, d, func(b *gpu.Batch) error { return k.MatVecNormed(ctxT(t), b, uploadF32(t, d, wr), n, y, rows, cols) })

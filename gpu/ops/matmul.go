@@ -179,12 +179,15 @@ type Normed struct {
 	Eps       float32
 }
 
-// MaxParts bounds Normed.N: the products sum at most this many.
+// MaxParts bounds Normed.N: the products sum at most this many (the
+// WGSL's min(p.nparts, 64u)).
 const MaxParts = 64
 
-func (n Normed) check(kernel string) error {
-	if n.N <= 0 || n.N > MaxParts {
-		return shapeErr(kernel, "%d partial sums (1..%d)", n.N, MaxParts)
+// check refuses n for a product of cols columns unless its partial sums
+// are AccumulateNorm's of a vector of cols.
+func (n Normed) check(kernel string, cols int) error {
+	if n.N <= 0 || n.N > MaxParts || n.N != AccumParts(cols) {
+		return shapeErr(kernel, "%d partial sums for %d columns (want %d, at most %d)", n.N, cols, AccumParts(cols), MaxParts)
 	}
 	return nil
 }
@@ -202,7 +205,7 @@ func (k *Kernels) Q4KMatVecNormed(ctx context.Context, b *gpu.Batch, w gpu.Regio
 // sums.
 func Q4KPartLaunch(cfg Q4KConfig, rows, cols int, n Normed) (Launch, error) {
 	const name = "q4k_matmul_part"
-	if err := n.check(name); err != nil {
+	if err := n.check(name, cols); err != nil {
 		return Launch{}, err
 	}
 	cfg.Coalesced = false
@@ -380,7 +383,7 @@ func groupLaunch(cfg Q4KConfig, g groupCall) (Launch, error) {
 			if !sharedX || xUpper >= 0 {
 				return Launch{}, shapeErr(name, "a norm's output is one shared x (not SwiGLU's gate and up)")
 			}
-			if err := g.normed.check(name); err != nil {
+			if err := g.normed.check(name, cols); err != nil {
 				return Launch{}, err
 			}
 		}
@@ -499,7 +502,7 @@ func (k *Kernels) MatVecNormed(ctx context.Context, b *gpu.Batch, w gpu.Region, 
 // weights, x * g, y, partial sums.
 func DensePartLaunch(rows, cols int, n Normed) (Launch, error) {
 	const name = "dense_matmul_part"
-	if err := n.check(name); err != nil {
+	if err := n.check(name, cols); err != nil {
 		return Launch{}, err
 	}
 	l, err := DenseLaunch(abi.F32, MatShape{Rows: rows, Cols: cols, Tokens: 1})

@@ -28,7 +28,7 @@ struct Params {
 //-PART fn rms() -> f32 { return 1.0; }
 //+PART fn rms() -> f32 {
 //+PART   var ssq = 0.0;
-//+PART   for (var i = 0u; i < min(p.nparts, 64u); i++) {
+//+PART   for (var i = 0u; i < min(p.nparts, 64u); i++) { // 64: ops.MaxParts
 //+PART     ssq += part[i];
 //+PART   }
 //+PART   return inverseSqrt(ssq / f32(p.cols) + p.eps);
