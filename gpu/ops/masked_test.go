@@ -429,7 +429,7 @@ func TestNormedProducts(t *testing.T) {
 	t.Run("masked", func(t *testing.T) {
 		const rows, cols = 300, 2048
 		mat := rows * cols / 256 * 144
-		arena := randQ4K(r, 6*rows*cols/256) // gate and up of experts 0, 1, 2
+		arena := randQ4K(r, 6*rows*cols/256)                            // gate and up of experts 0, 1, 2
 		n, xn := normed(t, randF32(r, cols, 0.01), randF32(r, cols, 3)) // eps is 1/10 of mean(x^2)
 		sel := upload(t, d, gpu.Bytes([]uint32{2, 0}))
 		const upper = 2 * rows * 4
