@@ -22,7 +22,9 @@
 //     products, RMSNorm, RoPE, decode attention (split over positions, then
 //     merged), softmax, top-k routing, SwiGLU, weighted accumulate,
 //     embedding lookup, the decode step's KV store, argmax and top-p
-//     sampling; SelfTest checks a device with them.
+//     sampling, and an RMSNorm handed from the accumulate that writes its
+//     input to the products that read it (AccumulateNorm, Normed and the
+//     *Normed products); SelfTest checks a device with them.
 //
 // Each op's float64 reference, and the tolerance it is checked to, is in
 // gpu/ref; the enumerations the kernels, this package and the references
