@@ -230,7 +230,7 @@ func NewGPUModel(ctx context.Context, m *Manifest, d *gpu.Device, cache *tiers.C
 		}
 		g.buf[name] = b
 	}
-	g.normed = ops.Normed{XG: g.buf["xg"], Parts: g.buf["parts"], N: ops.AccumParts(h), Eps: float32(c.RMSNormEps)}
+	g.normed = ops.Normed{XG: g.buf["xg"], Parts: g.buf["parts"], Eps: float32(c.RMSNormEps)}
 	kv := uint64(maxPos * nkv * hd * 4)
 	for l := 0; l < c.NumHiddenLayers; l++ {
 		kb, err1 := d.Alloc(kv)

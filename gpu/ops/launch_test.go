@@ -41,12 +41,12 @@ func TestLaunchesMatchABI(t *testing.T) {
 	l, err = maskedLaunch(masked.call())
 	add("masked", l, err)
 	// A norm handed over: any region as the partial sums (the rules read
-	// only that there is one), as many as a vector of the columns has.
-	n := Normed{Parts: new(gpu.Buffer), N: AccumParts(4096), Eps: 1e-5}
+	// only that there is one).
+	n := Normed{Parts: new(gpu.Buffer), Eps: 1e-5}
 	l, err = Q4KPartLaunch(DefaultQ4KConfig(6144, 4096, 1), 6144, 4096, n)
 	add("q4k part", l, err)
 	normed := masked
-	normed.SharedX, normed.Normed = true, Normed{Parts: n.Parts, N: AccumParts(masked.Cols)}
+	normed.SharedX, normed.Normed = true, n
 	l, err = maskedLaunch(normed.call())
 	if l.Kernel != "q4k_matmul_masked_part" {
 		t.Errorf("masked with a norm handed over: kernel %q", l.Kernel)
@@ -56,12 +56,15 @@ func TestLaunchesMatchABI(t *testing.T) {
 	add("dense part", l, err)
 	l, err = AccumulateNormLaunch(AccumShape{Experts: 2, Dim: 4096})
 	add("accumulate norm", l, err)
-	// Partial sums that are not those of the product's x, or more than
-	// the kernels sum, are refused.
-	if _, err := Q4KPartLaunch(DefaultQ4KConfig(6144, 4096, 1), 6144, 2048, n); err == nil {
-		t.Error("q4k part: 16 partial sums for 2048 columns accepted")
+	// A norm of more values than the kernels sum partial sums for is
+	// refused; the partial sums bound are those of the product's columns.
+	if _, err := Q4KPartLaunch(DefaultQ4KConfig(6144, 4096, 1), 6144, 256*(MaxParts+1), n); err == nil {
+		t.Errorf("q4k part: %d partial sums accepted", MaxParts+1)
 	}
-	if _, err := DensePartLaunch(8, 4096*5, Normed{Parts: n.Parts, N: 80}); err == nil {
+	if l, err := Q4KPartLaunch(DefaultQ4KConfig(6144, 2048, 1), 6144, 2048, n); err != nil || l.Bindings[3].Bytes != 8*4 {
+		t.Errorf("q4k part of 2048 columns: partial sums binding %v (%v); want 8 of them", l.Bindings, err)
+	}
+	if _, err := DensePartLaunch(8, 4096*5, n); err == nil {
 		t.Error("dense part: 80 partial sums accepted")
 	}
 	if _, err := AccumulateNormLaunch(AccumShape{Experts: 1, Dim: 256*MaxParts + 1}); err == nil {

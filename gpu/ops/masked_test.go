@@ -334,7 +334,7 @@ func TestAccumulateNorm(t *testing.T) {
 			srcb := uploadF32(t, d, append(src, 0)) // a binding is never empty
 			run(t, d, func(b *gpu.Batch) error {
 				return k.AccumulateNorm(ctxT(t), b, srcb, uploadF32(t, d, w), db, uploadF32(t, d, g),
-					Normed{XG: xg, Parts: parts, N: AccumParts(c.dim)}, AccumShape{Experts: c.experts, Dim: c.dim, WeightOff: 1})
+					Normed{XG: xg, Parts: parts}, AccumShape{Experts: c.experts, Dim: c.dim, WeightOff: 1})
 			})
 			x := ref.Accumulate(ref.F32(dst), ref.F32(src), ref.F32(w[1:]), c.experts, c.dim)
 			// Scales: the sum of the magnitudes that met in each value.
@@ -377,7 +377,7 @@ func TestNormedProducts(t *testing.T) {
 	// normed runs AccumulateNorm (no source) on x with weight g and
 	// returns what it hands over, and the float64 norm of x.
 	normed := func(t *testing.T, x, g []float32) (Normed, []float64) {
-		n := Normed{XG: poisoned(t, d, len(x)*4), Parts: poisoned(t, d, AccumParts(len(x))*4), N: AccumParts(len(x)), Eps: eps}
+		n := Normed{XG: poisoned(t, d, len(x)*4), Parts: poisoned(t, d, AccumParts(len(x))*4), Eps: eps}
 		run(t, d, func(b *gpu.Batch) error {
 			return k.AccumulateNorm(ctxT(t), b, uploadF32(t, d, []float32{0}), uploadF32(t, d, []float32{0}), uploadF32(t, d, x), uploadF32(t, d, g), n, AccumShape{Dim: len(x)})
 		})

@@ -170,24 +170,24 @@ func (k *Kernels) Q4KMatMulWith(ctx context.Context, b *gpu.Batch, cfg Q4KConfig
 
 // Normed is an RMSNorm's output handed from the dispatch that wrote the
 // norm's input (AccumulateNorm) to the products that read it, with no
-// dispatch of its own: XG holds x * g (g the norm's weight) and Parts N
-// partial sums of x^2. A product of XG whose rows are scaled by 1 /
-// sqrt(sum(Parts) / len(x) + Eps) is the product of the norm's output.
+// dispatch of its own: XG holds x * g (g the norm's weight) and Parts the
+// AccumParts(len(x)) partial sums of x^2. A product of XG whose rows are
+// scaled by 1 / sqrt(sum(Parts) / len(x) + Eps) is the product of the
+// norm's output.
 type Normed struct {
 	XG, Parts gpu.Region
-	N         int
 	Eps       float32
 }
 
-// MaxParts bounds Normed.N: the products sum at most this many (the
-// WGSL's min(p.nparts, 64u)).
+// MaxParts bounds the partial sums of a Normed (len(x) <= 256 MaxParts):
+// the products sum at most this many (the WGSL's min(p.nparts, 64u)).
 const MaxParts = 64
 
-// check refuses n for a product of cols columns unless its partial sums
-// are AccumulateNorm's of a vector of cols.
-func (n Normed) check(kernel string, cols int) error {
-	if n.N <= 0 || n.N > MaxParts || n.N != AccumParts(cols) {
-		return shapeErr(kernel, "%d partial sums for %d columns (want %d, at most %d)", n.N, cols, AccumParts(cols), MaxParts)
+// checkParts refuses a norm handed over for a vector of cols that has
+// more partial sums than the products sum.
+func checkParts(kernel string, cols int) error {
+	if AccumParts(cols) > MaxParts {
+		return shapeErr(kernel, "a norm of %d values (at most %d)", cols, 256*MaxParts)
 	}
 	return nil
 }
@@ -205,7 +205,7 @@ func (k *Kernels) Q4KMatVecNormed(ctx context.Context, b *gpu.Batch, w gpu.Regio
 // sums.
 func Q4KPartLaunch(cfg Q4KConfig, rows, cols int, n Normed) (Launch, error) {
 	const name = "q4k_matmul_part"
-	if err := n.check(name, cols); err != nil {
+	if err := checkParts(name, cols); err != nil {
 		return Launch{}, err
 	}
 	cfg.Coalesced = false
@@ -214,18 +214,19 @@ func Q4KPartLaunch(cfg Q4KConfig, rows, cols int, n Normed) (Launch, error) {
 		return Launch{}, err
 	}
 	l.Kernel = name
-	l.Params = normParams(l.Params, 96, n)
-	l.Bindings = append(l.Bindings, Binding{"partial sums", uint64(n.N * 4)})
+	l.Params = normParams(l.Params, 96, n.Eps, cols)
+	l.Bindings = append(l.Bindings, Binding{"partial sums", uint64(AccumParts(cols) * 4)})
 	return l, nil
 }
 
 // normParams appends the PART flavors' fields to p at byte at (the end
-// of the plain or masked Params): eps, the partial sums and padding.
-func normParams(p gpu.Params, at int, n Normed) gpu.Params {
+// of the plain or masked Params): eps, the partial sums of a vector of
+// cols and padding.
+func normParams(p gpu.Params, at int, eps float32, cols int) gpu.Params {
 	for len(p) < at {
 		p = p.U32(0)
 	}
-	return p.F32(n.Eps).U32(uint32(n.N)).U32(0).U32(0)
+	return p.F32(eps).U32(uint32(AccumParts(cols))).U32(0).U32(0)
 }
 
 // Q4KMatVecAdd records y += W x (a product added into a residual stream,
@@ -383,7 +384,7 @@ func groupLaunch(cfg Q4KConfig, g groupCall) (Launch, error) {
 			if !sharedX || xUpper >= 0 {
 				return Launch{}, shapeErr(name, "a norm's output is one shared x (not SwiGLU's gate and up)")
 			}
-			if err := g.normed.check(name, cols); err != nil {
+			if err := checkParts(name, cols); err != nil {
 				return Launch{}, err
 			}
 		}
@@ -450,8 +451,8 @@ func groupLaunch(cfg Q4KConfig, g groupCall) (Launch, error) {
 	}
 	binds = append(binds, Binding{"sel", uint64(kSel * 4)})
 	if g.normed.Parts != nil {
-		params = normParams(params, 176, g.normed)
-		binds = append(binds, Binding{"partial sums", uint64(g.normed.N * 4)})
+		params = normParams(params, 176, g.normed.Eps, cols)
+		binds = append(binds, Binding{"partial sums", uint64(AccumParts(cols) * 4)})
 	}
 	return Launch{Kernel: name, Constants: consts, Groups: groups, Params: params, Bindings: binds}, nil
 }
@@ -502,7 +503,7 @@ func (k *Kernels) MatVecNormed(ctx context.Context, b *gpu.Batch, w gpu.Region, 
 // weights, x * g, y, partial sums.
 func DensePartLaunch(rows, cols int, n Normed) (Launch, error) {
 	const name = "dense_matmul_part"
-	if err := n.check(name, cols); err != nil {
+	if err := checkParts(name, cols); err != nil {
 		return Launch{}, err
 	}
 	l, err := DenseLaunch(abi.F32, MatShape{Rows: rows, Cols: cols, Tokens: 1})
@@ -510,8 +511,8 @@ func DensePartLaunch(rows, cols int, n Normed) (Launch, error) {
 		return Launch{}, err
 	}
 	l.Kernel = name
-	l.Params = l.Params.F32(n.Eps).U32(uint32(n.N))
-	l.Bindings = append(l.Bindings, Binding{"partial sums", uint64(n.N * 4)})
+	l.Params = l.Params.F32(n.Eps).U32(uint32(AccumParts(cols)))
+	l.Bindings = append(l.Bindings, Binding{"partial sums", uint64(AccumParts(cols) * 4)})
 	return l, nil
 }
 

@@ -118,8 +118,11 @@ func AccumParts(dim int) int { return int(ceilDiv(uint64(dim), 256)) }
 func AccumulateNormLaunch(s AccumShape) (Launch, error) {
 	const name = "accumulate_norm"
 	kExp, d, wOff := s.Experts, s.Dim, s.WeightOff
-	if kExp < 0 || d <= 0 || wOff < 0 || AccumParts(d) > MaxParts {
-		return Launch{}, shapeErr(name, "k %d, d %d, weight offset %d (d at most %d)", kExp, d, wOff, 256*MaxParts)
+	if kExp < 0 || d <= 0 || wOff < 0 {
+		return Launch{}, shapeErr(name, "k %d, d %d, weight offset %d", kExp, d, wOff)
+	}
+	if err := checkParts(name, d); err != nil {
+		return Launch{}, err
 	}
 	gx, gy := grid(ceilDiv(uint64(d), 256))
 	return Launch{Kernel: name, Groups: [3]uint32{gx, gy, 1},
@@ -130,12 +133,9 @@ func AccumulateNormLaunch(s AccumShape) (Launch, error) {
 
 // AccumulateNorm is Accumulate that also hands the RMSNorm of the new
 // dst, with weight g, to the products that read it (see Normed): out.XG
-// and out.Parts are written, out.N must be AccumParts(s.Dim).
+// and out.Parts are written (out.Eps is the products' to use).
 func (k *Kernels) AccumulateNorm(ctx context.Context, b *gpu.Batch, src, w, dst, g gpu.Region, out Normed, s AccumShape) error {
 	l, err := AccumulateNormLaunch(s)
-	if err == nil && out.N != AccumParts(s.Dim) {
-		err = shapeErr("accumulate_norm", "%d partial sums for %d elements (want %d)", out.N, s.Dim, AccumParts(s.Dim))
-	}
 	return k.launch(ctx, b, l, err, src, w, dst, g, out.XG, out.Parts)
 }
 
