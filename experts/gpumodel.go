@@ -989,25 +989,24 @@ func (g *GPUModel) recordAttention(ctx context.Context, b *gpu.Batch, l int) {
 	h, hd := c.HiddenSize, c.HeadDimension()
 	nq, nkv := c.NumAttentionHeads, c.NumKeyValueHeads
 	p := fmt.Sprintf("model.layers.%d.", l)
-	norm := g.dense[p+"input_layernorm.weight"]
-	eps := float32(c.RMSNormEps)
+	normed := g.partNorm && g.qkv[l] != nil // the norm handed over to the q k v product
+	if !normed {
+		g.normX(ctx, b, p+"input_layernorm.weight")
+	}
 	q := gpu.Region(B["q"])
 	if w := g.qkv[l]; w != nil {
-		// q, k and v in one product (reading x through the norm), then
-		// RoPE on q and k and k and v into the cache at this position in
-		// one dispatch.
+		// q, k and v in one product, then RoPE on q and k and k and v
+		// into the cache at this position in one dispatch.
 		qkv := B["qkv"]
-		if g.partNorm {
+		if normed {
 			g.k.Q4KMatVecNormed(ctx, b, w, g.normed, qkv, (nq+2*nkv)*hd, h)
 		} else {
-			g.k.RMSNorm(ctx, b, B["x"], norm, B["xn"], ops.NormShape{Rows: 1, Dim: h, Eps: eps})
 			g.k.Q4KMatVec(ctx, b, w, B["xn"], qkv, (nq+2*nkv)*hd, h)
 		}
 		g.k.RopeKV(ctx, b, qkv, B["freqs"], g.kc[l], g.vc[l], ops.RopeShape{Tokens: 1, Heads: nq + nkv, HeadDim: hd, RotDim: hd, Pos0: g.pos, Style: abi.RopeNeoX},
 			ops.KVShape{Dim: nkv * hd, KOff: nq * hd, VOff: (nq + nkv) * hd, Pos: g.pos})
 		q = qkv.Sub(0, uint64(nq*hd*4))
 	} else {
-		g.k.RMSNorm(ctx, b, B["x"], norm, B["xn"], ops.NormShape{Rows: 1, Dim: h, Eps: eps})
 		kvRow := uint64(nkv * hd * 4)
 		ks := g.kc[l].Sub(uint64(g.pos)*kvRow, kvRow)
 		vs := g.vc[l].Sub(uint64(g.pos)*kvRow, kvRow)
@@ -1042,21 +1041,24 @@ func (g *GPUModel) embedNorm(ctx context.Context, b *gpu.Batch) {
 
 // normFFN records layer l's FFN input: xn = the FFN's RMSNorm of x.
 func (g *GPUModel) normFFN(ctx context.Context, b *gpu.Batch, l int) {
+	g.normX(ctx, b, fmt.Sprintf("model.layers.%d.post_attention_layernorm.weight", l))
+}
+
+// normX records xn = the RMSNorm of x with the dense weight named weight.
+func (g *GPUModel) normX(ctx context.Context, b *gpu.Batch, weight string) {
 	c := &g.m.Config
-	g.k.RMSNorm(ctx, b, g.buf["x"], g.dense[fmt.Sprintf("model.layers.%d.post_attention_layernorm.weight", l)], g.buf["xn"], ops.NormShape{Rows: 1, Dim: c.HiddenSize, Eps: float32(c.RMSNormEps)})
+	g.k.RMSNorm(ctx, b, g.buf["x"], g.dense[weight], g.buf["xn"], ops.NormShape{Rows: 1, Dim: c.HiddenSize, Eps: float32(c.RMSNormEps)})
 }
 
 // lmHead records the logits: the LM head of the final norm of x.
 func (g *GPUModel) lmHead(ctx context.Context, b *gpu.Batch, logits gpu.Region) {
 	c := &g.m.Config
-	B := g.buf
-	norm, eps := g.dense["model.norm.weight"], float32(c.RMSNormEps)
 	if g.partNorm {
 		g.k.Q4KMatVecNormed(ctx, b, g.dense["lm_head.weight"], g.normed, logits, c.VocabSize, c.HiddenSize)
 		return
 	}
-	g.k.RMSNorm(ctx, b, B["x"], norm, B["xn"], ops.NormShape{Rows: 1, Dim: c.HiddenSize, Eps: eps})
-	g.k.Q4KMatVec(ctx, b, g.dense["lm_head.weight"], B["xn"], logits, c.VocabSize, c.HiddenSize)
+	g.normX(ctx, b, "model.norm.weight")
+	g.k.Q4KMatVec(ctx, b, g.dense["lm_head.weight"], g.buf["xn"], logits, c.VocabSize, c.HiddenSize)
 }
 
 // recordChoice records layer l's routing into the ids buffer (after its
