@@ -106,8 +106,19 @@ func AuthPayload(nonce []byte) []byte {
 	return append([]byte(authSigDomain), nonce...)
 }
 
-// Encode returns m as JSON.
-func (m *Message) Encode() ([]byte, error) { return json.Marshal(m) }
+// Encode returns m as JSON. It does not escape <, > and & as
+// json.Marshal does: Data is relayed as it came (compacted), and escaping
+// would change its bytes, so that a message would not survive Encode and
+// DecodeMessage unchanged (FuzzDecodeMessage found {"":"<"}).
+func (m *Message) Encode() ([]byte, error) {
+	var b bytes.Buffer
+	e := json.NewEncoder(&b)
+	e.SetEscapeHTML(false)
+	if err := e.Encode(m); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
+}
 
 // DecodeMessage parses and validates one message. It checks the fields that
 // m.Type requires and every bound above; it does not check signatures or
