@@ -111,6 +111,19 @@ type StepProfile struct {
 	RouteWait  time.Duration `json:"routeWaitNs"`  // reading back the router's choice
 	PageWait   time.Duration `json:"pageWaitNs"`   // leases: experts paged into VRAM
 	LogitsWait time.Duration `json:"logitsWaitNs"` // reading back the logits
+	// Turn is the host's turn after a paged layer's choice came back:
+	// from the end of its read-back to the submit of what follows it
+	// (the misses' products, the next layer). The GPU meanwhile runs only
+	// the layer's resident experts; whatever of Turn they do not cover,
+	// it idles. Turns counts them; TurnsHit and TurnHit are the turns of
+	// layers whose chosen experts were all resident (no page-in).
+	Turns    int           `json:"turns"`
+	Turn     time.Duration `json:"turnNs"`
+	TurnsHit int           `json:"turnsHit"`
+	TurnHit  time.Duration `json:"turnHitNs"`
+	// Early counts the layers whose fixed part (attention, router) was
+	// encoded early, while the GPU copied an earlier layer's misses.
+	Early int `json:"early"`
 	// MaskedLayers counts MoE layers run with all their experts resident
 	// and the router's choice left on the GPU (no read-back).
 	MaskedLayers int `json:"maskedLayers"`
@@ -564,7 +577,22 @@ func (g *GPUModel) begin(ctx context.Context, token int, onGPU bool, hd head) (_
 	// the experts they read released.
 	var pending *aheadLayer
 	defer func() { pending.drop() }()
+	// early holds later layers' fixed parts (encodeFixed), encoded while
+	// the GPU runs the copies of a layer's misses: the host has time then,
+	// and a layer whose chosen experts are all resident costs it less on
+	// its way (its attention, encoded ahead, was most of its host time,
+	// longer than what the GPU ran meanwhile). slack is how many matrices
+	// the last layer paged in: their copies run before the next choice.
+	early := map[int]*fixedLayer{}
+	defer func() {
+		for _, f := range early {
+			f.enc.Drop()
+		}
+	}()
+	slack := 0
 	for l := 0; l < c.NumHiddenLayers; l++ {
+		copies := slack
+		slack = 0
 		p := fmt.Sprintf("model.layers.%d.", l)
 		var predict bool
 		var cur *aheadLayer // this layer, if it came encoded ahead
@@ -664,9 +692,25 @@ func (g *GPUModel) begin(ctx context.Context, token int, onGPU bool, hd head) (_
 		pending = nil
 		if next := l + 1; !g.ProfileGPU && next < c.NumHiddenLayers && c.IsMoE(next) && !g.resident(next) {
 			// While the GPU runs this layer, encode the next one.
-			if ahead, err = g.encodeAhead(ctx, l, next, len(held)); err != nil {
+			f := early[next]
+			delete(early, next)
+			if ahead, err = g.encodeAhead(ctx, l, next, len(held), f); err != nil {
 				rd.Wait(ctx, make([]byte, n))
 				return nil, err
+			}
+			// The GPU copies the last layer's misses before this choice
+			// (~0.7 ms a matrix on an H100): time to encode the fixed
+			// parts of the layers after next (~0.3 ms each).
+			for j := next + 1; j < c.NumHiddenLayers && j <= next+min(2*copies, maxEarly); j++ {
+				if early[j] != nil || !c.IsMoE(j) || g.resident(j) {
+					continue
+				}
+				if early[j], err = g.encodeFixed(ctx, j-1, j); err != nil {
+					delete(early, j)
+					rd.Wait(ctx, make([]byte, n))
+					return nil, err
+				}
+				pr.Early++
 			}
 			pr.Ahead += time.Since(mark)
 		}
@@ -676,6 +720,7 @@ func (g *GPUModel) begin(ctx context.Context, token int, onGPU bool, hd head) (_
 			return nil, err
 		}
 		lap(&pr.RouteWait)
+		turn := mark
 		idb := both[:k*4]
 		// Page in what the chosen experts need that the GPU did not run
 		// already: every matrix of an expert whose products did not all
@@ -770,6 +815,13 @@ func (g *GPUModel) begin(ctx context.Context, token int, onGPU bool, hd head) (_
 		held = releaseAll(held)
 		pr.Submits++
 		lap(&pr.Record)
+		pr.Turns++
+		pr.Turn += mark.Sub(turn)
+		slack = len(wants)
+		if len(wants) == 0 {
+			pr.TurnsHit++
+			pr.TurnHit += mark.Sub(turn)
+		}
 		// The guesses are scored and the next layer's prefetched after the
 		// submit: the GPU waits for nothing they do (their cache calls
 		// took the lock that this layer's gets needed).
@@ -1189,17 +1241,20 @@ func (a *aheadLayer) drop() {
 // encodeAhead encodes layer l (MoE, after layer prev) into an aheadLayer.
 // It holds the resident matrices of l's experts, as many as leave the
 // VRAM level room for prev's own misses beside the busy slots held now.
-func (g *GPUModel) encodeAhead(ctx context.Context, prev, l, busy int) (*aheadLayer, error) {
+// With fixed non-nil (l's fixed part, encoded earlier by encodeFixed)
+// only the products of the resident experts are encoded here.
+func (g *GPUModel) encodeAhead(ctx context.Context, prev, l, busy int, fixed *fixedLayer) (*aheadLayer, error) {
 	c := &g.m.Config
 	B := g.buf
-	h, k := c.HiddenSize, c.NumExpertsPerTok
+	k := c.NumExpertsPerTok
 	a := &aheadLayer{l: l}
-	nb := g.d.Batch()
-	g.finishLayer(ctx, nb, prev)
-	g.recordAttention(ctx, nb, l)
-	g.normFFN(ctx, nb, l)
-	g.k.MatVec(ctx, nb, abi.F32, g.dense[fmt.Sprintf("model.layers.%d.mlp.gate.weight", l)], B["xn"], B["rlogits"], c.Experts(), h)
-	a.predict = g.recordChoice(ctx, nb, l)
+	if fixed == nil {
+		var err error
+		if fixed, err = g.encodeFixed(ctx, prev, l); err != nil {
+			return nil, err
+		}
+	}
+	a.enc, a.predict = fixed.enc, fixed.predict
 	// At most this many held: the rest of the slots must take prev's
 	// misses (every matrix of its chosen experts) twice over. And at most
 	// 2*MaxGroup experts: each adds masked products that run on the GPU
@@ -1225,21 +1280,45 @@ func (g *GPUModel) encodeAhead(ctx context.Context, prev, l, busy int) (*aheadLa
 		a.held = append(a.held, ls...)
 		a.experts = append(a.experts, e)
 	}
-	enc, err := nb.Encode(ctx)
-	if err != nil {
-		a.release()
-		return nil, err
-	}
-	a.enc = enc
 	if len(a.experts) > 0 {
 		rb := g.d.Batch()
 		g.recordMaskedProducts(ctx, rb, a.experts, a.held, B["ids"].Sub(0, uint64(k*4)), false)
+		var err error
 		if a.rest, err = rb.Encode(ctx); err != nil {
 			a.drop()
 			return nil, err
 		}
 	}
 	return a, nil
+}
+
+// A fixedLayer is the part of an aheadLayer that does not depend on what
+// VRAM holds: the accumulate of the layer before it, its attention,
+// router and choice (and the next layer's guess: predict).
+type fixedLayer struct {
+	enc     *gpu.Encoded
+	predict bool
+}
+
+// maxEarly bounds how many layers' fixed parts a step encodes early at
+// a time (each holds a command buffer and its scratch until submitted).
+const maxEarly = 4
+
+// encodeFixed encodes MoE layer l's fixed part (after layer prev).
+func (g *GPUModel) encodeFixed(ctx context.Context, prev, l int) (*fixedLayer, error) {
+	c := &g.m.Config
+	B := g.buf
+	nb := g.d.Batch()
+	g.finishLayer(ctx, nb, prev)
+	g.recordAttention(ctx, nb, l)
+	g.normFFN(ctx, nb, l)
+	g.k.MatVec(ctx, nb, abi.F32, g.dense[fmt.Sprintf("model.layers.%d.mlp.gate.weight", l)], B["xn"], B["rlogits"], c.Experts(), c.HiddenSize)
+	predict := g.recordChoice(ctx, nb, l)
+	enc, err := nb.Encode(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &fixedLayer{enc: enc, predict: predict}, nil
 }
 
 // fusions reads RDRR_GPU_FUSE: which fused forms the decode step uses

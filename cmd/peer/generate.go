@@ -301,6 +301,13 @@ tokens. --profile-gpu times every dispatch on the GPU.`,
 						per := func(d time.Duration) string { return (d / time.Duration(prof.Steps)).Round(time.Microsecond).String() }
 						fmt.Fprintf(w, "  per step: %s = record+submit %s (%s of it ahead), router read-back %s, paging stall %s, logits read-back %s (%d submits, %d read-backs per step)\n",
 							per(prof.Total), per(prof.Record), per(prof.Ahead), per(prof.RouteWait), per(prof.PageWait), per(prof.LogitsWait), prof.Submits/prof.Steps, prof.Readbacks/prof.Steps)
+						if prof.Turns > 0 {
+							avg := func(d time.Duration, n int) string {
+								return (d / time.Duration(max(n, 1))).Round(time.Microsecond).String()
+							}
+							fmt.Fprintf(w, "  host's turn after a paged layer's choice: %s a layer over %d layers a step (%s over the %d with every chosen expert resident, %s over the others); %d layers a step encoded early\n",
+								avg(prof.Turn, prof.Turns), prof.Turns/prof.Steps, avg(prof.TurnHit, prof.TurnsHit), prof.TurnsHit/prof.Steps, avg(prof.Turn-prof.TurnHit, prof.Turns-prof.TurnsHit), prof.Early/prof.Steps)
+						}
 					}
 					for _, s := range stats {
 						if s.Hits+s.Misses > 0 {
