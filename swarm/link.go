@@ -301,8 +301,16 @@ func (l *link) maybeStart() {
 	}
 	l.started = true
 	ctl, bulk, big := l.ctl, slices.Clone(l.bulk), l.big
+	// Counted before the lock is let go: close sets closed under it, so
+	// these are counted before it closes done, after which Node.Close
+	// waits for l.wg (an Add after that Wait had begun was a race: an
+	// OnOpen callback starting the link while the node closed).
+	n := 2 + 2*len(bulk)
+	if big {
+		n++
+	}
+	l.wg.Add(n)
 	l.mu.Unlock()
-	l.wg.Add(2 + 2*len(bulk))
 	go l.readLoop(ctl)
 	for _, ch := range bulk {
 		if l.n.cfg.testHooks.noReadBulk {
@@ -314,7 +322,6 @@ func (l *link) maybeStart() {
 	}
 	go l.helloTimeout()
 	if big {
-		l.wg.Add(1)
 		go l.watchBigMTU()
 	}
 }
