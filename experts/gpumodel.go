@@ -81,6 +81,12 @@ type GPUModel struct {
 	// was (fuseO).
 	partNorm bool
 	normed   ops.Normed
+	// glu runs a masked layer's gate and up products of an expert in one
+	// workgroup, which writes silu(gate) * up for the down products: the
+	// SwiGLU dispatch between them gone (ops.Masked.UpSlots). On unless
+	// RDRR_GPU_GLU=0 (for measurements), and for a layer only where each
+	// expert's gate and up matrices lie in one arena buffer.
+	glu bool
 	// pipeline has Generate record each step while the GPU runs the one
 	// before it (generatePipelined); RDRR_GPU_PIPELINE=0 turns it off,
 	// for measurements.
@@ -158,6 +164,7 @@ func NewGPUModel(ctx context.Context, m *Manifest, d *gpu.Device, cache *tiers.C
 	g := &GPUModel{m: m, d: d, k: ops.NewKernels(d), cache: cache, arena: arena, dense: map[string]*gpu.Buffer{}, buf: map[string]*gpu.Buffer{}, MaxPos: maxPos}
 	g.fuseO, g.fuseSwiGLU = fusions(os.Getenv("RDRR_GPU_FUSE"))
 	g.pipeline = os.Getenv("RDRR_GPU_PIPELINE") != "0"
+	g.glu = os.Getenv("RDRR_GPU_GLU") != "0" && !g.fuseSwiGLU
 	g.partNorm = os.Getenv("RDRR_GPU_NORM") == "1" && !g.fuseO && m.Config.NumSharedExperts == 0 && ops.AccumParts(m.Config.HiddenSize) <= ops.MaxParts
 	for l := range m.Config.NumHiddenLayers {
 		g.partNorm = g.partNorm && m.Config.IsMoE(l)
@@ -1478,6 +1485,10 @@ func (g *GPUModel) recordMaskedProducts(ctx context.Context, b *gpu.Batch, exper
 			}
 		}
 	}
+	if g.glu && g.recordGLU(ctx, b, experts, held, sel, normed) {
+		products([]int{2}, B["act"], false, B["y"], 0, h, ffn, false)
+		return
+	}
 	upper := g.upOff()
 	products([]int{0, 1}, B["xn"], true, B["gu"], upper, ffn, h, false)
 	if !g.fuseSwiGLU {
@@ -1487,6 +1498,46 @@ func (g *GPUModel) recordMaskedProducts(ctx context.Context, b *gpu.Batch, exper
 		// The down products read silu(gate) * up straight from gu.
 		products([]int{2}, B["gu"], false, B["y"], 0, h, ffn, true)
 	}
+}
+
+// recordGLU records the gate and up products of experts (leases in held,
+// as recordMaskedProducts has them) into act, silu(gate) * up, in
+// dispatches of up to MaxGroup/2 experts an arena buffer; it records
+// nothing and returns false if an expert's gate and up matrices lie in
+// different arena buffers.
+func (g *GPUModel) recordGLU(ctx context.Context, b *gpu.Batch, experts []int, held []*tiers.Lease, sel gpu.Region, normed bool) bool {
+	c := &g.m.Config
+	B := g.buf
+	type run struct{ gates, ups, experts []int }
+	var order []*gpu.Buffer
+	runs := map[*gpu.Buffer]*run{}
+	for i, e := range experts {
+		buf, gi := g.arena.Locate(held[3*i].Slot())
+		ubuf, ui := g.arena.Locate(held[3*i+1].Slot())
+		if ubuf != buf {
+			return false
+		}
+		r := runs[buf]
+		if r == nil {
+			r = &run{}
+			runs[buf] = r
+			order = append(order, buf)
+		}
+		r.gates, r.ups, r.experts = append(r.gates, gi), append(r.ups, ui), append(r.experts, e)
+	}
+	for _, buf := range order {
+		r := runs[buf]
+		for i := 0; i < len(r.gates); i += ops.MaxGroup / 2 {
+			end := min(i+ops.MaxGroup/2, len(r.gates))
+			m := ops.Masked{Arena: buf, Slots: r.gates[i:end], UpSlots: r.ups[i:end], Experts: r.experts[i:end], Sel: sel, K: c.NumExpertsPerTok,
+				X: B["xn"], SharedX: true, Y: B["act"], Rows: c.ExpertFFN(), Cols: c.HiddenSize}
+			if normed {
+				m.Normed = g.normed // the FFN's norm, from the accumulate before
+			}
+			g.k.Q4KMatVecMasked(ctx, b, m)
+		}
+	}
+	return true
 }
 
 // Generate feeds prompt then generates up to maxTokens tokens (as

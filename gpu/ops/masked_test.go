@@ -264,6 +264,67 @@ func TestQ4KFusedForms(t *testing.T) {
 	}
 }
 
+// TestQ4KMatVecMaskedGLU checks an expert's gate and up products in one
+// dispatch (Masked.UpSlots): each chosen expert's place in y holds
+// silu(gate x) * up x, unchosen experts write nothing, and what the GLU
+// form cannot take is refused. A small shape (two rows a thread) and a
+// Mixtral-like one (four, pipelined).
+func TestQ4KMatVecMaskedGLU(t *testing.T) {
+	d, k := shared.d, shared.k
+	r := rng(t)
+	for _, c := range []struct{ rows, cols int }{{37, 512}, {300, 4096}} {
+		rows, cols := c.rows, c.cols
+		per := rows * cols / 256
+		const nslots = 7
+		arena := randQ4K(r, nslots*per)
+		ab := upload(t, d, arena)
+		matrix := func(slot int) []float64 {
+			w, err := ref.Q4K(arena[slot*per*144 : (slot+1)*per*144])
+			if err != nil {
+				t.Fatal(err)
+			}
+			return w
+		}
+		// Experts 0-2: gates at slots 5, 1, 3; ups at 0, 6, 2.
+		gates, ups := []int{5, 1, 3}, []int{0, 6, 2}
+		xs := randF32(r, cols, 1)
+		xb := uploadF32(t, d, xs)
+		sel := upload(t, d, gpu.Bytes([]uint32{2, 0}))
+		y := poisoned(t, d, 2*rows*4)
+		run(t, d, func(b *gpu.Batch) error {
+			return k.Q4KMatVecMasked(ctxT(t), b, Masked{Arena: ab, Slots: gates, UpSlots: ups, Experts: []int{0, 1, 2}, Sel: sel, K: 2, X: xb, SharedX: true, Y: y, Rows: rows, Cols: cols})
+		})
+		var want, mag []float64
+		for _, e := range []int{2, 0} {
+			g, gm := ref.MatMul(matrix(gates[e]), ref.F32(xs), rows, cols, 1)
+			u, um := ref.MatMul(matrix(ups[e]), ref.F32(xs), rows, cols, 1)
+			for i := range g {
+				s := 1 / (1 + math.Exp(-g[i]))
+				want = append(want, g[i]*s*u[i])
+				// The products' error carried through silu(g) * u.
+				mag = append(mag, math.Abs(s*(1+g[i]*(1-s))*u[i])*gm[i]+math.Abs(g[i]*s)*um[i])
+			}
+		}
+		if err := ref.Compare(readF32(t, d, y, 2*rows), want, mag, ref.Tolerance(ref.OpMatMul)); err != nil {
+			t.Fatalf("%dx%d: %v", rows, cols, err)
+		}
+		// Bad shapes are refused: more than MaxGroup/2 experts, gate and up
+		// slots of different counts, an upper-half expert.
+		nine := make([]int, MaxGroup/2+1)
+		for _, bad := range []Masked{
+			{Arena: ab, Slots: nine, UpSlots: nine, Experts: nine, Sel: sel, K: 2, X: xb, SharedX: true, Y: y, Rows: rows, Cols: cols},
+			{Arena: ab, Slots: gates, UpSlots: ups[:2], Experts: []int{0, 1, 2}, Sel: sel, K: 2, X: xb, SharedX: true, Y: y, Rows: rows, Cols: cols},
+			{Arena: ab, Slots: gates, UpSlots: ups, Experts: []int{0, 1, 2 | MaskedUpper}, Sel: sel, K: 2, X: xb, SharedX: true, Y: y, Rows: rows, Cols: cols},
+		} {
+			b := d.Batch()
+			k.Q4KMatVecMasked(ctxT(t), b, bad)
+			if err := b.Submit(ctxT(t)); !errors.Is(err, gpu.ErrShape) {
+				t.Errorf("bad GLU call %d experts, %d up slots: %v; want gpu.ErrShape", len(bad.Experts), len(bad.UpSlots), err)
+			}
+		}
+	}
+}
+
 // RopeKV is Rope and then KVStore in one dispatch: the same x, k cache
 // and v cache, bit for bit (the pairs are rotated by the same code), with
 // rows other than the position's untouched; NeoX and GPT-J, whole and

@@ -3,6 +3,7 @@ package ops
 import (
 	"context"
 	"math"
+	"slices"
 
 	"github.com/rdrr/peer/gpu"
 	"github.com/rdrr/peer/gpu/abi"
@@ -295,10 +296,15 @@ type Masked struct {
 	// products read instead of X (shared): q4k_matmul_masked_part, the
 	// norm's dispatch gone (see Normed).
 	Normed Normed
+	// UpSlots, if not nil, makes each product an expert's gate (at Slots[e])
+	// and up (at UpSlots[e]) matrices together, writing silu(gate) * up
+	// (the GLU constant): Y gets K rows vectors of SwiGLU's output, no
+	// Experts entry has MaskedUpper, and at most MaxGroup/2 experts.
+	UpSlots []int
 }
 
 func (m Masked) call() groupCall {
-	return groupCall{slots: m.Slots, experts: m.Experts, kSel: m.K,
+	return groupCall{slots: m.Slots, upSlots: m.UpSlots, experts: m.Experts, kSel: m.K,
 		sharedX: m.SharedX, xUpper: -1, yUpper: m.YUpper, rows: m.Rows, cols: m.Cols, normed: m.Normed}
 }
 
@@ -358,6 +364,7 @@ func maskedLaunch(g groupCall) (Launch, error) {
 // upper half).
 type groupCall struct {
 	slots, experts []int
+	upSlots        []int // masked only: GLU, the up matrices' slots (see Masked)
 	kSel           int
 	sharedX        bool
 	xUpper         int
@@ -392,12 +399,17 @@ func groupLaunch(cfg Q4KConfig, g groupCall) (Launch, error) {
 	if rows <= 0 || cols <= 0 || cols%256 != 0 || len(slots) == 0 || len(slots) > MaxGroup {
 		return Launch{}, shapeErr(name, "group of %d products of %dx%d (1..%d products; cols a positive multiple of 256)", len(slots), rows, cols, MaxGroup)
 	}
+	glu := g.upSlots != nil
+	if glu && (experts == nil || len(g.upSlots) != len(slots) || len(slots) > MaxGroup/2 || xUpper >= 0 || yUpper != 0 || cfg.Rows%2 != 0) {
+		return Launch{}, shapeErr(name, "gate and up together: %d gate and %d up slots (at most %d experts), %d rows a thread (even), SwiGLU input %v, upper half %d",
+			len(slots), len(g.upSlots), MaxGroup/2, cfg.Rows, xUpper >= 0, yUpper)
+	}
 	if err := checkQ4KConfig(name, cfg); err != nil {
 		return Launch{}, err
 	}
 	slotBytes := abi.Q4K.Bytes(rows * cols)
 	maxSlot := 0
-	for _, s := range slots {
+	for _, s := range append(slices.Clip(slots), g.upSlots...) {
 		if s < 0 {
 			return Launch{}, shapeErr(name, "negative slot %d", s)
 		}
@@ -405,6 +417,9 @@ func groupLaunch(cfg Q4KConfig, g groupCall) (Launch, error) {
 	}
 	yBytes := uint64(outs * rows * 4)
 	for _, e := range experts {
+		if e&MaskedUpper != 0 && glu {
+			return Launch{}, shapeErr(name, "expert %d to the upper half with gate and up together", e&^MaskedUpper)
+		}
 		if e&MaskedUpper != 0 {
 			yBytes = uint64(yUpper) + uint64(outs*rows*4)
 			e &^= MaskedUpper
@@ -421,7 +436,11 @@ func groupLaunch(cfg Q4KConfig, g groupCall) (Launch, error) {
 		nx = 1
 	}
 	binds := []Binding{{"weight arena", uint64(maxSlot+1) * slotBytes}, {"x", uint64(nx * cols * 4)}, {"y", yBytes}}
-	gx, gy := grid(ceilDiv(uint64(rows), cfg.rowsPerWG()))
+	perWG := cfg.rowsPerWG()
+	if glu {
+		perWG /= 2 // each output row takes a gate and an up row
+	}
+	gx, gy := grid(ceilDiv(uint64(rows), perWG))
 	xstride := uint32(cols / 4)
 	if sharedX {
 		xstride = 0
@@ -437,7 +456,12 @@ func groupLaunch(cfg Q4KConfig, g groupCall) (Launch, error) {
 			params = params.U32(uint32(s))
 		}
 	}
-	table(slots)
+	if glu {
+		// Gate slots in entries 0..7, up slots in 8..15.
+		table(append(append(slices.Clip(slots), make([]int, MaxGroup/2-len(slots))...), g.upSlots...))
+	} else {
+		table(slots)
+	}
 	consts := q4kConsts(cfg, 1)
 	consts["GROUPED"] = 1
 	groups := [3]uint32{gx, gy, uint32(len(slots))}
@@ -448,6 +472,9 @@ func groupLaunch(cfg Q4KConfig, g groupCall) (Launch, error) {
 	params = params.U32(uint32(yUpper / 4)).U32(uint32(max(xUpper, 0) / 16)).U32(0).U32(0)
 	if xUpper >= 0 {
 		consts["SWIGLU"] = 1
+	}
+	if glu {
+		consts["GLU"] = 1
 	}
 	binds = append(binds, Binding{"sel", uint64(kSel * 4)})
 	if g.normed.Parts != nil {

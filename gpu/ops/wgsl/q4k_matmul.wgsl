@@ -35,6 +35,14 @@
 // once. The choice stays on the GPU: no read-back between the
 // router and the experts.
 //
+// GLU 1 (masked flavor, matrix-vector) runs an expert's gate and up
+// matrices in the same workgroup, row for row, and writes silu(gate) * up:
+// product e is expert experts[e] with its gate at slot slots[e] and its
+// up at slots[e + 8] (at most 8 experts a dispatch), each thread's ROWS
+// rows the first half gate rows and the second half the same rows of up,
+// and y gets rows outputs at j * rows. The SwiGLU dispatch between the
+// gate and up products and the down products is gone.
+//
 // The PART flavors (q4k_matmul_part, q4k_matmul_masked_part; lines
 // marked //+PART) are products of an RMSNorm's output without its
 // dispatch: x holds x * g (the norm's weight) and part nparts partial sums
@@ -108,6 +116,17 @@ override GROUPED: u32 = 0u;
 // down projection of an MoE expert straight from its gate and up products.
 override ACC: u32 = 0u;
 override SWIGLU: u32 = 0u;
+override GLU: u32 = 0u;
+const HROWS: u32 = (ROWS + 1u) / 2u; // GLU: gate rows (and up rows) per thread (ROWS is even there)
+
+// blkAt is the vec4 index of row r's block b of a thread's rows from
+// row0: with GLU, rows HROWS.. are the up matrix's (at wu) rows r -
+// HROWS; otherwise every row is the matrix at wb's.
+fn blkAt(wb: u32, wu: u32, row0: u32, r: u32, b: u32) -> u32 {
+  let up = GLU == 1u && r >= HROWS;
+  let rr = select(r, r - HROWS, up);
+  return select(wb, wu, up) + (min(row0 + rr, p.rows - 1u) * p.nb + b) * 9u;
+}
 
 const RT: u32 = ROWS * TOK; // accumulators per thread
 const RED: u32 = WG * RT;
@@ -249,11 +268,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let c = tid & 7u;
   let slot = (tid >> 3u) & (p.spr - 1u);
   let grp = (tid >> 3u) / p.spr;
-  let row0 = (wg * ((WG / 8u) / p.spr) + grp) * ROWS;
+  let row0 = (wg * ((WG / 8u) / p.spr) + grp) * select(ROWS, HROWS, GLU == 1u);
   let grouped = GROUPED == 1u;
   let e = select(0u, wid.z, grouped);            // product (GROUPED)
   let tok0 = select(wid.z * TOK, 0u, grouped);
   let wbase = select(0u, p.slots[e >> 2u][e & 3u] * p.wstride, grouped);
+  let ue = (e + 8u) & 15u; // GLU: the up matrix's slot
+  let wup = select(wbase, p.slots[ue >> 2u][ue & 3u] * p.wstride, GLU == 1u && grouped);
   if (tid == 0u) {
     pick = chosen(e);
   }
@@ -285,7 +306,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       if (PIPE == 1u && b == slot) {
         pre_x = load_x(xb);
         for (var r = 0u; r < ROWS; r++) {
-          let blk = wbase + (min(row0 + r, p.rows - 1u) * p.nb + b) * 9u;
+          let blk = blkAt(wbase, wup, row0, r, b);
           pre_h[r] = w[blk];
           pre_q[r] = w[blk + 1u + c];
         }
@@ -300,14 +321,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let bn = min(b + p.spr, p.nb - 1u);
         pre_x = load_x(xbase + bn * 64u + j * 16u + half * 4u);
         for (var r = 0u; r < ROWS; r++) {
-          let blk = wbase + (min(row0 + r, p.rows - 1u) * p.nb + bn) * 9u;
+          let blk = blkAt(wbase, wup, row0, r, bn);
           pre_h[r] = w[blk];
           pre_q[r] = w[blk + 1u + c];
         }
       } else {
         xs = load_x(xb);
         for (var r = 0u; r < ROWS; r++) {
-          let blk = wbase + (min(row0 + r, p.rows - 1u) * p.nb + b) * 9u;
+          let blk = blkAt(wbase, wup, row0, r, b);
           hs[r] = w[blk];
           qs[r] = w[blk + 1u + c];
         }
@@ -397,7 +418,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       }
     }
   }
-  if ((tid & (seg - 1u)) == 0u) {
+  if (GLU == 1u && (tid & (seg - 1u)) == 0u) {
+    let rs = rms();
+    for (var r = 0u; r < HROWS; r++) {
+      let row = row0 + r;
+      if (row < p.rows) {
+        let g = red[r * WG + tid] * rs;
+        let u = red[(r + HROWS) * WG + tid] * rs;
+        y[ybase + row] = g / (1.0 + exp(-g)) * u;
+      }
+    }
+  } else if ((tid & (seg - 1u)) == 0u) {
     let rs = rms();
     for (var r = 0u; r < ROWS; r++) {
       let row = row0 + r;
