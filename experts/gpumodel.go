@@ -1165,26 +1165,60 @@ func (g *GPUModel) recordPaged(ctx context.Context, b *gpu.Batch, slots [3][]int
 	B := g.buf
 	h, ffn, k := c.HiddenSize, c.ExpertFFN(), c.NumExpertsPerTok
 	up := uint64(g.upOff())
-	g.group(ctx, b, slots[0], B["xn"], true, B["gu"], 0, ffn, h)
-	g.group(ctx, b, slots[1], B["xn"], true, B["gu"], up, ffn, h)
-	g.k.SwiGLU(ctx, b, B["gu"].Sub(0, uint64(k*ffn*4)), B["gu"].Sub(up, uint64(k*ffn*4)), B["act"], k*ffn)
+	if !g.gluGroup(ctx, b, slots[0], slots[1], 0) {
+		g.group(ctx, b, slots[0], B["xn"], true, B["gu"], 0, ffn, h)
+		g.group(ctx, b, slots[1], B["xn"], true, B["gu"], up, ffn, h)
+		g.k.SwiGLU(ctx, b, B["gu"].Sub(0, uint64(k*ffn*4)), B["gu"].Sub(up, uint64(k*ffn*4)), B["act"], k*ffn)
+	}
 	g.group(ctx, b, slots[2], B["act"], false, B["y"], 0, h, ffn)
+}
+
+// gluGroup records, with glu, the gate and up products of the experts
+// whose matrices are at arena slots gates and ups (the same order) into
+// act from place at of the router's choice, silu(gate) * up, in one
+// dispatch; it records nothing and returns false without glu, for more
+// than MaxGroup/2 experts, or if their matrices lie in several arena
+// buffers.
+func (g *GPUModel) gluGroup(ctx context.Context, b *gpu.Batch, gates, ups []int, at int) bool {
+	if !g.glu || len(gates) > ops.MaxGroup/2 {
+		return false
+	}
+	c := &g.m.Config
+	h, ffn := c.HiddenSize, c.ExpertFFN()
+	buf0, _ := g.arena.Locate(gates[0])
+	gi, ui := make([]int, len(gates)), make([]int, len(ups))
+	for i := range gates {
+		var gb, ub *gpu.Buffer
+		gb, gi[i] = g.arena.Locate(gates[i])
+		ub, ui[i] = g.arena.Locate(ups[i])
+		if gb != buf0 || ub != buf0 {
+			return false
+		}
+	}
+	g.k.Q4KMatVecGroup(ctx, b, ops.Group{Arena: buf0, Slots: gi, UpSlots: ui, X: g.buf["xn"], SharedX: true,
+		Y: g.buf["act"].Sub(uint64(at*ffn*4), uint64(len(gates)*ffn*4)), Rows: ffn, Cols: h})
+	return true
 }
 
 // recordAt records the experts at places pos of the router's choice from
 // the arena slots of their gate, up and down matrices, into their rows of
-// y, after products of the others already ran (encodeAhead's): SwiGLU
-// runs again over every row, which leaves the others' as they were.
+// y, after products of the others already ran (encodeAhead's): their
+// SwiGLU output goes to their own rows of act only (the others' may come
+// from a GLU product, with nothing of theirs in gu).
 func (g *GPUModel) recordAt(ctx context.Context, b *gpu.Batch, pos []int, slots [3][]int) {
 	c := &g.m.Config
 	B := g.buf
-	h, ffn, k := c.HiddenSize, c.ExpertFFN(), c.NumExpertsPerTok
+	h, ffn := c.HiddenSize, c.ExpertFFN()
 	up := uint64(g.upOff())
 	for i, at := range pos {
-		g.group(ctx, b, slots[0][i:i+1], B["xn"], true, B["gu"], uint64(at*ffn*4), ffn, h)
-		g.group(ctx, b, slots[1][i:i+1], B["xn"], true, B["gu"], up+uint64(at*ffn*4), ffn, h)
+		if g.gluGroup(ctx, b, slots[0][i:i+1], slots[1][i:i+1], at) {
+			continue
+		}
+		row := uint64(at * ffn * 4)
+		g.group(ctx, b, slots[0][i:i+1], B["xn"], true, B["gu"], row, ffn, h)
+		g.group(ctx, b, slots[1][i:i+1], B["xn"], true, B["gu"], up+row, ffn, h)
+		g.k.SwiGLU(ctx, b, B["gu"].Sub(row, uint64(ffn*4)), B["gu"].Sub(up+row, uint64(ffn*4)), B["act"].Sub(row, uint64(ffn*4)), ffn)
 	}
-	g.k.SwiGLU(ctx, b, B["gu"].Sub(0, uint64(k*ffn*4)), B["gu"].Sub(up, uint64(k*ffn*4)), B["act"], k*ffn)
 	for i, at := range pos {
 		g.group(ctx, b, slots[2][i:i+1], B["act"].Sub(uint64(at*ffn*4), uint64(ffn*4)), true, B["y"], uint64(at*h*4), h, ffn)
 	}

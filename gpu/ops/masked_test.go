@@ -265,9 +265,9 @@ func TestQ4KFusedForms(t *testing.T) {
 }
 
 // TestQ4KMatVecMaskedGLU checks an expert's gate and up products in one
-// dispatch (Masked.UpSlots): each chosen expert's place in y holds
-// silu(gate x) * up x, unchosen experts write nothing, and what the GLU
-// form cannot take is refused. A small shape (two rows a thread) and a
+// dispatch (Masked.UpSlots, and Group.UpSlots): each chosen expert's
+// place in y holds silu(gate x) * up x, unchosen experts write nothing,
+// and what the GLU form cannot take is refused. A small shape (two rows a thread) and a
 // Mixtral-like one (four, pipelined).
 func TestQ4KMatVecMaskedGLU(t *testing.T) {
 	d, k := shared.d, shared.k
@@ -307,6 +307,15 @@ func TestQ4KMatVecMaskedGLU(t *testing.T) {
 		}
 		if err := ref.Compare(readF32(t, d, y, 2*rows), want, mag, ref.Tolerance(ref.OpMatMul)); err != nil {
 			t.Fatalf("%dx%d: %v", rows, cols, err)
+		}
+		// The same as a plain group (no choice on the GPU): experts 2 and 0
+		// in that order, into y.
+		y2 := poisoned(t, d, 2*rows*4)
+		run(t, d, func(b *gpu.Batch) error {
+			return k.Q4KMatVecGroup(ctxT(t), b, Group{Arena: ab, Slots: []int{gates[2], gates[0]}, UpSlots: []int{ups[2], ups[0]}, X: xb, SharedX: true, Y: y2, Rows: rows, Cols: cols})
+		})
+		if err := ref.Compare(readF32(t, d, y2, 2*rows), want, mag, ref.Tolerance(ref.OpMatMul)); err != nil {
+			t.Fatalf("%dx%d, plain group: %v", rows, cols, err)
 		}
 		// Bad shapes are refused: more than MaxGroup/2 experts, gate and up
 		// slots of different counts, an upper-half expert.

@@ -254,6 +254,10 @@ type Group struct {
 	SharedX    bool
 	Y          gpu.Region
 	Rows, Cols int
+	// UpSlots, if not nil, makes product e an expert's gate (at Slots[e])
+	// and up (at UpSlots[e]) matrices together, writing silu(gate) * up
+	// into Y (as Masked.UpSlots): at most MaxGroup/2 products.
+	UpSlots []int
 }
 
 // Q4KMatVecGroup records g with the configuration DefaultQ4KConfig picks
@@ -272,7 +276,7 @@ func (k *Kernels) Q4KMatVecGroupWith(ctx context.Context, b *gpu.Batch, cfg Q4KC
 // shape, not its regions): q4k_matmul with GROUPED = 1. Bindings: weight
 // arena, x, y.
 func GroupLaunch(cfg Q4KConfig, g Group) (Launch, error) {
-	return groupLaunch(cfg, groupCall{slots: g.Slots, sharedX: g.SharedX, xUpper: -1, rows: g.Rows, cols: g.Cols})
+	return groupLaunch(cfg, groupCall{slots: g.Slots, upSlots: g.UpSlots, sharedX: g.SharedX, xUpper: -1, rows: g.Rows, cols: g.Cols})
 }
 
 // Masked is an MoE layer's expert products with the router's choice left
@@ -364,7 +368,7 @@ func maskedLaunch(g groupCall) (Launch, error) {
 // upper half).
 type groupCall struct {
 	slots, experts []int
-	upSlots        []int // masked only: GLU, the up matrices' slots (see Masked)
+	upSlots        []int // GLU: the up matrices' slots (see Masked.UpSlots)
 	kSel           int
 	sharedX        bool
 	xUpper         int
@@ -400,7 +404,7 @@ func groupLaunch(cfg Q4KConfig, g groupCall) (Launch, error) {
 		return Launch{}, shapeErr(name, "group of %d products of %dx%d (1..%d products; cols a positive multiple of 256)", len(slots), rows, cols, MaxGroup)
 	}
 	glu := g.upSlots != nil
-	if glu && (experts == nil || len(g.upSlots) != len(slots) || len(slots) > MaxGroup/2 || xUpper >= 0 || yUpper != 0 || cfg.Rows%2 != 0) {
+	if glu && (len(g.upSlots) != len(slots) || len(slots) > MaxGroup/2 || xUpper >= 0 || yUpper != 0 || cfg.Rows%2 != 0) {
 		return Launch{}, shapeErr(name, "gate and up together: %d gate and %d up slots (at most %d experts), %d rows a thread (even), SwiGLU input %v, upper half %d",
 			len(slots), len(g.upSlots), MaxGroup/2, cfg.Rows, xUpper >= 0, yUpper)
 	}
@@ -464,6 +468,9 @@ func groupLaunch(cfg Q4KConfig, g groupCall) (Launch, error) {
 	}
 	consts := q4kConsts(cfg, 1)
 	consts["GROUPED"] = 1
+	if glu {
+		consts["GLU"] = 1
+	}
 	groups := [3]uint32{gx, gy, uint32(len(slots))}
 	if experts == nil {
 		return Launch{Kernel: name, Constants: consts, Groups: groups, Params: params, Bindings: binds}, nil
@@ -472,9 +479,6 @@ func groupLaunch(cfg Q4KConfig, g groupCall) (Launch, error) {
 	params = params.U32(uint32(yUpper / 4)).U32(uint32(max(xUpper, 0) / 16)).U32(0).U32(0)
 	if xUpper >= 0 {
 		consts["SWIGLU"] = 1
-	}
-	if glu {
-		consts["GLU"] = 1
 	}
 	binds = append(binds, Binding{"sel", uint64(kSel * 4)})
 	if g.normed.Parts != nil {
