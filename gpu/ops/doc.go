@@ -18,7 +18,8 @@
 //   - Kernels, whose methods check the buffers against the rule, compile
 //     the kernel on first use and record the dispatch: Q4_K dequantization
 //     and fused Q4_K matrix-vector and small-batch products (single, in a
-//     group of matrices, masked by the router's choice on the GPU), f16/f32
+//     group of matrices, masked by the router's choice on the GPU, an
+//     expert's gate and up together writing SwiGLU's output), f16/f32
 //     products, RMSNorm, RoPE, decode attention (split over positions, then
 //     merged), softmax, top-k routing, SwiGLU, weighted accumulate,
 //     embedding lookup, the decode step's KV store, argmax and top-p
