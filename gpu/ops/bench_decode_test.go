@@ -41,18 +41,23 @@ func BenchmarkQ4KDecode(b *testing.B) {
 	type shape struct {
 		name       string
 		rows, cols int
-		experts    int  // 0: one plain product; else masked, 8 experts
-		gateUp     bool // masked gate and up (else down from SwiGLU)
+		experts    int        // 0: one plain product; else masked, 8 experts
+		form       maskedForm // what the masked products read and write
 	}
+	// gate_up and down (down computing SwiGLU of its x itself) keep the
+	// names of earlier measurements; glu and down_act are what a decode
+	// step runs by default.
 	shapes := []shape{
-		{"qkv", 6144, 4096, 0, false},
-		{"o", 4096, 4096, 0, false},
-		{"gate_up", 14336, 4096, 8, true},
-		{"down", 4096, 14336, 8, false},
-		{"head", 32000, 4096, 0, false},
+		{"qkv", 6144, 4096, 0, 0},
+		{"o", 4096, 4096, 0, 0},
+		{"gate_up", 14336, 4096, 8, maskedGateUp},
+		{"glu", 14336, 4096, 8, maskedGLU},
+		{"down", 4096, 14336, 8, maskedDownSwiGLU},
+		{"down_act", 4096, 14336, 8, maskedDown},
+		{"head", 32000, 4096, 0, 0},
 	}
 	if m.cpu { // lavapipe: one small shape of each kind
-		shapes = []shape{{"qkv", 768, 512, 0, false}, {"gate_up", 512, 512, 4, true}, {"down", 512, 512, 4, false}}
+		shapes = []shape{{"qkv", 768, 512, 0, 0}, {"gate_up", 512, 512, 4, maskedGateUp}, {"glu", 512, 512, 4, maskedGLU}, {"down", 512, 512, 4, maskedDownSwiGLU}, {"down_act", 512, 512, 4, maskedDown}}
 	}
 	if !m.cpu {
 		// What the mask costs: the 4 gate and up products the router
@@ -97,7 +102,7 @@ func BenchmarkQ4KDecode(b *testing.B) {
 			if s.experts == 0 {
 				bytes, per = m.q4kSerial(b, s.rows, s.cols, cfg)
 			} else {
-				bytes, per = m.q4kMaskedSerial(b, s.rows, s.cols, s.experts, kSel, s.gateUp, cfg)
+				bytes, per = m.q4kMaskedSerial(b, s.rows, s.cols, s.experts, kSel, s.form, cfg)
 			}
 			report(b, bytes, per)
 		}
@@ -140,16 +145,26 @@ func (m *meter) q4kSerial(b *testing.B, rows, cols int, cfg *Q4KConfig) (float64
 	return float64(wBytes) + float64(cols*4) + float64(rows*4), per
 }
 
+// maskedForm is what a benchmarked masked dispatch computes.
+type maskedForm int
+
+const (
+	maskedGateUp     maskedForm = iota + 1 // gate and up products, each into its half of y
+	maskedGLU                              // gate and up in one workgroup, silu(gate) * up into y
+	maskedDownSwiGLU                       // down products computing SwiGLU of gate and up rows themselves
+	maskedDown                             // down products of SwiGLU's output
+)
+
 // q4kMaskedSerial times one MoE layer's masked expert products as
 // Q4KMatVecMasked records them (cfg nil: its default configuration), one
-// dispatch after another: experts experts, kSel of them chosen. gateUp:
-// each expert's gate and up matrices (rows x cols) in one dispatch with a
-// shared x; else its down matrix, x SwiGLU of kSel gate and up rows.
-// Weights alternate between two arenas so that a dispatch never reads
-// what the previous one left in the L2.
-func (m *meter) q4kMaskedSerial(b *testing.B, rows, cols, experts, kSel int, gateUp bool, cfg *Q4KConfig) (float64, time.Duration) {
+// dispatch after another: experts experts, kSel of them chosen, in form
+// f (gate and up products read one shared x, rows x cols each; down
+// products read their expert's x). Weights alternate between two arenas
+// so that a dispatch never reads what the previous one left in the L2.
+func (m *meter) q4kMaskedSerial(b *testing.B, rows, cols, experts, kSel int, f maskedForm, cfg *Q4KConfig) (float64, time.Duration) {
 	ctx := context.Background()
 	wBytes := abi.Q4K.Bytes(rows * cols)
+	gateUp := f == maskedGateUp || f == maskedGLU
 	products := experts
 	if gateUp {
 		products = 2 * experts
@@ -188,10 +203,20 @@ func (m *meter) q4kMaskedSerial(b *testing.B, rows, cols, experts, kSel int, gat
 	g := groupCall{slots: slots, experts: ids, kSel: kSel, xUpper: -1, rows: rows, cols: cols}
 	nx := kSel * 2 // SwiGLU's gate and up rows
 	ySize := uint64(2 * kSel * rows * 4)
-	if gateUp {
+	switch f {
+	case maskedGateUp:
 		g.sharedX, g.yUpper, nx = true, kSel*rows*4, 1
-	} else {
+	case maskedGLU:
+		// Expert e's gate at slot 2e, its up at 2e+1, as above.
+		g.slots, g.upSlots, g.experts = nil, nil, nil
+		for e := range experts {
+			g.slots, g.upSlots, g.experts = append(g.slots, 2*e), append(g.upSlots, 2*e+1), append(g.experts, e)
+		}
+		g.sharedX, nx, ySize = true, 1, uint64(kSel*rows*4)
+	case maskedDownSwiGLU:
 		g.xUpper = kSel * cols * 4
+	case maskedDown:
+		nx, ySize = kSel, uint64(kSel*rows*4)
 	}
 	x, y := m.alloc(b, uint64(nx*cols*4)), m.alloc(b, ySize)
 	m.fill(b, x, uint64(nx*cols*4))
