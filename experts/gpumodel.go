@@ -81,11 +81,14 @@ type GPUModel struct {
 	// was (fuseO).
 	partNorm bool
 	normed   ops.Normed
-	// glu runs a masked layer's gate and up products of an expert in one
-	// workgroup, which writes silu(gate) * up for the down products: the
-	// SwiGLU dispatch between them gone (ops.Masked.UpSlots). On unless
-	// RDRR_GPU_GLU=0 (for measurements), and for a layer only where each
-	// expert's gate and up matrices lie in one arena buffer.
+	// glu runs an expert's gate and up products in one workgroup, which
+	// writes silu(gate) * up for the down products: the SwiGLU dispatch
+	// between them gone (ops.Masked.UpSlots for a layer's resident
+	// experts, ops.Group.UpSlots for paged ones). On unless RDRR_GPU_GLU=0
+	// (for measurements) or RDRR_GPU_FUSE has the down products compute
+	// SwiGLU; used for a masked layer where each expert's gate and up
+	// matrices lie in one arena buffer, and for paged experts where all of
+	// the call's matrices do (else the separate products run).
 	glu bool
 	// pipeline has Generate record each step while the GPU runs the one
 	// before it (generatePipelined); RDRR_GPU_PIPELINE=0 turns it off,
@@ -112,7 +115,8 @@ type StepProfile struct {
 	Record    time.Duration `json:"recordNs"` // recording and submitting dispatches
 	// Ahead is the part of Record spent encoding the next paged layer's
 	// attention and router while the GPU runs this one's (off the
-	// critical path: the host would otherwise wait for the router).
+	// critical path: the host would otherwise wait for the router), and
+	// later layers' fixed parts (encodeFixed) while it copies misses.
 	Ahead      time.Duration `json:"aheadNs"`
 	RouteWait  time.Duration `json:"routeWaitNs"`  // reading back the router's choice
 	PageWait   time.Duration `json:"pageWaitNs"`   // leases: experts paged into VRAM
@@ -127,8 +131,9 @@ type StepProfile struct {
 	Turn     time.Duration `json:"turnNs"`
 	TurnsHit int           `json:"turnsHit"`
 	TurnHit  time.Duration `json:"turnHitNs"`
-	// Early counts the layers whose fixed part (attention, router) was
-	// encoded early, while the GPU copied an earlier layer's misses.
+	// Early counts the layers that came with their fixed part (attention,
+	// router) encoded early, while the GPU copied an earlier layer's
+	// misses.
 	Early int `json:"early"`
 	// MaskedLayers counts MoE layers run with all their experts resident
 	// and the router's choice left on the GPU (no read-back).
@@ -504,10 +509,23 @@ type stepRun struct {
 	from, to uint64           // the span of out that rd reads
 	masked   []int            // layers that ran masked: their choice comes back in rd
 	start    time.Time
-	ended    bool
-	logits   []float32
-	tok      int
-	err      error
+	// turns is what the step added to the profile's turn counts (taken
+	// back if the step is discarded).
+	turns  turnCounts
+	ended  bool
+	logits []float32
+	tok    int
+	err    error
+}
+
+// turnCounts are StepProfile's counts of host turns and early layers.
+type turnCounts struct {
+	turns, hits, early int
+	turn, hit          time.Duration
+}
+
+func (p *StepProfile) turnCounts() turnCounts {
+	return turnCounts{p.Turns, p.TurnsHit, p.Early, p.Turn, p.TurnHit}
 }
 
 // begin records and submits one step at the next position and starts
@@ -528,6 +546,7 @@ func (g *GPUModel) begin(ctx context.Context, token int, onGPU bool, hd head) (_
 	B := g.buf
 	pr := &g.Profile
 	run := &stepRun{hd: hd, start: time.Now()}
+	before := pr.turnCounts()
 	mark := run.start
 	lap := func(d *time.Duration) { now := time.Now(); *d += now.Sub(mark); mark = now }
 	var settled time.Duration // ending the step before this one (settle): collect counts it
@@ -598,6 +617,12 @@ func (g *GPUModel) begin(ctx context.Context, token int, onGPU bool, hd head) (_
 	}()
 	slack := 0
 	for l := 0; l < c.NumHiddenLayers; l++ {
+		if f := early[l]; f != nil {
+			// Not taken as the ahead of the layer before (it went masked,
+			// or this one became resident): nothing will submit it.
+			f.enc.Drop()
+			delete(early, l)
+		}
 		copies := slack
 		slack = 0
 		p := fmt.Sprintf("model.layers.%d.", l)
@@ -717,7 +742,6 @@ func (g *GPUModel) begin(ctx context.Context, token int, onGPU bool, hd head) (_
 					rd.Wait(ctx, make([]byte, n))
 					return nil, err
 				}
-				pr.Early++
 			}
 			pr.Ahead += time.Since(mark)
 		}
@@ -751,6 +775,14 @@ func (g *GPUModel) begin(ctx context.Context, token int, onGPU bool, hd head) (_
 			}
 			for j, name := range ex.Tensors {
 				wants = append(wants, want{ex.Index, pos, j, name})
+			}
+		}
+		// loads is how many of them VRAM lacks: their copies run before the
+		// next layer's choice (slack), and a turn with none is a hit turn.
+		loads := 0
+		for _, w := range wants {
+			if !g.cache.Has(g.matrixKey(w.name), tiers.VRAM) {
+				loads++
 			}
 		}
 		got := make([]*tiers.Lease, len(wants))
@@ -824,8 +856,8 @@ func (g *GPUModel) begin(ctx context.Context, token int, onGPU bool, hd head) (_
 		lap(&pr.Record)
 		pr.Turns++
 		pr.Turn += mark.Sub(turn)
-		slack = len(wants)
-		if len(wants) == 0 {
+		slack = loads
+		if loads == 0 {
 			pr.TurnsHit++
 			pr.TurnHit += mark.Sub(turn)
 		}
@@ -889,6 +921,8 @@ func (g *GPUModel) begin(ctx context.Context, token int, onGPU bool, hd head) (_
 	}
 	pr.Steps++
 	g.pos++
+	now := pr.turnCounts()
+	run.turns = turnCounts{now.turns - before.turns, now.hits - before.hits, now.early - before.early, now.turn - before.turn, now.hit - before.hit}
 	return run, nil
 }
 
@@ -999,6 +1033,19 @@ func (g *GPUModel) compile(ctx context.Context) error {
 			g.k.MatVecNormed(ctx, b, g.dense[p+"mlp.gate.weight"], g.normed, B["rlogits"], c.Experts(), h)
 			g.k.Q4KMatVecMasked(ctx, b, ops.Masked{Arena: buf, Slots: zeros, Experts: ids, Sel: B["ids"], K: k,
 				SharedX: true, Y: B["gu"], YUpper: g.upOff(), Rows: ffn, Cols: h, Normed: g.normed})
+		}
+		if g.glu {
+			// The gate and up products together: masked (and handed the
+			// norm), and one missing expert's (recordAt).
+			m := min(c.Experts(), ops.MaxGroup/2)
+			gm := ops.Masked{Arena: buf, Slots: zeros[:m], UpSlots: zeros[:m], Experts: ids[:m], Sel: B["ids"], K: k,
+				X: B["xn"], SharedX: true, Y: B["act"], Rows: ffn, Cols: h}
+			g.k.Q4KMatVecMasked(ctx, b, gm)
+			if g.partNorm {
+				gm.Normed = g.normed
+				g.k.Q4KMatVecMasked(ctx, b, gm)
+			}
+			g.gluGroup(ctx, b, slots[0][:1], slots[1][:1], 0)
 		}
 		g.finishLayer(ctx, b, l) // and the shared experts, if any
 		break
@@ -1294,6 +1341,8 @@ func (g *GPUModel) encodeAhead(ctx context.Context, prev, l, busy int, fixed *fi
 		if fixed, err = g.encodeFixed(ctx, prev, l); err != nil {
 			return nil, err
 		}
+	} else {
+		g.Profile.Early++
 	}
 	a.enc, a.predict = fixed.enc, fixed.predict
 	// At most this many held: the rest of the slots must take prev's
@@ -1341,8 +1390,9 @@ type fixedLayer struct {
 	predict bool
 }
 
-// maxEarly bounds how many layers' fixed parts a step encodes early at
-// a time (each holds a command buffer and its scratch until submitted).
+// maxEarly bounds how many layers past the next one get their fixed parts
+// encoded early (each holds a command buffer and its scratch until it is
+// submitted, or dropped when its layer comes without using it).
 const maxEarly = 4
 
 // encodeFixed encodes MoE layer l's fixed part (after layer prev).
@@ -1713,7 +1763,9 @@ func (g *GPUModel) discard(ctx context.Context, run *stepRun) {
 	}
 	g.end(ctx, run, false)
 	g.pos--
-	g.Profile.Steps--
+	pr, t := &g.Profile, run.turns
+	pr.Steps--
+	pr.Turns, pr.TurnsHit, pr.Early, pr.Turn, pr.TurnHit = pr.Turns-t.turns, pr.TurnsHit-t.hits, pr.Early-t.early, pr.Turn-t.turn, pr.TurnHit-t.hit
 }
 
 func (g *GPUModel) setToken(i int) {

@@ -44,6 +44,18 @@ func TestGPUModelMatchesReference(t *testing.T) {
 		testGPUModelMatches(t, "tiny-moe", 0, false)
 	})
 	t.Run("one arena buffer", func(t *testing.T) { long(t); testGPUModelMatches(t, "tiny-moe", 0, false) })
+	// Gate and up as separate products with a SwiGLU dispatch (the form
+	// before GLU, kept for measurements), paged and resident.
+	t.Run("without GLU, paged", func(t *testing.T) {
+		long(t)
+		t.Setenv("RDRR_GPU_GLU", "0")
+		testGPUModelMatches(t, "tiny-moe", 0, false)
+	})
+	t.Run("without GLU, resident", func(t *testing.T) {
+		long(t)
+		t.Setenv("RDRR_GPU_GLU", "0")
+		testGPUModelMatches(t, "tiny-moe", 0, true)
+	})
 	t.Run("RAM in ordinary memory", func(t *testing.T) {
 		long(t)
 		heapRAM = true
@@ -73,6 +85,9 @@ func testGPUModelMatches(t *testing.T, preset string, maxBuf uint64, resident bo
 	g, gcache := testGPUModel(t, d, m, src, slots)
 	if want := os.Getenv("RDRR_GPU_NORM") == "1"; g.partNorm != want {
 		t.Fatalf("norms handed over: %v, RDRR_GPU_NORM %q", g.partNorm, os.Getenv("RDRR_GPU_NORM"))
+	}
+	if want := os.Getenv("RDRR_GPU_GLU") != "0" && !g.fuseSwiGLU; g.glu != want {
+		t.Fatalf("gate and up together: %v, RDRR_GPU_GLU %q", g.glu, os.Getenv("RDRR_GPU_GLU"))
 	}
 	for l, w := range g.qkv {
 		if w == nil {
@@ -150,9 +165,9 @@ func testGPUModelMatches(t *testing.T, preset string, maxBuf uint64, resident bo
 		t.Fatalf("VRAM level: %d hits, %d misses, no evictions: paging did not happen", vr.Hits, vr.Misses)
 	}
 	if preset == "tiny-moe" && pr.Early == 0 {
-		// Four MoE layers: layer 3's attention is encoded early whenever
-		// layer 0 or 1 paged something in.
-		t.Fatalf("no layer's fixed part encoded early in 32 paged steps (%d turns)", pr.Turns)
+		// Four MoE layers: layer 3's fixed part is encoded early whenever
+		// layer 0 paged a matrix in, and taken as layer 3's ahead.
+		t.Fatalf("no layer came with its fixed part encoded early in 32 paged steps (%d turns, %d with nothing paged in)", pr.Turns, pr.TurnsHit)
 	}
 	t.Logf("32 steps: worst logit difference %.2e of the largest; VRAM hit rate %.2f, %d evictions", worst, vr.HitRate, vr.Evictions)
 }

@@ -272,7 +272,8 @@ func TestQ4KFusedForms(t *testing.T) {
 func TestQ4KMatVecMaskedGLU(t *testing.T) {
 	d, k := shared.d, shared.k
 	r := rng(t)
-	for _, c := range []struct{ rows, cols int }{{37, 512}, {300, 4096}} {
+	// Two, four and eight rows a thread (the last for 2048-column rows).
+	for _, c := range []struct{ rows, cols int }{{37, 512}, {300, 4096}, {300, 2048}} {
 		rows, cols := c.rows, c.cols
 		per := rows * cols / 256
 		const nslots = 7
@@ -317,8 +318,29 @@ func TestQ4KMatVecMaskedGLU(t *testing.T) {
 		if err := ref.Compare(readF32(t, d, y2, 2*rows), want, mag, ref.Tolerance(ref.OpMatMul)); err != nil {
 			t.Fatalf("%dx%d, plain group: %v", rows, cols, err)
 		}
+		// A variant of q4k_matmul (its own source, as a kernel written
+		// before the GLU flavors would be) does not stand in for
+		// q4k_matmul_glu.
+		if c.rows == 37 {
+			of, err := Builtin("q4k_matmul", nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := d.UseVariant(ctxT(t), gpu.Variant{Of: of, Source: of.Source}); err != nil {
+				t.Fatal(err)
+			}
+			y3 := poisoned(t, d, 2*rows*4)
+			run(t, d, func(b *gpu.Batch) error {
+				return k.Q4KMatVecGroup(ctxT(t), b, Group{Arena: ab, Slots: []int{gates[2], gates[0]}, UpSlots: []int{ups[2], ups[0]}, X: xb, SharedX: true, Y: y3, Rows: rows, Cols: cols})
+			})
+			d.UseOriginal("q4k_matmul")
+			if err := ref.Compare(readF32(t, d, y3, 2*rows), want, mag, ref.Tolerance(ref.OpMatMul)); err != nil {
+				t.Fatalf("%dx%d, plain group beside a q4k_matmul variant: %v", rows, cols, err)
+			}
+		}
 		// Bad shapes are refused: more than MaxGroup/2 experts, gate and up
-		// slots of different counts, an upper-half expert.
+		// slots of different counts, an upper-half expert, odd rows a
+		// thread.
 		nine := make([]int, MaxGroup/2+1)
 		for _, bad := range []Masked{
 			{Arena: ab, Slots: nine, UpSlots: nine, Experts: nine, Sel: sel, K: 2, X: xb, SharedX: true, Y: y, Rows: rows, Cols: cols},
@@ -330,6 +352,11 @@ func TestQ4KMatVecMaskedGLU(t *testing.T) {
 			if err := b.Submit(ctxT(t)); !errors.Is(err, gpu.ErrShape) {
 				t.Errorf("bad GLU call %d experts, %d up slots: %v; want gpu.ErrShape", len(bad.Experts), len(bad.UpSlots), err)
 			}
+		}
+		b := d.Batch()
+		k.Q4KMatVecGroupWith(ctxT(t), b, Q4KConfig{WG: 128, SPR: 1, Rows: 3}, Group{Arena: ab, Slots: gates, UpSlots: ups, X: xb, SharedX: true, Y: y, Rows: rows, Cols: cols})
+		if err := b.Submit(ctxT(t)); !errors.Is(err, gpu.ErrShape) {
+			t.Errorf("GLU group of 3 rows a thread: %v; want gpu.ErrShape", err)
 		}
 	}
 }

@@ -256,7 +256,8 @@ type Group struct {
 	Rows, Cols int
 	// UpSlots, if not nil, makes product e an expert's gate (at Slots[e])
 	// and up (at UpSlots[e]) matrices together, writing silu(gate) * up
-	// into Y (as Masked.UpSlots): at most MaxGroup/2 products.
+	// into Y (q4k_matmul_glu, as Masked.UpSlots): at most MaxGroup/2
+	// products.
 	UpSlots []int
 }
 
@@ -302,8 +303,8 @@ type Masked struct {
 	Normed Normed
 	// UpSlots, if not nil, makes each product an expert's gate (at Slots[e])
 	// and up (at UpSlots[e]) matrices together, writing silu(gate) * up
-	// (the GLU constant): Y gets K rows vectors of SwiGLU's output, no
-	// Experts entry has MaskedUpper, and at most MaxGroup/2 experts.
+	// (q4k_matmul_masked_glu): Y gets K rows vectors of SwiGLU's output,
+	// no Experts entry has MaskedUpper, and at most MaxGroup/2 experts.
 	UpSlots []int
 }
 
@@ -400,10 +401,13 @@ func groupLaunch(cfg Q4KConfig, g groupCall) (Launch, error) {
 			}
 		}
 	}
+	glu := g.upSlots != nil
+	if glu {
+		name += "_glu"
+	}
 	if rows <= 0 || cols <= 0 || cols%256 != 0 || len(slots) == 0 || len(slots) > MaxGroup {
 		return Launch{}, shapeErr(name, "group of %d products of %dx%d (1..%d products; cols a positive multiple of 256)", len(slots), rows, cols, MaxGroup)
 	}
-	glu := g.upSlots != nil
 	if glu && (len(g.upSlots) != len(slots) || len(slots) > MaxGroup/2 || xUpper >= 0 || yUpper != 0 || cfg.Rows%2 != 0) {
 		return Launch{}, shapeErr(name, "gate and up together: %d gate and %d up slots (at most %d experts), %d rows a thread (even), SwiGLU input %v, upper half %d",
 			len(slots), len(g.upSlots), MaxGroup/2, cfg.Rows, xUpper >= 0, yUpper)
@@ -468,9 +472,6 @@ func groupLaunch(cfg Q4KConfig, g groupCall) (Launch, error) {
 	}
 	consts := q4kConsts(cfg, 1)
 	consts["GROUPED"] = 1
-	if glu {
-		consts["GLU"] = 1
-	}
 	groups := [3]uint32{gx, gy, uint32(len(slots))}
 	if experts == nil {
 		return Launch{Kernel: name, Constants: consts, Groups: groups, Params: params, Bindings: binds}, nil

@@ -35,13 +35,16 @@
 // once. The choice stays on the GPU: no read-back between the
 // router and the experts.
 //
-// GLU 1 (masked flavor, matrix-vector) runs an expert's gate and up
-// matrices in the same workgroup, row for row, and writes silu(gate) * up:
-// product e is expert experts[e] with its gate at slot slots[e] and its
-// up at slots[e + 8] (at most 8 experts a dispatch), each thread's ROWS
-// rows the first half gate rows and the second half the same rows of up,
-// and y gets rows outputs at j * rows. The SwiGLU dispatch between the
-// gate and up products and the down products is gone.
+// The GLU flavors (q4k_matmul_glu, grouped; q4k_matmul_masked_glu and
+// q4k_matmul_masked_part_glu; matrix-vector) run an expert's gate and up
+// matrices in the same workgroup, row for row, and write silu(gate) * up:
+// product e is expert e (grouped) or experts[e] (masked) with its gate at
+// slot slots[e] and its up at slots[e + 8] (at most 8 experts a
+// dispatch), each thread's ROWS (even) rows the first half gate rows and
+// the second half the same rows of up, and y gets rows outputs at e *
+// rows (grouped) or j * rows (masked). The SwiGLU dispatch between the
+// gate and up products and the down products is gone. Kernels of their
+// own: a variant of q4k_matmul written before them has no GLU.
 //
 // The PART flavors (q4k_matmul_part, q4k_matmul_masked_part; lines
 // marked //+PART) are products of an RMSNorm's output without its
@@ -116,7 +119,8 @@ override GROUPED: u32 = 0u;
 // down projection of an MoE expert straight from its gate and up products.
 override ACC: u32 = 0u;
 override SWIGLU: u32 = 0u;
-override GLU: u32 = 0u;
+//-GLU const GLU: u32 = 0u;
+//+GLU const GLU: u32 = 1u;
 const HROWS: u32 = (ROWS + 1u) / 2u; // GLU: gate rows (and up rows) per thread (ROWS is even there)
 
 // blkAt is the vec4 index of row r's block b of a thread's rows from
