@@ -61,7 +61,7 @@ func TestBrowser(t *testing.T) {
 		t.Skip("drives chromium")
 	}
 	chromium(t)
-	bin := peerBinary(t)
+	bin := browserPeerBinary(t)
 	if !inPrivateNet(t, "RDRR_PEER_BIN="+bin) {
 		return
 	}

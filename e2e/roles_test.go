@@ -50,9 +50,7 @@ func TestMain(m *testing.M) {
 	if role := os.Getenv(envRole); role != "" {
 		os.Exit(runRole(role))
 	}
-	code := m.Run()
-	built.remove()
-	os.Exit(code)
+	os.Exit(m.Run())
 }
 
 // runRole runs this process as a child in role, talking to the parent by
