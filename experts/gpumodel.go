@@ -121,6 +121,15 @@ type StepProfile struct {
 	RouteWait  time.Duration `json:"routeWaitNs"`  // reading back the router's choice
 	PageWait   time.Duration `json:"pageWaitNs"`   // leases: experts paged into VRAM
 	LogitsWait time.Duration `json:"logitsWaitNs"` // reading back the logits
+	TurnProfile
+	// MaskedLayers counts MoE layers run with all their experts resident
+	// and the router's choice left on the GPU (no read-back).
+	MaskedLayers int `json:"maskedLayers"`
+}
+
+// TurnProfile is the part of a StepProfile about the host's turns after
+// paged layers' choices.
+type TurnProfile struct {
 	// Turn is the host's turn after a paged layer's choice came back:
 	// from the end of its read-back to the submit of what follows it
 	// (the misses' products, the next layer). The GPU meanwhile runs only
@@ -135,9 +144,11 @@ type StepProfile struct {
 	// router) encoded early, while the GPU copied an earlier layer's
 	// misses.
 	Early int `json:"early"`
-	// MaskedLayers counts MoE layers run with all their experts resident
-	// and the router's choice left on the GPU (no read-back).
-	MaskedLayers int `json:"maskedLayers"`
+}
+
+// minus returns p less q.
+func (p TurnProfile) minus(q TurnProfile) TurnProfile {
+	return TurnProfile{p.Turns - q.Turns, p.Turn - q.Turn, p.TurnsHit - q.TurnsHit, p.TurnHit - q.TurnHit, p.Early - q.Early}
 }
 
 // ProfileGPU, set on a GPUModel, makes each step submit and wait after
@@ -509,23 +520,13 @@ type stepRun struct {
 	from, to uint64           // the span of out that rd reads
 	masked   []int            // layers that ran masked: their choice comes back in rd
 	start    time.Time
-	// turns is what the step added to the profile's turn counts (taken
-	// back if the step is discarded).
-	turns  turnCounts
+	// turns is what the step added to the profile's turns (taken back if
+	// the step is discarded).
+	turns  TurnProfile
 	ended  bool
 	logits []float32
 	tok    int
 	err    error
-}
-
-// turnCounts are StepProfile's counts of host turns and early layers.
-type turnCounts struct {
-	turns, hits, early int
-	turn, hit          time.Duration
-}
-
-func (p *StepProfile) turnCounts() turnCounts {
-	return turnCounts{p.Turns, p.TurnsHit, p.Early, p.Turn, p.TurnHit}
 }
 
 // begin records and submits one step at the next position and starts
@@ -546,7 +547,7 @@ func (g *GPUModel) begin(ctx context.Context, token int, onGPU bool, hd head) (_
 	B := g.buf
 	pr := &g.Profile
 	run := &stepRun{hd: hd, start: time.Now()}
-	before := pr.turnCounts()
+	before := pr.TurnProfile
 	mark := run.start
 	lap := func(d *time.Duration) { now := time.Now(); *d += now.Sub(mark); mark = now }
 	var settled time.Duration // ending the step before this one (settle): collect counts it
@@ -777,14 +778,6 @@ func (g *GPUModel) begin(ctx context.Context, token int, onGPU bool, hd head) (_
 				wants = append(wants, want{ex.Index, pos, j, name})
 			}
 		}
-		// loads is how many of them VRAM lacks: their copies run before the
-		// next layer's choice (slack), and a turn with none is a hit turn.
-		loads := 0
-		for _, w := range wants {
-			if !g.cache.Has(g.matrixKey(w.name), tiers.VRAM) {
-				loads++
-			}
-		}
 		got := make([]*tiers.Lease, len(wants))
 		errs := make([]error, len(wants))
 		var wg sync.WaitGroup
@@ -797,9 +790,13 @@ func (g *GPUModel) begin(ctx context.Context, token int, onGPU bool, hd head) (_
 		}
 		wg.Wait()
 		var leases []*tiers.Lease
+		loads := 0 // matrices paged in: their copies run before the next choice (slack)
 		for i, w := range wants {
 			if got[i] != nil {
 				leases = append(leases, got[i])
+				if got[i].Loaded {
+					loads++
+				}
 			}
 			if errs[i] != nil && err == nil {
 				err = fmt.Errorf("layer %d expert %d: %w", l, w.e, errs[i])
@@ -921,8 +918,7 @@ func (g *GPUModel) begin(ctx context.Context, token int, onGPU bool, hd head) (_
 	}
 	pr.Steps++
 	g.pos++
-	now := pr.turnCounts()
-	run.turns = turnCounts{now.turns - before.turns, now.hits - before.hits, now.early - before.early, now.turn - before.turn, now.hit - before.hit}
+	run.turns = pr.TurnProfile.minus(before)
 	return run, nil
 }
 
@@ -1763,9 +1759,8 @@ func (g *GPUModel) discard(ctx context.Context, run *stepRun) {
 	}
 	g.end(ctx, run, false)
 	g.pos--
-	pr, t := &g.Profile, run.turns
-	pr.Steps--
-	pr.Turns, pr.TurnsHit, pr.Early, pr.Turn, pr.TurnHit = pr.Turns-t.turns, pr.TurnsHit-t.hits, pr.Early-t.early, pr.Turn-t.turn, pr.TurnHit-t.hit
+	g.Profile.Steps--
+	g.Profile.TurnProfile = g.Profile.TurnProfile.minus(run.turns)
 }
 
 func (g *GPUModel) setToken(i int) {

@@ -266,7 +266,10 @@ type Lease struct {
 	e     *entry
 	Key   Key
 	Level Level
-	once  sync.Once
+	// Loaded is true when this Get loaded the key into Level (a miss it
+	// filled), false when it found it there or waited for another load.
+	Loaded bool
+	once   sync.Once
 }
 
 // Bytes returns the key's bytes (a RAM lease). Valid until Release; do not
@@ -411,7 +414,7 @@ func (c *Cache) get(ctx context.Context, k Key, level Level, askedAt int64, reco
 	c.stats[level].bytesUp += k.Len
 	c.stats[level].observe(c.cfg.Now().Sub(t0))
 	close(e.done)
-	return &Lease{c: c, lv: lv, e: e, Key: k, Level: level}, nil
+	return &Lease{c: c, lv: lv, e: e, Key: k, Level: level, Loaded: true}, nil
 }
 
 // load fills e with k's bytes: for VRAM from a RAM lease (or a transient

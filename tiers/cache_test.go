@@ -315,12 +315,16 @@ func TestConcurrentGetsShareOneLoad(t *testing.T) {
 			f.gate = make(chan struct{})
 			var wg sync.WaitGroup
 			errs := make(chan error, 10)
+			var loaded atomic.Int32 // leases that say they loaded the key
 			for range 10 {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
 					l, err := c.Get(context.Background(), w.keys[0], lc.target)
 					if err == nil {
+						if l.Loaded {
+							loaded.Add(1)
+						}
 						l.Release()
 					}
 					errs <- err
@@ -337,6 +341,17 @@ func TestConcurrentGetsShareOneLoad(t *testing.T) {
 			}
 			if n := f.reads.Load(); n != 1 {
 				t.Fatalf("%d swarm reads for 10 concurrent gets; want 1", n)
+			}
+			if n := loaded.Load(); n != 1 {
+				t.Fatalf("%d of 10 leases say they loaded the key; want the one Get that did", n)
+			}
+			l, err := c.Get(context.Background(), w.keys[0], lc.target)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Release()
+			if l.Loaded {
+				t.Fatal("a Get that found the key says it loaded it")
 			}
 		})
 	}

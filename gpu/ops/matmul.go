@@ -417,11 +417,13 @@ func groupLaunch(cfg Q4KConfig, g groupCall) (Launch, error) {
 	}
 	slotBytes := abi.Q4K.Bytes(rows * cols)
 	maxSlot := 0
-	for _, s := range append(slices.Clip(slots), g.upSlots...) {
-		if s < 0 {
-			return Launch{}, shapeErr(name, "negative slot %d", s)
+	for _, ss := range [2][]int{slots, g.upSlots} {
+		for _, s := range ss {
+			if s < 0 {
+				return Launch{}, shapeErr(name, "negative slot %d", s)
+			}
+			maxSlot = max(maxSlot, s)
 		}
-		maxSlot = max(maxSlot, s)
 	}
 	yBytes := uint64(outs * rows * 4)
 	for _, e := range experts {
