@@ -81,6 +81,15 @@ type GPUModel struct {
 	// was (fuseO).
 	partNorm bool
 	normed   ops.Normed
+	// fuseRouter computes a masked MoE layer's router product inside its
+	// routing dispatch (ops.RouterRoute: one workgroup, for at most
+	// ops.MaxRouterExperts experts) instead of a product and a Route. On
+	// unless RDRR_GPU_ROUTER=0 (for measurements). The resident step on
+	// an H200 ran 1.9% faster with it (3 of 3 pairs); a paged step's
+	// choice and next-layer guess keep the two dispatches, as the paged
+	// step was not faster with them fused (2 of 2 pairs 1-3% slower,
+	// within its noise; experts/BENCHMARKS.md, 2026-11-28).
+	fuseRouter bool
 	// glu runs an expert's gate and up products in one workgroup, which
 	// writes silu(gate) * up for the down products: the SwiGLU dispatch
 	// between them gone (ops.Masked.UpSlots for a layer's resident
@@ -181,6 +190,7 @@ func NewGPUModel(ctx context.Context, m *Manifest, d *gpu.Device, cache *tiers.C
 	g.fuseO, g.fuseSwiGLU = fusions(os.Getenv("RDRR_GPU_FUSE"))
 	g.pipeline = os.Getenv("RDRR_GPU_PIPELINE") != "0"
 	g.glu = os.Getenv("RDRR_GPU_GLU") != "0" && !g.fuseSwiGLU
+	g.fuseRouter = os.Getenv("RDRR_GPU_ROUTER") != "0"
 	g.partNorm = os.Getenv("RDRR_GPU_NORM") == "1" && !g.fuseO && m.Config.NumSharedExperts == 0 && ops.AccumParts(m.Config.HiddenSize) <= ops.MaxParts
 	for l := range m.Config.NumHiddenLayers {
 		g.partNorm = g.partNorm && m.Config.IsMoE(l)
@@ -654,13 +664,16 @@ func (g *GPUModel) begin(ctx context.Context, token int, onGPU bool, hd head) (_
 				g.k.MatVecNormed(ctx, b, g.dense[p+"mlp.gate.weight"], g.normed, B["rlogits"], c.Experts(), c.HiddenSize)
 			} else {
 				g.normFFN(ctx, b, l)
-				g.k.MatVec(ctx, b, abi.F32, g.dense[p+"mlp.gate.weight"], B["xn"], B["rlogits"], c.Experts(), c.HiddenSize)
 			}
 			if layer != nil {
 				// The choice goes straight into the out buffer, read back
 				// with the logits.
 				sel := B["out"].Sub(g.idsAt(l), uint64(k*4))
-				g.k.Route(ctx, b, B["rlogits"], nil, sel, B["w"], g.route())
+				if normed {
+					g.k.Route(ctx, b, B["rlogits"], nil, sel, B["w"], g.route())
+				} else {
+					g.router(ctx, b, l, B["xn"], B["rlogits"], sel, B["w"], g.route(), g.fuseRouter)
+				}
 				if err := section("router"); err != nil {
 					return nil, err
 				}
@@ -1006,8 +1019,8 @@ func (g *GPUModel) compile(ctx context.Context) error {
 		}
 		p := fmt.Sprintf("model.layers.%d.", l)
 		g.normFFN(ctx, b, l)
-		g.k.MatVec(ctx, b, abi.F32, g.dense[p+"mlp.gate.weight"], B["xn"], B["rlogits"], c.Experts(), h)
-		g.k.Route(ctx, b, B["rlogits"], nil, B["ids"], B["w"], g.route())
+		g.router(ctx, b, l, B["xn"], B["rlogits"], B["ids"], B["w"], g.route(), g.fuseRouter) // masked layers'
+		g.router(ctx, b, l, B["xn"], B["rlogits"], B["ids"], B["w"], g.route(), false)        // paged layers'
 		var slots [3][]int
 		for j := range slots {
 			slots[j] = make([]int, k)
@@ -1163,24 +1176,38 @@ func (g *GPUModel) lmHead(ctx context.Context, b *gpu.Batch, logits gpu.Region) 
 	g.k.Q4KMatVec(ctx, b, g.dense["lm_head.weight"], g.buf["xn"], logits, c.VocabSize, c.HiddenSize)
 }
 
-// recordChoice records layer l's routing into the ids buffer (after its
-// router's logits), and, with prefetch on and a MoE layer after it, that
+// recordChoice records layer l's router on xn and its routing into the
+// ids buffer, and, with prefetch on and a MoE layer after it, that
 // layer's router on this hidden state: the guess of its experts, read back
 // with the choice. It reports whether it recorded the guess.
 func (g *GPUModel) recordChoice(ctx context.Context, b *gpu.Batch, l int) bool {
 	c := &g.m.Config
 	B, k := g.buf, c.NumExpertsPerTok
-	g.k.Route(ctx, b, B["rlogits"], nil, B["ids"], B["w"], g.route())
+	g.router(ctx, b, l, B["xn"], B["rlogits"], B["ids"], B["w"], g.route(), false)
 	predict := g.Prefetch && l+1 < c.NumHiddenLayers && c.IsMoE(l+1)
 	if predict {
 		// Layer l+1's router on this hidden state, normalized as l+1
 		// will normalize its own: the guess of its experts.
 		q := fmt.Sprintf("model.layers.%d.", l+1)
 		g.k.RMSNorm(ctx, b, B["x"], g.dense[q+"post_attention_layernorm.weight"], B["pxn"], ops.NormShape{Rows: 1, Dim: c.HiddenSize, Eps: float32(c.RMSNormEps)})
-		g.k.MatVec(ctx, b, abi.F32, g.dense[q+"mlp.gate.weight"], B["pxn"], B["plogits"], c.Experts(), c.HiddenSize)
-		g.k.Route(ctx, b, B["plogits"], nil, B["ids"].Sub(idsPredOff, uint64(k*4)), B["pw"], g.route())
+		g.router(ctx, b, l+1, B["pxn"], B["plogits"], B["ids"].Sub(idsPredOff, uint64(k*4)), B["pw"], g.route(), false)
 	}
 	return predict
+}
+
+// router records MoE layer l's router on x (its logits into logits) and
+// the routing r of them into ids and weights: with fused, in one dispatch
+// (ops.RouterRoute) when the layer has at most ops.MaxRouterExperts
+// experts; else the product and a Route.
+func (g *GPUModel) router(ctx context.Context, b *gpu.Batch, l int, x, logits, ids, weights gpu.Region, r ops.RouteShape, fused bool) {
+	c := &g.m.Config
+	w := g.dense[fmt.Sprintf("model.layers.%d.mlp.gate.weight", l)]
+	if fused && c.Experts() <= ops.MaxRouterExperts && c.HiddenSize%4 == 0 {
+		g.k.RouterRoute(ctx, b, w, x, logits, nil, ids, weights, r, c.HiddenSize)
+		return
+	}
+	g.k.MatVec(ctx, b, abi.F32, w, x, logits, c.Experts(), c.HiddenSize)
+	g.k.Route(ctx, b, logits, nil, ids, weights, r)
 }
 
 // resident reports whether every expert matrix of MoE layer l is in VRAM
@@ -1393,13 +1420,10 @@ const maxEarly = 4
 
 // encodeFixed encodes MoE layer l's fixed part (after layer prev).
 func (g *GPUModel) encodeFixed(ctx context.Context, prev, l int) (*fixedLayer, error) {
-	c := &g.m.Config
-	B := g.buf
 	nb := g.d.Batch()
 	g.finishLayer(ctx, nb, prev)
 	g.recordAttention(ctx, nb, l)
 	g.normFFN(ctx, nb, l)
-	g.k.MatVec(ctx, nb, abi.F32, g.dense[fmt.Sprintf("model.layers.%d.mlp.gate.weight", l)], B["xn"], B["rlogits"], c.Experts(), c.HiddenSize)
 	predict := g.recordChoice(ctx, nb, l)
 	enc, err := nb.Encode(ctx)
 	if err != nil {

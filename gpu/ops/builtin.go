@@ -53,6 +53,7 @@ var builtins = map[string]builtin{
 	"attention_split":            {"attention_split.wgsl", []gpu.Access{ro, ro, ro, rw}, 32, ""},
 	"attention_merge":            {"attention_merge.wgsl", []gpu.Access{ro, rw}, 16, ""},
 	"route":                      {"route.wgsl", []gpu.Access{ro, ro, rw, rw}, 32, ""},
+	"route_mv":                   {"route.wgsl", []gpu.Access{rw, ro, rw, rw, ro, ro}, 48, "MV"},
 	"swiglu":                     {"swiglu.wgsl", []gpu.Access{ro, ro, rw}, 8, ""},
 	"accumulate":                 {"accumulate.wgsl", []gpu.Access{ro, ro, rw}, 16, ""},
 	"embed":                      {"embed.wgsl", []gpu.Access{ro, ro, rw}, 16, ""},

@@ -483,6 +483,98 @@ func TestRoute(t *testing.T) {
 	}
 }
 
+// The router's product and the routing in one dispatch (route_mv) match
+// the float64 reference of both: ids exactly, logits as a product.
+func TestRouterRoute(t *testing.T) {
+	d, k := shared.d, shared.k
+	r := rng(t)
+	for _, c := range []struct {
+		name string
+		s    RouteShape
+		cols int
+		bias bool
+	}{
+		{"mixtral", RouteShape{Tokens: 1, Experts: 8, K: 2, Mode: abi.RouteSoftmaxTopK}, 4096, false},
+		{"single", RouteShape{Tokens: 1, Experts: 1, K: 1, Mode: abi.RouteSoftmaxTopK}, 4, false},
+		{"odd", RouteShape{Tokens: 1, Experts: 3, K: 2, Mode: abi.RouteSoftmaxTopK}, 36, false},
+		{"short-rows", RouteShape{Tokens: 1, Experts: 5, K: 1, Mode: abi.RouteSoftmaxTopK}, 1000, false},
+		{"sigmoid-bias", RouteShape{Tokens: 1, Experts: 16, K: 4, Mode: abi.RouteSigmoidTopK, Scale: 2.5}, 1024, true},
+		{"sigmoid-groups", RouteShape{Tokens: 1, Experts: 16, K: 3, Mode: abi.RouteSigmoidTopK, Groups: 4, TopKGroup: 2}, 512, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := c.s
+			rr := ref.Route{Mode: abi.RouteMode(s.Mode), K: s.K, Groups: s.Groups, TopKGroup: s.TopKGroup, Scale: float64(s.Scale)}
+			var bias []float32
+			if c.bias {
+				bias = randF32(r, s.Experts, 0.1)
+				rr.Bias = ref.F32(bias)
+			}
+			// Draw until the reference's logits are not near-ties (the
+			// GPU sums in another order; a tie within its rounding could
+			// pick either).
+			var w, x []float32
+			var want, mag []float64
+			for try := 0; ; try++ {
+				// Logits of about unit size: sigmoid would saturate to
+				// ties at 1 in f32 on larger ones.
+				w, x = randF32(r, s.Experts*c.cols, 1/math.Sqrt(float64(c.cols))), randF32(r, c.cols, 1)
+				want, mag = ref.MatMul(ref.F32(w), ref.F32(x), s.Experts, c.cols, 1)
+				if apart(want, mag, 1e-4) || try == 100 {
+					break
+				}
+			}
+			wantIDs, wantW := ref.TopK(want, 1, s.Experts, rr)
+			wb, xb := uploadF32(t, d, w), uploadF32(t, d, x)
+			var bb gpu.Region
+			if c.bias {
+				bb = uploadF32(t, d, bias)
+			}
+			logits := poisoned(t, d, s.Experts*4)
+			ids := poisoned(t, d, s.K*4)
+			wts := poisoned(t, d, s.K*4)
+			run(t, d, func(b *gpu.Batch) error { return k.RouterRoute(ctxT(t), b, wb, xb, logits, bb, ids, wts, s, c.cols) })
+			if err := ref.Compare(readF32(t, d, logits, s.Experts), want, mag, ref.Tolerance(ref.OpMatMul)); err != nil {
+				t.Fatalf("logits: %v", err)
+			}
+			gotIDs := readU32(t, d, ids, s.K)
+			for i := range wantIDs {
+				if int(gotIDs[i]) != wantIDs[i] {
+					t.Fatalf("ids: got %v; want %v", gotIDs, wantIDs)
+				}
+			}
+			if err := ref.Compare(readF32(t, d, wts, s.K), wantW, nil, ref.Tolerance(ref.OpRoute)); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+	// Shapes it refuses: several tokens, too many experts, ragged rows.
+	for _, bad := range []struct {
+		s    RouteShape
+		cols int
+	}{
+		{RouteShape{Tokens: 2, Experts: 8, K: 2}, 4096},
+		{RouteShape{Tokens: 1, Experts: 17, K: 2}, 4096},
+		{RouteShape{Tokens: 1, Experts: 8, K: 2}, 4094},
+	} {
+		if _, err := RouterRouteLaunch(bad.s, bad.cols, false); err == nil {
+			t.Errorf("RouterRouteLaunch(%+v, %d) accepted", bad.s, bad.cols)
+		}
+	}
+}
+
+// apart reports whether no two values of v are closer than rel times the
+// larger of their scales.
+func apart(v, scale []float64, rel float64) bool {
+	for i := range v {
+		for j := range i {
+			if math.Abs(v[i]-v[j]) < rel*math.Max(scale[i], scale[j]) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
 func TestSwiGLU(t *testing.T) {
 	d, k := shared.d, shared.k
 	r := rng(t)

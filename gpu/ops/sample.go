@@ -49,6 +49,44 @@ func RouteLaunch(s RouteShape, bias bool) (Launch, error) {
 			{"ids", uint64(s.Tokens * s.K * 4)}, {"weights", uint64(s.Tokens * s.K * 4)}}}, nil
 }
 
+// MaxRouterExperts is the most experts RouterRoute computes the logits
+// of in its own workgroup.
+const MaxRouterExperts = 16
+
+// RouterRouteLaunch is the dispatch rule of RouterRoute: route_mv, the
+// router's product (an f32 matrix of s.Experts rows of cols) and Route in
+// one workgroup, for one token and at most MaxRouterExperts experts.
+// Bindings: logits (written), bias, ids, weights, router weights, x.
+func RouterRouteLaunch(s RouteShape, cols int, bias bool) (Launch, error) {
+	const name = "route_mv"
+	if s.Tokens != 1 || s.Experts > MaxRouterExperts || cols <= 0 || cols%4 != 0 {
+		return Launch{}, shapeErr(name, "%d tokens, %d experts, %d columns (one token, at most %d experts, columns a positive multiple of 4)", s.Tokens, s.Experts, cols, MaxRouterExperts)
+	}
+	l, err := RouteLaunch(s, bias)
+	if err != nil {
+		return Launch{}, err
+	}
+	pow := 1
+	for pow < s.Experts {
+		pow *= 2
+	}
+	l.Kernel = name
+	l.Params = l.Params.U32(uint32(cols / 4)).U32(uint32(256 / pow)).U32(0).U32(0)
+	l.Bindings = append(l.Bindings, Binding{"router weights", uint64(s.Experts * cols * 4)}, Binding{"x", uint64(cols * 4)})
+	return l, nil
+}
+
+// RouterRoute records Route of the logits rw x (rw [Experts][cols] f32, x
+// [cols] f32) for one token, computed in the same dispatch; the logits
+// are written too. At most MaxRouterExperts experts; bias may be nil.
+func (k *Kernels) RouterRoute(ctx context.Context, b *gpu.Batch, rw, x, logits, bias, ids, weights gpu.Region, s RouteShape, cols int) error {
+	l, err := RouterRouteLaunch(s, cols, bias != nil)
+	if bias == nil {
+		bias = x // bound but unread (logits are written)
+	}
+	return k.launch(ctx, b, l, err, logits, bias, ids, weights, rw, x)
+}
+
 // Route records top-k routing: ids ([Tokens][K] u32) and weights
 // ([Tokens][K] f32) from logits ([Tokens][Experts]). bias ([Experts]) may
 // be nil.

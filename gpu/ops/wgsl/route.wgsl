@@ -5,6 +5,14 @@
 // selection scores sum highest (when groups > 1); weights = s / sum(s) *
 // scale. Ties go to the lower index. Outputs ids [n_tok][k] (u32) and
 // weights [n_tok][k]. n_exp <= 1024, groups <= 64, k <= 32.
+//
+// The MV flavor (route_mv; lines marked //+MV and //-MV) computes the
+// logits itself, the router's product before the routing in one dispatch
+// instead of two: one token, logits = rw x (rw [n_exp][cols] f32, x
+// [cols] f32, cols a multiple of 4), n_exp <= 16. Each expert's row has
+// tpe = 256 / (n_exp rounded up to a power of two) threads, which stride
+// over it with four loads in flight and meet in a tree; the logits are
+// also written to the logits binding.
 
 struct Params {
   n_tok: u32,
@@ -15,9 +23,16 @@ struct Params {
   topk_group: u32,
   scale: f32,
   has_bias: u32,
+//+MV  cols4: u32,   // vec4s per router row
+//+MV  tpe: u32,     // threads per expert (a power of two)
+//+MV  _m2: u32,
+//+MV  _m3: u32,
 }
 
-@group(0) @binding(0) var<storage, read> logits: array<f32>;
+//-MV @group(0) @binding(0) var<storage, read> logits: array<f32>;
+//+MV @group(0) @binding(0) var<storage, read_write> logits: array<f32>;
+//+MV @group(0) @binding(4) var<storage, read> rw: array<vec4<f32>>;
+//+MV @group(0) @binding(5) var<storage, read> rx: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read> bias: array<f32>;
 @group(0) @binding(2) var<storage, read_write> ids: array<u32>;
 @group(0) @binding(3) var<storage, read_write> weights: array<f32>;
@@ -44,8 +59,45 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   if (tok >= p.n_tok) {
     return;
   }
+//+MV  {
+//+MV    // The router's product: expert e's row by threads e*tpe.., partial
+//+MV    // sums in rv, reduced in segments of tpe.
+//+MV    let e = tid / p.tpe;
+//+MV    let lane = tid % p.tpe;
+//+MV    var a = vec4<f32>(0.0);
+//+MV    if (e < p.n_exp) {
+//+MV      let row = e * p.cols4;
+//+MV      var i = lane;
+//+MV      for (; i + 3u * p.tpe < p.cols4; i += 4u * p.tpe) {
+//+MV        let w0 = rw[row + i];
+//+MV        let w1 = rw[row + i + p.tpe];
+//+MV        let w2 = rw[row + i + 2u * p.tpe];
+//+MV        let w3 = rw[row + i + 3u * p.tpe];
+//+MV        let x0 = rx[i];
+//+MV        let x1 = rx[i + p.tpe];
+//+MV        let x2 = rx[i + 2u * p.tpe];
+//+MV        let x3 = rx[i + 3u * p.tpe];
+//+MV        a += w0 * x0 + w1 * x1 + w2 * x2 + w3 * x3;
+//+MV      }
+//+MV      for (; i < p.cols4; i += p.tpe) {
+//+MV        a += rw[row + i] * rx[i];
+//+MV      }
+//+MV    }
+//+MV    rv[tid] = a.x + a.y + a.z + a.w;
+//+MV    for (var s = p.tpe >> 1u; s > 0u; s >>= 1u) {
+//+MV      workgroupBarrier();
+//+MV      if (lane < s) {
+//+MV        rv[tid] += rv[tid + s];
+//+MV      }
+//+MV    }
+//+MV    workgroupBarrier();
+//+MV    if (lane == 0u && e < p.n_exp) {
+//+MV      logits[e] = rv[tid];
+//+MV    }
+//+MV  }
   for (var e = tid; e < p.n_exp; e += WG) {
-    let l = logits[tok * p.n_exp + e];
+//-MV    let l = logits[tok * p.n_exp + e];
+//+MV    let l = rv[e * p.tpe];
     if (p.mode == 1u) {
       let s = 1.0 / (1.0 + exp(-l));
       base[e] = s;
