@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -63,28 +62,6 @@ func chromium(t testing.TB) string {
 	}
 	t.Skipf("browser tests need chromium, which is not installed and could not be (`make deps` installs it): %v %s", err, out)
 	return ""
-}
-
-var wasmOnce sync.Once
-var wasmErr error
-
-// browserPeerBinary returns a peer binary that embeds the browser peer:
-// $RDRR_PEER_BIN, or one built here after scripts/build-wasm.sh (which does
-// nothing when the WebAssembly is up to date).
-func browserPeerBinary(t *testing.T) string {
-	t.Helper()
-	if os.Getenv("RDRR_PEER_BIN") == "" {
-		wasmOnce.Do(func() {
-			out, err := exec.Command("../scripts/build-wasm.sh").CombinedOutput()
-			if err != nil {
-				wasmErr = fmt.Errorf("build-wasm.sh: %v\n%s", err, out)
-			}
-		})
-		if wasmErr != nil {
-			t.Fatal(wasmErr)
-		}
-	}
-	return peerBinary(t)
 }
 
 // newBrowser starts a headless chromium for the test; its tabs are made

@@ -61,7 +61,7 @@ func TestBrowser(t *testing.T) {
 		t.Skip("drives chromium")
 	}
 	chromium(t)
-	bin := browserPeerBinary(t)
+	bin := peerBinary(t)
 	if !inPrivateNet(t, "RDRR_PEER_BIN="+bin) {
 		return
 	}

@@ -32,6 +32,7 @@ func TestSwarmChurn(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the peer binary")
 	}
+	t.Parallel() // its two minutes beside the tests that allow it (doc.go)
 	peer := peerBinary(t)
 	dir := t.TempDir()
 	size := int64(cas.ShardSize + 30<<20 + 5)

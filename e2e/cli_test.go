@@ -4,10 +4,12 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -16,18 +18,54 @@ import (
 	"github.com/rdrr/peer/swarm"
 )
 
-// peerBinary returns the `peer` command: $RDRR_PEER_BIN, or one built from
-// ./cmd/peer for this test.
+// peerBinary returns the `peer` command: $RDRR_PEER_BIN, or the one built
+// from ./cmd/peer for this run of the tests (built.build).
 func peerBinary(t testing.TB) string {
+	t.Helper()
 	if p := os.Getenv("RDRR_PEER_BIN"); p != "" {
 		return p
 	}
-	bin := filepath.Join(t.TempDir(), "peer")
-	out, err := exec.Command("go", "build", "-o", bin, "../cmd/peer").CombinedOutput()
-	if err != nil {
-		t.Fatalf("go build ../cmd/peer: %v\n%s", err, out)
+	built.once.Do(built.build)
+	if built.err != nil {
+		t.Fatal(built.err)
 	}
-	return bin
+	return built.path
+}
+
+// peerBuild is the `peer` command built once for every test of a run:
+// each test linked its own, 6-7 s apiece on a 2-core machine (80 s of
+// make test). TestMain removes it after the tests.
+type peerBuild struct {
+	once sync.Once
+	dir  string // holds path; "" until built
+	path string
+	err  error
+}
+
+var built peerBuild
+
+// build runs scripts/build-wasm.sh (which does nothing when the
+// WebAssembly is up to date), so that the binary embeds the browser peer
+// whichever test asks first, then builds ./cmd/peer.
+func (b *peerBuild) build() {
+	if out, err := exec.Command("../scripts/build-wasm.sh").CombinedOutput(); err != nil {
+		b.err = fmt.Errorf("build-wasm.sh: %v\n%s", err, out)
+		return
+	}
+	if b.dir, b.err = os.MkdirTemp("", "rdrr-e2e-peer-"); b.err != nil {
+		return
+	}
+	b.path = filepath.Join(b.dir, "peer")
+	if out, err := exec.Command("go", "build", "-o", b.path, "../cmd/peer").CombinedOutput(); err != nil {
+		b.err = fmt.Errorf("go build ../cmd/peer: %v\n%s", err, out)
+	}
+}
+
+// remove deletes what build made.
+func (b *peerBuild) remove() {
+	if b.dir != "" {
+		os.RemoveAll(b.dir)
+	}
 }
 
 // TestCLI runs `peer signal`, `peer serve` and `peer get` as separate
@@ -36,6 +74,7 @@ func TestCLI(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the peer binary")
 	}
+	t.Parallel() // beside TestSwarmChurn (doc.go)
 	peer := peerBinary(t)
 	run := func(args ...string) []byte {
 		t.Helper()

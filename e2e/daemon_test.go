@@ -103,6 +103,7 @@ func TestDaemonAPI(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the peer binary")
 	}
+	t.Parallel() // beside TestSwarmChurn (doc.go)
 	peer := peerBinary(t)
 	dir := t.TempDir()
 	path := writeRandomFile(t, dir, 31, 5<<20)
@@ -294,6 +295,7 @@ func TestGenerateOverSwarm(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the peer binary")
 	}
+	t.Parallel() // beside TestSwarmChurn (doc.go)
 	peer := peerBinary(t)
 	dir := t.TempDir()
 	run := func(args ...string) []byte {
@@ -327,8 +329,8 @@ func TestGenerateOverSwarm(t *testing.T) {
 	var local, remote result
 	json.Unmarshal(run("--home", localHome, "generate", added[0].CID, "--prompt", "paged", "--max-tokens", "12", "--ram", "2MiB", "--json"), &local)
 	sigAddr := freeAddr(t)
-	startDaemon(t, peer, seedHome, "--signal-listen", sigAddr)
-	time.Sleep(time.Second) // the daemon signs in to its own signaling server
+	seed := startDaemon(t, peer, seedHome, "--signal-listen", sigAddr)
+	waitFor(t, "sign-in of the seeder to its own signaling server", 30*time.Second, func() bool { return seed.status(t).Online })
 	json.Unmarshal(run("--home", remoteHome, "generate", added[0].CID, "--prompt", "paged", "--max-tokens", "12", "--ram", "2MiB", "--json", "--signal", "ws://"+sigAddr), &remote)
 	if len(local.Tokens) != 12 || !slicesEqual(local.Tokens, remote.Tokens) {
 		t.Fatalf("tokens over the swarm %v; stored %v", remote.Tokens, local.Tokens)

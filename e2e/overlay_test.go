@@ -99,6 +99,7 @@ func TestDaemonsOutliveSignaling(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the peer binary")
 	}
+	t.Parallel() // beside TestSwarmChurn (doc.go)
 	peer := peerBinary(t)
 	dir := t.TempDir()
 	path := writeRandomFile(t, dir, 77, 6<<20+4321)

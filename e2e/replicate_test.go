@@ -40,6 +40,7 @@ func TestReplicasSelfHeal(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the peer binary")
 	}
+	t.Parallel() // beside TestSwarmChurn (doc.go)
 	peer := peerBinary(t)
 	dir := t.TempDir()
 	path := writeRandomFile(t, dir, 123, 3<<20+99)

@@ -50,7 +50,9 @@ func TestMain(m *testing.M) {
 	if role := os.Getenv(envRole); role != "" {
 		os.Exit(runRole(role))
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	built.remove()
+	os.Exit(code)
 }
 
 // runRole runs this process as a child in role, talking to the parent by

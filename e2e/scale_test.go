@@ -1,12 +1,15 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -95,26 +98,53 @@ func (d *daemon) job(t *testing.T, id int) fetchJob {
 // whole blobs, and the HAVE bitmaps of its open downloads.
 func (d *daemon) holdings(t *testing.T) (whole map[string]bool, pieces map[string][]byte) {
 	t.Helper()
-	whole, pieces = map[string]bool{}, map[string][]byte{}
-	_, body := d.do(t, "GET", "/api/v1/blobs", "", nil)
-	var blobs []struct{ CID string }
-	json.Unmarshal(body, &blobs)
-	for _, b := range blobs {
-		whole[b.CID] = true
+	h, err := d.holdingsCtx(context.Background())
+	if err != nil {
+		t.Fatal(err)
 	}
-	_, body = d.do(t, "GET", "/api/v1/partials", "", nil)
+	return h.whole, h.pieces
+}
+
+// holdingsCtx is holdings within ctx.
+func (d *daemon) holdingsCtx(ctx context.Context) (holding, error) {
+	h := holding{whole: map[string]bool{}, pieces: map[string][]byte{}}
+	get := func(path string, v any) error {
+		req, err := http.NewRequestWithContext(ctx, "GET", d.api+path, nil)
+		if err != nil {
+			return err
+		}
+		resp, err := apiClient.Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if err != nil {
+			return err
+		}
+		return json.Unmarshal(b, v)
+	}
+	var blobs []struct{ CID string }
+	if err := get("/api/v1/blobs", &blobs); err != nil {
+		return h, err
+	}
+	for _, b := range blobs {
+		h.whole[b.CID] = true
+	}
 	var parts []struct {
 		CID    string
 		Open   bool
 		Pieces []byte
 	}
-	json.Unmarshal(body, &parts)
+	if err := get("/api/v1/partials", &parts); err != nil {
+		return h, err
+	}
 	for _, p := range parts {
 		if p.Open {
-			pieces[p.CID] = p.Pieces
+			h.pieces[p.CID] = p.Pieces
 		}
 	}
-	return whole, pieces
+	return h, nil
 }
 
 // shardsOf returns the raw CIDs and sizes of the 64 MiB shards AddFile
@@ -160,9 +190,11 @@ func covered(hs []holding, cids []string, sizes []int64) (have, all int) {
 // all keeping replicas (--replicate); one seeds a collection (1 GiB with
 // RDRR_E2E_FULL=1, four shards otherwise) and pins it with --replicas 3,
 // and once three copies of every shard exist the nine others fetch it
-// through their APIs. Mid-transfer, the seeder and two leechers still
-// fetching (a holder of replicas among them when the others still hold
-// every piece without it) are killed with SIGKILL. Every survivor
+// through their APIs. Every daemon's upload is capped, so that the
+// transfer lasts long enough to be caught mid-way on any machine (see
+// seedRate). Mid-transfer, the seeder and two leechers still fetching (a
+// holder of replicas among them when the others still hold every piece
+// without it) are killed with SIGKILL. Every survivor
 // completes, byte-exact; the live copies counted by a survivor's
 // replicator are back to 3 within 60 s of the kills; and each survivor's
 // /metrics agree with what happened: no bad slice and no ban, its store
@@ -182,15 +214,36 @@ func TestSwarmSurvivesKills(t *testing.T) {
 	path := writeRandomFile(t, dir, 1717, size)
 	shards, shardSizes := shardsOf(t, path)
 	const n, victims = 10, 3
+	// The upload caps (--upload-rate: bytes a second, over all peers)
+	// make the kill window below certain, not a matter of the machine
+	// being slow enough. Uncapped, only CPU bounds the leechers'
+	// transfer: 12-16 s here on 2 cores, against rounds of checks of 1-2
+	// s, and an idle or faster machine shortens it at will. Capped, the
+	// leechers together get at most seedRate+9*leechRate = 0.6875*size
+	// bytes a second, whatever the machine. They start with the replicas:
+	// 2 copies of the collection (up to 3 when replicators overshoot).
+	// The checks can pick from the time they hold 2.25 copies (a quarter
+	// each on average), and no two leechers are left under three quarters
+	// only once eight of the nine hold more: 6 copies. So the window
+	// stays open for at least (6-3)/0.6875 = 4.4 s (5.5 s from 2 copies),
+	// several rounds of checks, and the whole transfer (7 copies) takes
+	// at least 10 s. The caps are fractions of the size so that these
+	// bounds hold at 1 GiB too (where CPU sets a slower pace anyway). The
+	// seeder's is twice the others': the first copy of each shard that
+	// the replicators make can only come from it (8 s at least).
+	seedRate, leechRate := size/8, size/16
 	names := make([]string, n)
 	homes := map[string]string{}
 	for i := range names {
 		names[i] = fmt.Sprintf("d%d", i)
 		homes[names[i]] = filepath.Join(dir, names[i])
-		if out, err := exec.Command(peer, "--home", homes[names[i]], "init").CombinedOutput(); err != nil {
-			t.Fatalf("peer init: %v %s", err, out)
-		}
 	}
+	// One after another, the inits and the daemons' starts took 5-6 s.
+	atOnce(t, n, func(i int) {
+		if out, err := exec.Command(peer, "--home", homes[names[i]], "init").CombinedOutput(); err != nil {
+			t.Errorf("peer init: %v %s", err, out)
+		}
+	})
 	out, err := exec.Command(peer, "--home", homes["d0"], "add", "--json", "-q", path).Output()
 	if err != nil {
 		t.Fatal(err)
@@ -203,9 +256,13 @@ func TestSwarmSurvivesKills(t *testing.T) {
 	url, _ := signalProcess(t, peer)
 	common := []string{"--signal", url, "--announce-interval", "300ms", "--replicate", "--replicate-interval", "1s"}
 	ds := make([]*daemon, n)
-	for i, name := range names {
-		ds[i] = startDaemon(t, peer, homes[name], common...)
-	}
+	atOnce(t, n, func(i int) {
+		rate := leechRate
+		if i == 0 {
+			rate = seedRate
+		}
+		ds[i] = startDaemon(t, peer, homes[names[i]], append(common, "--upload-rate", fmt.Sprint(rate))...)
+	})
 	waitFor(t, "every daemon online with overlay peers", 60*time.Second, func() bool {
 		for _, d := range ds {
 			if st := d.status(t); !st.Online || st.P2P == nil || st.P2P.Peers < 2 {
@@ -229,6 +286,33 @@ func TestSwarmSurvivesKills(t *testing.T) {
 		atOnce(t, len(ds), func(i int) { hs[i].whole, hs[i].pieces = ds[i].holdings(t) })
 		return hs
 	}
+	// A round of checks gives each daemon roundWait to say what it
+	// holds: its /api/v1/partials waits while one of its downloads syncs
+	// to disk (fsyncs under the download's lock, every 2 s), 1-2 s a
+	// call with the disk busy here; and once, beside other work on this
+	// machine, a round took 11 s, past the end of the window. One that
+	// answers late keeps what it was last seen holding, no more than it
+	// holds now (nothing leaves a live daemon's store or its open
+	// downloads): if the others hold every piece by those lower bounds,
+	// they do. It is no candidate to kill in that round. So a round takes
+	// roundWait and a few quick calls at most, less than the kill window
+	// lasts (seedRate).
+	const roundWait = 2 * time.Second
+	last := make([]holding, n)
+	fresh := make([]bool, n)
+	recent := func() []holding {
+		ctx, cancel := context.WithTimeout(context.Background(), roundWait)
+		defer cancel()
+		atOnce(t, n, func(i int) {
+			h, err := ds[i].holdingsCtx(ctx)
+			if fresh[i] = err == nil; fresh[i] {
+				last[i] = h
+			} else if ctx.Err() == nil {
+				t.Errorf("%s's holdings: %v", names[i], err)
+			}
+		})
+		return slices.Clone(last)
+	}
 	for i := 1; i < n; i++ {
 		jobs[i] = ds[i].startFetch(t, cid)
 	}
@@ -236,7 +320,12 @@ func TestSwarmSurvivesKills(t *testing.T) {
 	// average), kill the seeder and two leechers still fetching such
 	// that the others hold every piece between them (else the data
 	// would be gone), a holder of replicas among them if there is such a
-	// pair: the first found, moved to ds[1] and ds[2].
+	// pair: the first found, moved to ds[1] and ds[2]. A candidate's job,
+	// read in the same round, is as the check before the kills asks (some
+	// of it done, at most three quarters): else a leecher that had got
+	// nothing yet (one was seen at 0 after 2 s) could be picked round
+	// after round, and fail that check each time, until every other had
+	// finished.
 	//
 	// On a loaded machine an API call can take most of a second (a
 	// fresh clone's CI saw a victim finish between the check and the
@@ -251,13 +340,21 @@ func TestSwarmSurvivesKills(t *testing.T) {
 	var seedServed int64
 	var victimJobs []fetchJob
 	polls := 0
+	var why []string // what each round lacked, the last ones for the failure below
+	lacked := func(format string, a ...any) bool {
+		why = append(why, fmt.Sprintf("round %d at %v: ", polls, time.Since(start).Round(time.Millisecond))+fmt.Sprintf(format, a...))
+		if os.Getenv("RDRR_E2E_DEBUG") != "" {
+			t.Logf("DEBUG %s", why[len(why)-1])
+		}
+		return false
+	}
 	waitFor(t, "leechers a quarter done, and two that can be killed", 5*time.Minute, func() bool {
 		polls++
-		hs := holdings(ds)
+		hs := recent()
 		js := make([]fetchJob, n)
 		atOnce(t, n-1, func(i int) { js[1+i] = ds[1+i].job(t, jobs[1+i]) })
 		var running []int
-		var have, all, done int
+		var have, all, done, late int
 		for i := 1; i < n; i++ {
 			j := js[i]
 			if j.State == "done" {
@@ -266,19 +363,23 @@ func TestSwarmSurvivesKills(t *testing.T) {
 			if j.State == "failed" {
 				t.Fatalf("%s's fetch failed: %s", names[i], j.Error)
 			}
+			if !fresh[i] {
+				late++
+			}
 			h, a := covered(hs[i:i+1], shards, shardSizes)
-			if j.State == "running" && h*4 <= a*3 {
+			if fresh[i] && h*4 <= a*3 && j.State == "running" && j.Done > 0 && j.Done*4 <= j.Total*3 {
 				running = append(running, i)
 			}
 			have, all = have+h, all+a
 		}
 		if done == n-1 {
-			t.Fatalf("every leecher finished before two could be killed mid-transfer (%d rounds of checks in %v)", polls, time.Since(start).Round(time.Millisecond))
+			t.Fatalf("every leecher finished before two could be killed mid-transfer (%d rounds of checks in %v: %s)", polls, time.Since(start).Round(time.Millisecond), strings.Join(why[max(0, len(why)-12):], "; "))
 		}
 		if have*4 < all {
-			return false
+			return lacked("the leechers hold %d%% on average (%d answered late)", 100*have/all, late)
 		}
 		var pick []int
+	pairs:
 		for x, a := range running {
 			for _, b := range running[x+1:] {
 				var others []holding
@@ -295,12 +396,12 @@ func TestSwarmSurvivesKills(t *testing.T) {
 					pick = []int{a, b}
 				}
 				if replicas {
-					break
+					break pairs
 				}
 			}
 		}
 		if pick == nil {
-			return false
+			return lacked("no pair to kill among the %d leechers fetching and under three quarters (%d answered late)", len(running), late)
 		}
 		victimJobs = make([]fetchJob, len(pick))
 		atOnce(t, 1+len(pick), func(i int) {
@@ -310,10 +411,10 @@ func TestSwarmSurvivesKills(t *testing.T) {
 				victimJobs[i-1] = ds[pick[i-1]].job(t, jobs[pick[i-1]])
 			}
 		})
-		for _, j := range victimJobs {
+		for k, j := range victimJobs {
 			// Fetching: it has the collection's size and some of it.
 			if j.State != "running" || j.Done == 0 || j.Done*4 > j.Total*3 {
-				return false
+				return lacked("%s's job %s at %d of %d bytes when read again", names[pick[k]], j.State, j.Done, j.Total)
 			}
 		}
 		for k, v := range pick { // pick[0] < pick[1]: pick[1] stays put
