@@ -47,6 +47,12 @@ type Partial struct {
 	ob       []byte   // outboard assembled from the proofs
 	unsynced int64    // bytes written since the last flush
 	lastSync time.Time
+	// flushing: a flush started by a write runs its syncs without mu
+	// (flushOutside); idle (on mu) is signalled when it ends. What
+	// changes the durable state (a flush, the record, closing the file)
+	// waits for it first (waitFlush).
+	flushing bool
+	idle     sync.Cond
 	closed   bool
 	done     *Info // set when the blob was already stored at open
 	refs     int   // OpenPartial calls not yet matched by Close
@@ -85,6 +91,7 @@ func (s *Store) OpenPartial(c CID, size int64) (*Partial, error) {
 		return p, nil
 	}
 	p := &Partial{s: s, cid: c, size: size, lastSync: s.opt.Now(), refs: 1}
+	p.idle.L = &p.mu
 	p.asCol.Store(c.IsCollection())
 	inf, err := s.Stat(c.Raw())
 	if err == nil && !inf.Corrupt {
@@ -345,29 +352,72 @@ func (p *Partial) WriteSliceFunc(off, n int64, slice []byte, fn func(off int64, 
 		}
 	}
 	p.unsynced += end - start
-	if p.unsynced >= flushBytes || p.s.opt.Now().Sub(p.lastSync) >= flushEvery {
-		return p.flushLocked()
+	if !p.flushing && (p.unsynced >= flushBytes || p.s.opt.Now().Sub(p.lastSync) >= flushEvery) {
+		return p.flushOutside()
 	}
 	return nil
 }
 
 // flushLocked makes progress durable: data and outboard first, then the
-// bitmap that claims them. p.mu must be held.
+// bitmap that claims them. p.mu must be held; it waits for a flush
+// running without it first.
 func (p *Partial) flushLocked() error {
+	p.waitFlush()
 	if p.done != nil || p.f == nil {
 		return nil
 	}
-	if err := p.s.syncFile(p.f); err != nil {
-		return fmt.Errorf("partial %s: sync: %w", p.cid, err)
-	}
-	if err := writeFileSync(p.s, p.s.partialPath(p.cid, ".obao"), p.ob); err != nil {
-		return fmt.Errorf("partial %s: %w", p.cid, err)
-	}
-	if err := p.s.db.Update(p.saveBitmap); err != nil {
-		return fmt.Errorf("partial %s: %w", p.cid, err)
+	if err := p.persist(p.f, p.ob, encodePartialRecord(p.size, p.have)); err != nil {
+		return err
 	}
 	p.unsynced = 0
 	p.lastSync = p.s.opt.Now()
+	return nil
+}
+
+// flushOutside is flushLocked with its syncs and writes done without
+// p.mu, so that the download goes on meanwhile (its slices written, its
+// groups served, its state read: a sync takes seconds on a busy disk).
+// What it makes durable is what p held when it was called: the data
+// written for the groups its bitmap claims was written before (under
+// p.mu, see WriteSliceFunc), so the sync after covers it. p.mu must be
+// held and no flush running; it is held again on return.
+func (p *Partial) flushOutside() error {
+	if p.done != nil || p.f == nil {
+		return nil
+	}
+	f, ob, rec, unsynced := p.f, slices.Clone(p.ob), encodePartialRecord(p.size, p.have), p.unsynced
+	p.flushing, p.unsynced, p.lastSync = true, 0, p.s.opt.Now()
+	p.mu.Unlock()
+	err := p.persist(f, ob, rec)
+	p.mu.Lock()
+	p.flushing = false
+	p.idle.Broadcast()
+	if err != nil {
+		p.unsynced += unsynced // not durable: the next write flushes again
+	}
+	return err
+}
+
+// waitFlush waits until no flush runs without p.mu. p.mu must be held.
+func (p *Partial) waitFlush() {
+	for p.flushing {
+		p.idle.Wait()
+	}
+}
+
+// persist makes f's data, the outboard ob and then the record rec (the
+// bitmap that claims them) durable, in that order.
+func (p *Partial) persist(f *os.File, ob, rec []byte) error {
+	if err := p.s.syncFile(f); err != nil {
+		return fmt.Errorf("partial %s: sync: %w", p.cid, err)
+	}
+	if err := writeFileSync(p.s, p.s.partialPath(p.cid, ".obao"), ob); err != nil {
+		return fmt.Errorf("partial %s: %w", p.cid, err)
+	}
+	err := p.s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketPartial).Put(p.cid.key(), rec) })
+	if err != nil {
+		return fmt.Errorf("partial %s: %w", p.cid, err)
+	}
 	return nil
 }
 
@@ -395,6 +445,7 @@ func (p *Partial) Close() error {
 // releaseLocked drops one holder, or every holder if all is set, and
 // closes the Partial when none is left. p.mu must be held.
 func (p *Partial) releaseLocked(all bool) error {
+	p.waitFlush()
 	if p.closed {
 		return nil
 	}
@@ -425,6 +476,7 @@ func (p *Partial) releaseLocked(all bool) error {
 func (p *Partial) Finish(ctx context.Context) (Info, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.waitFlush()
 	if p.done != nil {
 		inf := *p.done
 		if c := p.CID(); c != inf.CID {
@@ -483,6 +535,7 @@ func (p *Partial) Finish(ctx context.Context) (Info, error) {
 // dropLocked closes the Partial for every holder and forgets the download.
 // p.mu must be held.
 func (p *Partial) dropLocked() {
+	p.waitFlush()
 	if p.f != nil {
 		p.f.Close()
 		p.f = nil
@@ -666,6 +719,7 @@ func (s *Store) openPartial(c CID) *Partial {
 func (p *Partial) checkRange(off, n int64) (err error, ok bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.waitFlush() // its record must not overwrite the one saved below
 	if p.done != nil || p.closed || p.f == nil {
 		return nil, false
 	}

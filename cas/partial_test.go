@@ -5,10 +5,13 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"os"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 )
@@ -406,5 +409,112 @@ func TestWriteSliceFuncHandsOverVerifiedData(t *testing.T) {
 	}
 	if handed != 4*GroupSize+n || !bytes.Equal(got[off:], data[off:]) {
 		t.Fatalf("handed %d bytes in all; want %d", handed, 4*GroupSize+n)
+	}
+}
+
+// A flush that a write starts syncs without the download's lock: while
+// its sync waits on the disk, the download's state is read, its verified
+// groups are served and other slices are written; what it made durable
+// is what the download held when it started.
+func TestPartialFlushDoesNotBlock(t *testing.T) {
+	src := newStore(t)
+	size := int64(8*GroupSize + 5)
+	data := randData(43, size)
+	c := put(t, src, data).CID
+	slice := func(g int64) []byte {
+		b, err := src.AppendSlice(nil, c, g*GroupSize, min(GroupSize, size-g*GroupSize))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	write := func(p *Partial, g int64) error {
+		return p.WriteSlice(g*GroupSize, min(GroupSize, size-g*GroupSize), slice(g))
+	}
+
+	dir := t.TempDir()
+	now := time.Unix(1e9, 0)
+	var clock sync.Mutex
+	dst, err := Open(dir, Options{Now: func() time.Time { clock.Lock(); defer clock.Unlock(); return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The next sync of a partial file waits for release.
+	entered, release := make(chan struct{}), make(chan struct{})
+	var armed sync.Once
+	real := dst.fs.syncFile
+	dst.fs.syncFile = func(f *os.File) error {
+		if strings.HasSuffix(f.Name(), ".data") {
+			armed.Do(func() {
+				close(entered)
+				<-release
+			})
+		}
+		return real(f)
+	}
+	p, err := dst.OpenPartial(c, size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := write(p, 0); err != nil {
+		t.Fatal(err)
+	}
+	clock.Lock()
+	now = now.Add(flushEvery) // the next write flushes
+	clock.Unlock()
+	flushed := make(chan error, 1)
+	go func() { flushed <- write(p, 1) }()
+	<-entered
+
+	// All of this while the flush's sync waits.
+	done := make(chan error, 1)
+	go func() {
+		if _, groups, ok := dst.PartialVerified(c.Raw()); !ok || groups[0]&3 != 3 {
+			done <- fmt.Errorf("PartialVerified: %v %b; want groups 0 and 1", ok, groups)
+			return
+		}
+		if _, err := dst.AppendPartialSlice(nil, c.Raw(), 0, GroupSize); err != nil {
+			done <- fmt.Errorf("serving a verified group: %v", err)
+			return
+		}
+		done <- write(p, 2)
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("reading, serving or writing the download waited for its flush's sync")
+	}
+	close(release)
+	if err := <-flushed; err != nil {
+		t.Fatal(err)
+	}
+
+	// What the flush claimed is durable: the record names groups 0 and 1.
+	var rec []byte
+	dst.db.View(func(tx *bolt.Tx) error {
+		rec = append(rec, tx.Bucket(bucketPartial).Get(c.key())...)
+		return nil
+	})
+	if _, have, err := decodePartialRecord(rec); err != nil || have[0]&3 != 3 {
+		t.Fatalf("record after the flush: %b, %v; want groups 0 and 1", have, err)
+	}
+	// The rest resumes and finishes as usual.
+	for g := int64(3); g*GroupSize < size; g++ {
+		if err := write(p, g); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := p.Finish(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	back := make([]byte, size)
+	if _, err := dst.ReadAt(c, back, 0); err != nil || !bytes.Equal(back, data) {
+		t.Fatalf("blob differs after a flush without the lock: %v", err)
+	}
+	if err := dst.Close(); err != nil {
+		t.Fatal(err)
 	}
 }
