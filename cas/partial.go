@@ -53,6 +53,7 @@ type Partial struct {
 	// waits for it first (waitFlush).
 	flushing bool
 	idle     sync.Cond
+	waiters  int // in waitFlush: no write starts a flush meanwhile
 	closed   bool
 	done     *Info // set when the blob was already stored at open
 	refs     int   // OpenPartial calls not yet matched by Close
@@ -352,7 +353,7 @@ func (p *Partial) WriteSliceFunc(off, n int64, slice []byte, fn func(off int64, 
 		}
 	}
 	p.unsynced += end - start
-	if !p.flushing && (p.unsynced >= flushBytes || p.s.opt.Now().Sub(p.lastSync) >= flushEvery) {
+	if !p.flushing && p.waiters == 0 && (p.unsynced >= flushBytes || p.s.opt.Now().Sub(p.lastSync) >= flushEvery) {
 		return p.flushOutside()
 	}
 	return nil
@@ -377,16 +378,16 @@ func (p *Partial) flushLocked() error {
 // flushOutside is flushLocked with its syncs and writes done without
 // p.mu, so that the download goes on meanwhile (its slices written, its
 // groups served, its state read: a sync takes seconds on a busy disk).
-// What it makes durable is what p held when it was called: the data
-// written for the groups its bitmap claims was written before (under
-// p.mu, see WriteSliceFunc), so the sync after covers it. p.mu must be
-// held and no flush running; it is held again on return.
+// What it makes durable is what p held when it was called: a group's bit
+// is set (under p.mu) only after its data's write has returned, so the
+// sync after the snapshot covers every group the snapshot claims. p.mu
+// must be held and no flush running; it is held again on return.
 func (p *Partial) flushOutside() error {
 	if p.done != nil || p.f == nil {
 		return nil
 	}
 	f, ob, rec, unsynced := p.f, slices.Clone(p.ob), encodePartialRecord(p.size, p.have), p.unsynced
-	p.flushing, p.unsynced, p.lastSync = true, 0, p.s.opt.Now()
+	p.flushing, p.unsynced = true, 0
 	p.mu.Unlock()
 	err := p.persist(f, ob, rec)
 	p.mu.Lock()
@@ -394,15 +395,22 @@ func (p *Partial) flushOutside() error {
 	p.idle.Broadcast()
 	if err != nil {
 		p.unsynced += unsynced // not durable: the next write flushes again
+		return err
 	}
-	return err
+	// From the end: a sync as long as flushEvery does not start the next
+	// flush at once.
+	p.lastSync = p.s.opt.Now()
+	return nil
 }
 
-// waitFlush waits until no flush runs without p.mu. p.mu must be held.
+// waitFlush waits until no flush runs without p.mu; while it waits, no
+// write starts another. p.mu must be held.
 func (p *Partial) waitFlush() {
+	p.waiters++
 	for p.flushing {
 		p.idle.Wait()
 	}
+	p.waiters--
 }
 
 // persist makes f's data, the outboard ob and then the record rec (the
@@ -754,8 +762,12 @@ func (p *Partial) checkRange(off, n int64) (err error, ok bool) {
 	if len(bad) == 0 {
 		return nil, true
 	}
-	if err := p.s.db.Update(p.saveBitmap); err != nil {
+	// The bitmap without the bad groups, and with those written since
+	// the last flush: their data and outboard nodes are synced first.
+	if err := p.persist(p.f, p.ob, encodePartialRecord(p.size, p.have)); err != nil {
 		bad = append(bad, err)
+	} else {
+		p.unsynced, p.lastSync = 0, p.s.opt.Now()
 	}
 	return errors.Join(bad...), true
 }

@@ -441,7 +441,11 @@ func TestPartialFlushDoesNotBlock(t *testing.T) {
 	}
 	// The next sync of a partial file waits for release.
 	entered, release := make(chan struct{}), make(chan struct{})
-	var armed sync.Once
+	var armed, released sync.Once
+	t.Cleanup(func() {
+		released.Do(func() { close(release) }) // else Close waits for the flush
+		dst.Close()
+	})
 	real := dst.fs.syncFile
 	dst.fs.syncFile = func(f *os.File) error {
 		if strings.HasSuffix(f.Name(), ".data") {
@@ -464,7 +468,13 @@ func TestPartialFlushDoesNotBlock(t *testing.T) {
 	clock.Unlock()
 	flushed := make(chan error, 1)
 	go func() { flushed <- write(p, 1) }()
-	<-entered
+	select {
+	case <-entered:
+	case err := <-flushed:
+		t.Fatalf("the write returned (%v) without syncing the data file", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the write due for a flush did not sync")
+	}
 
 	// All of this while the flush's sync waits.
 	done := make(chan error, 1)
@@ -487,19 +497,20 @@ func TestPartialFlushDoesNotBlock(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("reading, serving or writing the download waited for its flush's sync")
 	}
-	close(release)
+	released.Do(func() { close(release) })
 	if err := <-flushed; err != nil {
 		t.Fatal(err)
 	}
 
-	// What the flush claimed is durable: the record names groups 0 and 1.
+	// What the flush claimed is durable, and only that: the record names
+	// groups 0 and 1, not 2, written while it synced.
 	var rec []byte
 	dst.db.View(func(tx *bolt.Tx) error {
 		rec = append(rec, tx.Bucket(bucketPartial).Get(c.key())...)
 		return nil
 	})
-	if _, have, err := decodePartialRecord(rec); err != nil || have[0]&3 != 3 {
-		t.Fatalf("record after the flush: %b, %v; want groups 0 and 1", have, err)
+	if _, have, err := decodePartialRecord(rec); err != nil || have[0] != 0b011 {
+		t.Fatalf("record after the flush: %b, %v; want groups 0 and 1 only", have, err)
 	}
 	// The rest resumes and finishes as usual.
 	for g := int64(3); g*GroupSize < size; g++ {

@@ -83,7 +83,8 @@ type GPUModel struct {
 	normed   ops.Normed
 	// fuseRouter computes a masked MoE layer's router product inside its
 	// routing dispatch (ops.RouterRoute: one workgroup, for at most
-	// ops.MaxRouterExperts experts) instead of a product and a Route. On
+	// ops.MaxRouterExperts experts) instead of a product and a Route
+	// (not with partNorm, whose router reads the norm handed over). On
 	// unless RDRR_GPU_ROUTER=0 (for measurements). The resident step on
 	// an H200 ran 1.9% faster with it (3 of 3 pairs); a paged step's
 	// choice and next-layer guess keep the two dispatches, as the paged
@@ -1019,8 +1020,8 @@ func (g *GPUModel) compile(ctx context.Context) error {
 		}
 		p := fmt.Sprintf("model.layers.%d.", l)
 		g.normFFN(ctx, b, l)
-		g.router(ctx, b, l, B["xn"], B["rlogits"], B["ids"], B["w"], g.route(), g.fuseRouter) // masked layers'
-		g.router(ctx, b, l, B["xn"], B["rlogits"], B["ids"], B["w"], g.route(), false)        // paged layers'
+		g.router(ctx, b, l, B["xn"], B["rlogits"], B["ids"], B["w"], g.route(), g.fuseRouter && !g.partNorm) // masked layers'
+		g.router(ctx, b, l, B["xn"], B["rlogits"], B["ids"], B["w"], g.route(), false)                       // paged layers'
 		var slots [3][]int
 		for j := range slots {
 			slots[j] = make([]int, k)
