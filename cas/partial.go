@@ -41,12 +41,15 @@ type Partial struct {
 	// blob as a collection. Set under s.pmu, read anywhere.
 	asCol atomic.Bool
 
-	mu       sync.Mutex
-	have     []uint64 // bitmap of verified groups
-	missing  int64    // groups not yet verified
-	ob       []byte   // outboard assembled from the proofs
-	unsynced int64    // bytes written since the last flush
-	lastSync time.Time
+	mu      sync.Mutex
+	have    []uint64 // bitmap of verified groups
+	durable []uint64 // the groups of have made durable by the last flush that succeeded
+	// syncFailures counts failed syncs of the data file (dropUndurable).
+	syncFailures int
+	missing      int64  // groups not yet verified
+	ob           []byte // outboard assembled from the proofs
+	unsynced     int64  // bytes written since the last flush
+	lastSync     time.Time
 	// flushing: a flush started by a write runs its syncs without mu
 	// (flushOutside); idle (on mu) is signalled when it ends. What
 	// changes the durable state (a flush, the record, closing the file)
@@ -140,6 +143,7 @@ func (s *Store) OpenPartial(c CID, size int64) (*Partial, error) {
 		return nil, fmt.Errorf("partial %s: %w", c, err)
 	}
 	p.f = f
+	p.durable = slices.Clone(p.have) // a saved record's groups were synced before it
 	if err := s.db.Update(func(tx *bolt.Tx) error { return p.saveBitmap(tx) }); err != nil {
 		f.Close()
 		return nil, err
@@ -324,10 +328,11 @@ func (p *Partial) WriteSliceFunc(off, n int64, slice []byte, fn func(off int64, 
 		return p.s.rangeError(p.cid, err)
 	}
 	p.mu.Lock()
-	if p.closed {
+	if p.closed || p.f == nil {
 		p.mu.Unlock()
 		return ErrClosed
 	}
+	f, failures := p.f, p.syncFailures
 	p.mu.Unlock()
 	if fn != nil {
 		// Before the write, which consumes iov.
@@ -337,13 +342,19 @@ func (p *Partial) WriteSliceFunc(off, n int64, slice []byte, fn func(off int64, 
 			at += int64(len(run))
 		}
 	}
-	if err := writeAtv(p.f, iov, start); err != nil {
+	if err := writeAtv(f, iov, start); err != nil {
 		return fmt.Errorf("partial %s: write: %w", p.cid, err)
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
 		return ErrClosed
+	}
+	if p.syncFailures != failures {
+		// A sync of the data file failed while this slice was written:
+		// its pages may be among those the kernel dropped. Not claimed;
+		// fetched again.
+		return fmt.Errorf("partial %s: %w", p.cid, errDataSync)
 	}
 	bao.CopySliceNodes(p.ob, slice, p.size, off, n)
 	for g := start / GroupSize; g*GroupSize < end; g++ {
@@ -367,13 +378,43 @@ func (p *Partial) flushLocked() error {
 	if p.done != nil || p.f == nil {
 		return nil
 	}
-	if err := p.persist(p.f, p.ob, encodePartialRecord(p.size, p.have)); err != nil {
+	have := slices.Clone(p.have)
+	if err := p.persisted(have, p.persist(p.f, p.ob, encodePartialRecord(p.size, have))); err != nil {
 		return err
 	}
 	p.unsynced = 0
 	p.lastSync = p.s.opt.Now()
 	return nil
 }
+
+// persisted takes in the outcome err of persisting bitmap have: on
+// success have is durable; after a failed sync of the data file the
+// groups not yet durable are dropped (see dropUndurable). It returns err.
+// p.mu must be held.
+func (p *Partial) persisted(have []uint64, err error) error {
+	switch {
+	case err == nil:
+		p.durable = have
+	case errors.Is(err, errDataSync):
+		p.dropUndurable()
+	}
+	return err
+}
+
+// dropUndurable drops from the bitmap the groups that no flush has made
+// durable: after a failed fsync of the data file the kernel may have
+// dropped their pages, and a later fsync would report success without
+// them. They are fetched again. p.mu must be held.
+func (p *Partial) dropUndurable() {
+	for i := range p.have {
+		p.have[i] &= p.durable[i]
+	}
+	p.missing = bao.Groups(p.size) - int64(countWords(p.have))
+	p.syncFailures++
+}
+
+// errDataSync marks a failed sync of a download's data file.
+var errDataSync = errors.New("data sync failed")
 
 // flushOutside is flushLocked with its syncs and writes done without
 // p.mu, so that the download goes on meanwhile (its slices written, its
@@ -386,14 +427,15 @@ func (p *Partial) flushOutside() error {
 	if p.done != nil || p.f == nil {
 		return nil
 	}
-	f, ob, rec, unsynced := p.f, slices.Clone(p.ob), encodePartialRecord(p.size, p.have), p.unsynced
+	have := slices.Clone(p.have)
+	f, ob, rec, unsynced := p.f, slices.Clone(p.ob), encodePartialRecord(p.size, have), p.unsynced
 	p.flushing, p.unsynced = true, 0
 	p.mu.Unlock()
 	err := p.persist(f, ob, rec)
 	p.mu.Lock()
 	p.flushing = false
 	p.idle.Broadcast()
-	if err != nil {
+	if err := p.persisted(have, err); err != nil {
 		p.unsynced += unsynced // not durable: the next write flushes again
 		return err
 	}
@@ -417,7 +459,7 @@ func (p *Partial) waitFlush() {
 // bitmap that claims them) durable, in that order.
 func (p *Partial) persist(f *os.File, ob, rec []byte) error {
 	if err := p.s.syncFile(f); err != nil {
-		return fmt.Errorf("partial %s: sync: %w", p.cid, err)
+		return fmt.Errorf("partial %s: %w: %w", p.cid, errDataSync, err)
 	}
 	if err := writeFileSync(p.s, p.s.partialPath(p.cid, ".obao"), ob); err != nil {
 		return fmt.Errorf("partial %s: %w", p.cid, err)
@@ -522,7 +564,8 @@ func (p *Partial) Finish(ctx context.Context) (Info, error) {
 		links = col.children()
 	}
 	if err := p.s.syncFile(p.f); err != nil {
-		return Info{}, fmt.Errorf("partial %s: sync: %w", p.cid, err)
+		p.dropUndurable()
+		return Info{}, fmt.Errorf("partial %s: %w: %w", p.cid, errDataSync, err)
 	}
 	if err := p.f.Close(); err != nil {
 		return Info{}, err
@@ -764,7 +807,8 @@ func (p *Partial) checkRange(off, n int64) (err error, ok bool) {
 	}
 	// The bitmap without the bad groups, and with those written since
 	// the last flush: their data and outboard nodes are synced first.
-	if err := p.persist(p.f, p.ob, encodePartialRecord(p.size, p.have)); err != nil {
+	have := slices.Clone(p.have)
+	if err := p.persisted(have, p.persist(p.f, p.ob, encodePartialRecord(p.size, have))); err != nil {
 		bad = append(bad, err)
 	} else {
 		p.unsynced, p.lastSync = 0, p.s.opt.Now()

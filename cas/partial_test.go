@@ -529,3 +529,79 @@ func TestPartialFlushDoesNotBlock(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// After a failed sync of the data file, the groups no flush had made
+// durable are dropped and fetched again: their pages may be gone, and a
+// later sync would report success without them.
+func TestPartialDropsGroupsAfterFailedSync(t *testing.T) {
+	src := newStore(t)
+	size := int64(6*GroupSize + 9)
+	data := randData(47, size)
+	c := put(t, src, data).CID
+	write := func(p *Partial, g int64) error {
+		n := min(GroupSize, size-g*GroupSize)
+		b, err := src.AppendSlice(nil, c, g*GroupSize, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p.WriteSlice(g*GroupSize, n, b)
+	}
+	now := time.Unix(1e9, 0)
+	var clock sync.Mutex
+	tick := func() { clock.Lock(); now = now.Add(flushEvery); clock.Unlock() }
+	dst, err := Open(t.TempDir(), Options{Now: func() time.Time { clock.Lock(); defer clock.Unlock(); return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dst.Close()
+	var fail sync.Mutex
+	failing := false
+	real := dst.fs.syncFile
+	dst.fs.syncFile = func(f *os.File) error {
+		fail.Lock()
+		defer fail.Unlock()
+		if failing && strings.HasSuffix(f.Name(), ".data") {
+			failing = false
+			return errors.New("EIO")
+		}
+		return real(f)
+	}
+	p, err := dst.OpenPartial(c, size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range []int64{0, 1} { // a flush after group 1 makes both durable
+		if g == 1 {
+			tick()
+		}
+		if err := write(p, g); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := write(p, 2); err != nil {
+		t.Fatal(err)
+	}
+	fail.Lock()
+	failing = true
+	fail.Unlock()
+	tick()
+	if err := write(p, 3); !errors.Is(err, errDataSync) { // its flush fails
+		t.Fatalf("write with a failing sync: %v; want errDataSync", err)
+	}
+	want := []Range{{2 * GroupSize, 4*GroupSize + 9}}
+	if got := p.Missing(); len(got) != 1 || got[0] != want[0] {
+		t.Fatalf("missing after the failed sync %v; want %v (groups 2 and 3 dropped)", got, want)
+	}
+	for g := int64(2); g*GroupSize < size; g++ {
+		if err := write(p, g); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := p.Finish(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	back := make([]byte, size)
+	if _, err := dst.ReadAt(c, back, 0); err != nil || !bytes.Equal(back, data) {
+		t.Fatalf("blob differs: %v", err)
+	}
+}
