@@ -417,28 +417,8 @@ func TestWriteSliceFuncHandsOverVerifiedData(t *testing.T) {
 // groups are served and other slices are written; what it made durable
 // is what the download held when it started.
 func TestPartialFlushDoesNotBlock(t *testing.T) {
-	src := newStore(t)
-	size := int64(8*GroupSize + 5)
-	data := randData(43, size)
-	c := put(t, src, data).CID
-	slice := func(g int64) []byte {
-		b, err := src.AppendSlice(nil, c, g*GroupSize, min(GroupSize, size-g*GroupSize))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return b
-	}
-	write := func(p *Partial, g int64) error {
-		return p.WriteSlice(g*GroupSize, min(GroupSize, size-g*GroupSize), slice(g))
-	}
-
-	dir := t.TempDir()
-	now := time.Unix(1e9, 0)
-	var clock sync.Mutex
-	dst, err := Open(dir, Options{Now: func() time.Time { clock.Lock(); defer clock.Unlock(); return now }})
-	if err != nil {
-		t.Fatal(err)
-	}
+	fx := newFlushFixture(t, 43, 8*GroupSize+5)
+	dst, c, write := fx.dst, fx.c, fx.write
 	// The next sync of a partial file waits for release.
 	entered, release := make(chan struct{}), make(chan struct{})
 	var armed, released sync.Once
@@ -456,16 +436,14 @@ func TestPartialFlushDoesNotBlock(t *testing.T) {
 		}
 		return real(f)
 	}
-	p, err := dst.OpenPartial(c, size)
+	p, err := dst.OpenPartial(c, fx.size)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := write(p, 0); err != nil {
 		t.Fatal(err)
 	}
-	clock.Lock()
-	now = now.Add(flushEvery) // the next write flushes
-	clock.Unlock()
+	fx.tick() // the next write flushes
 	flushed := make(chan error, 1)
 	go func() { flushed <- write(p, 1) }()
 	select {
@@ -513,18 +491,7 @@ func TestPartialFlushDoesNotBlock(t *testing.T) {
 		t.Fatalf("record after the flush: %b, %v; want groups 0 and 1 only", have, err)
 	}
 	// The rest resumes and finishes as usual.
-	for g := int64(3); g*GroupSize < size; g++ {
-		if err := write(p, g); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, err := p.Finish(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	back := make([]byte, size)
-	if _, err := dst.ReadAt(c, back, 0); err != nil || !bytes.Equal(back, data) {
-		t.Fatalf("blob differs after a flush without the lock: %v", err)
-	}
+	fx.finish(p, 3)
 	if err := dst.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -534,25 +501,8 @@ func TestPartialFlushDoesNotBlock(t *testing.T) {
 // durable are dropped and fetched again: their pages may be gone, and a
 // later sync would report success without them.
 func TestPartialDropsGroupsAfterFailedSync(t *testing.T) {
-	src := newStore(t)
-	size := int64(6*GroupSize + 9)
-	data := randData(47, size)
-	c := put(t, src, data).CID
-	write := func(p *Partial, g int64) error {
-		n := min(GroupSize, size-g*GroupSize)
-		b, err := src.AppendSlice(nil, c, g*GroupSize, n)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return p.WriteSlice(g*GroupSize, n, b)
-	}
-	now := time.Unix(1e9, 0)
-	var clock sync.Mutex
-	tick := func() { clock.Lock(); now = now.Add(flushEvery); clock.Unlock() }
-	dst, err := Open(t.TempDir(), Options{Now: func() time.Time { clock.Lock(); defer clock.Unlock(); return now }})
-	if err != nil {
-		t.Fatal(err)
-	}
+	fx := newFlushFixture(t, 47, 6*GroupSize+9)
+	dst, c, write, tick := fx.dst, fx.c, fx.write, fx.tick
 	defer dst.Close()
 	var fail sync.Mutex
 	failing := false
@@ -566,7 +516,7 @@ func TestPartialDropsGroupsAfterFailedSync(t *testing.T) {
 		}
 		return real(f)
 	}
-	p, err := dst.OpenPartial(c, size)
+	p, err := dst.OpenPartial(c, fx.size)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -592,16 +542,63 @@ func TestPartialDropsGroupsAfterFailedSync(t *testing.T) {
 	if got := p.Missing(); len(got) != 1 || got[0] != want[0] {
 		t.Fatalf("missing after the failed sync %v; want %v (groups 2 and 3 dropped)", got, want)
 	}
-	for g := int64(2); g*GroupSize < size; g++ {
-		if err := write(p, g); err != nil {
+	fx.finish(p, 2)
+}
+
+// flushFixture is a download of a blob of size bytes (random, from seed)
+// held by src into dst, a store whose clock moves only by tick.
+type flushFixture struct {
+	t        *testing.T
+	src, dst *Store
+	c        CID
+	data     []byte
+	size     int64
+	clock    sync.Mutex
+	now      time.Time
+}
+
+func newFlushFixture(t *testing.T, seed uint64, size int64) *flushFixture {
+	fx := &flushFixture{t: t, src: newStore(t), size: size, data: randData(seed, size), now: time.Unix(1e9, 0)}
+	fx.c = put(t, fx.src, fx.data).CID
+	var err error
+	fx.dst, err = Open(t.TempDir(), Options{Now: func() time.Time { fx.clock.Lock(); defer fx.clock.Unlock(); return fx.now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fx
+}
+
+// tick moves dst's clock by flushEvery: the next write flushes.
+func (fx *flushFixture) tick() {
+	fx.clock.Lock()
+	fx.now = fx.now.Add(flushEvery)
+	fx.clock.Unlock()
+}
+
+// write writes group g of the blob into p.
+func (fx *flushFixture) write(p *Partial, g int64) error {
+	n := min(GroupSize, fx.size-g*GroupSize)
+	b, err := fx.src.AppendSlice(nil, fx.c, g*GroupSize, n)
+	if err != nil {
+		fx.t.Fatal(err)
+	}
+	return p.WriteSlice(g*GroupSize, n, b)
+}
+
+// finish writes the groups from g on into p, finishes it and checks the
+// stored blob byte for byte.
+func (fx *flushFixture) finish(p *Partial, g int64) {
+	t := fx.t
+	for ; g*GroupSize < fx.size; g++ {
+		if err := fx.write(p, g); err != nil {
 			t.Fatal(err)
 		}
 	}
 	if _, err := p.Finish(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	back := make([]byte, size)
-	if _, err := dst.ReadAt(c, back, 0); err != nil || !bytes.Equal(back, data) {
+	back := make([]byte, fx.size)
+	if _, err := fx.dst.ReadAt(fx.c, back, 0); err != nil || !bytes.Equal(back, fx.data) {
 		t.Fatalf("blob differs: %v", err)
 	}
 }
