@@ -57,9 +57,13 @@ type Partial struct {
 	flushing bool
 	idle     sync.Cond
 	waiters  int // in waitFlush: no write starts a flush meanwhile
-	closed   bool
-	done     *Info // set when the blob was already stored at open
-	refs     int   // OpenPartial calls not yet matched by Close
+	// evicted: the groups whose pages a flush has asked the kernel to
+	// drop from the page cache (evictOld). Only flushOutside, one at a
+	// time, reads or writes it.
+	evicted []uint64
+	closed  bool
+	done    *Info // set when the blob was already stored at open
+	refs    int   // OpenPartial calls not yet matched by Close
 }
 
 // OpenPartial opens the download of blob c of the given size, resuming an
@@ -429,9 +433,13 @@ func (p *Partial) flushOutside() error {
 	}
 	have := slices.Clone(p.have)
 	f, ob, rec, unsynced := p.f, slices.Clone(p.ob), encodePartialRecord(p.size, have), p.unsynced
+	older := p.durable // replaced, never changed in place: read without p.mu
 	p.flushing, p.unsynced = true, 0
 	p.mu.Unlock()
 	err := p.persist(f, ob, rec)
+	if err == nil && !p.s.opt.KeepDownloadCache {
+		p.evictOld(f, older)
+	}
 	p.mu.Lock()
 	p.flushing = false
 	p.idle.Broadcast()
@@ -443,6 +451,39 @@ func (p *Partial) flushOutside() error {
 	// flush at once.
 	p.lastSync = p.s.opt.Now()
 	return nil
+}
+
+// evictOld asks the kernel to drop from the page cache the pages of the
+// groups that were already durable before the flush that has just
+// synced f: clean pages, written at least one flush ago. The groups of
+// the last flush stay cached for the peers that ask for them while they
+// are still rare. A download then holds a window of the page cache
+// instead of the whole blob, so fetching a model does not push the rest
+// of the machine's page cache out, and the pages the kernel frees are
+// reused for the next writes instead of new ones (on a VM whose freed
+// memory goes back to the host, a new page costs a fault on the host:
+// 1 GiB written into new pages cost 0.7-1.2 s of system CPU here, 0.26
+// s in a window). Dirty pages are never dropped. Runs without p.mu, by
+// the one flush running.
+func (p *Partial) evictOld(f *os.File, older []uint64) {
+	if len(p.evicted) < len(older) {
+		p.evicted = make([]uint64, len(older))
+	}
+	n := int64(len(older)) * 64
+	for g := int64(0); g < n; {
+		w := older[g/64] &^ p.evicted[g/64]
+		if w>>(g%64) == 0 {
+			g = (g/64 + 1) * 64
+			continue
+		}
+		g += int64(bits.TrailingZeros64(w >> (g % 64)))
+		start := g
+		for g < n && older[g/64]&^p.evicted[g/64]&(1<<(g%64)) != 0 {
+			p.evicted[g/64] |= 1 << (g % 64)
+			g++
+		}
+		dropPages(f, start*GroupSize, (g-start)*GroupSize)
+	}
 }
 
 // waitFlush waits until no flush runs without p.mu; while it waits, no

@@ -36,6 +36,11 @@ type Options struct {
 	// NoSync skips fsync. Only for benchmarks that measure hashing rather
 	// than the disk; a crash can then leave a blob indexed but not on disk.
 	NoSync bool
+	// KeepDownloadCache keeps every page a download writes in the page
+	// cache. By default a download's flush drops the pages of what the
+	// flush before it made durable (Partial.evictOld), so that a download
+	// holds a window of the page cache, not the whole blob.
+	KeepDownloadCache bool
 }
 
 // Store is a content-addressed store of blobs on local disk. Every byte it

@@ -22,6 +22,12 @@ func willNeed(f *os.File, off, n int64) {
 	unix.Fadvise(int(f.Fd()), off, n, unix.FADV_WILLNEED)
 }
 
+// dropPages asks the kernel to drop the clean pages of [off, off+n) of f
+// from the page cache (dirty ones stay). Only a hint.
+func dropPages(f *os.File, off, n int64) {
+	unix.Fadvise(int(f.Fd()), off, n, unix.FADV_DONTNEED)
+}
+
 // writeAtv writes bufs one after another at off of f, in one pwritev(2)
 // (more only if the kernel writes less), so that data scattered in a
 // buffer is written without first being gathered by a copy.

@@ -12,6 +12,10 @@ func startWriteback(f *os.File, off, n int64) {}
 // rely on the kernel's own readahead. Only speed differs.
 func willNeed(f *os.File, off, n int64) {}
 
+// dropPages is a no-op where posix_fadvise(2) is not used: a download's
+// pages then stay cached until the kernel needs them. Only memory differs.
+func dropPages(f *os.File, off, n int64) {}
+
 // writeAtv writes bufs one after another at off of f, one write each
 // where pwritev(2) is not used.
 func writeAtv(f *os.File, bufs [][]byte, off int64) error {

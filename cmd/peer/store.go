@@ -26,7 +26,10 @@ func storeCommands(a *app) []*cobra.Command {
 
 // openStore opens the store in the peer's home, creating it if needed.
 func (a *app) openStore() (*cas.Store, error) {
-	return cas.Open(a.home, cas.Options{Logger: a.log})
+	// RDRR_KEEP_DOWNLOAD_CACHE=1 keeps a download's pages cached (see
+	// cas.Options.KeepDownloadCache): for measuring the default against.
+	keep := os.Getenv("RDRR_KEEP_DOWNLOAD_CACHE") == "1"
+	return cas.Open(a.home, cas.Options{Logger: a.log, KeepDownloadCache: keep})
 }
 
 // withStore runs fn with the store open and closes it afterwards.
