@@ -3,6 +3,7 @@ package cas
 import (
 	"os"
 	"testing"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -10,8 +11,9 @@ import (
 
 // TestPartialEvictsOldGroups checks a download's page-cache window: a
 // flush drops the pages of the groups that the flush before it made
-// durable, keeps those of its own and of later writes, loses nothing,
-// and drops nothing with Options.KeepDownloadCache.
+// durable, keeps those of its own and of later writes, loses nothing;
+// the finished blob is dropped coolFor after it finished; nothing is
+// dropped with Options.KeepDownloadCache.
 func TestPartialEvictsOldGroups(t *testing.T) {
 	for _, keep := range []bool{false, true} {
 		fx := newFlushFixture(t, 31, 12*GroupSize)
@@ -44,6 +46,26 @@ func TestPartialEvictsOldGroups(t *testing.T) {
 			}
 		}
 		fx.finish(p, 10) // every byte still there, and the blob whole
+
+		// The finished blob stays cached for coolFor, then a flush of
+		// another download (dropCooled) drops it.
+		blob := fx.dst.blobPath(fx.c)
+		fx.clock.Lock()
+		fx.now = fx.now.Add(coolFor - time.Millisecond)
+		fx.clock.Unlock()
+		fx.dst.dropCooled()
+		if c := cachedGroups(t, blob, 12); !c[0] || !c[11] {
+			t.Errorf("keep=%v: blob dropped before coolFor: %v", keep, c)
+		}
+		fx.clock.Lock()
+		fx.now = fx.now.Add(time.Millisecond)
+		fx.clock.Unlock()
+		fx.dst.dropCooled()
+		for g, in := range cachedGroups(t, blob, 12) {
+			if in != keep {
+				t.Errorf("keep=%v: blob's group %d cached=%v after coolFor", keep, g, in)
+			}
+		}
 	}
 }
 

@@ -439,6 +439,7 @@ func (p *Partial) flushOutside() error {
 	err := p.persist(f, ob, rec)
 	if err == nil && !p.s.opt.KeepDownloadCache {
 		p.evictOld(f, older)
+		p.s.dropCooled()
 	}
 	p.mu.Lock()
 	p.flushing = false
@@ -483,6 +484,47 @@ func (p *Partial) evictOld(f *os.File, older []uint64) {
 			g++
 		}
 		dropPages(f, start*GroupSize, (g-start)*GroupSize)
+	}
+}
+
+// coolFor is how long a blob a download finished keeps its pages in the
+// page cache: while it is new, peers that lack it ask for it.
+const coolFor = 4 * time.Second
+
+// cooling is a blob a download finished at a time.
+type cooling struct {
+	path string
+	at   time.Time
+}
+
+// cool queues the blob at path, just finished, for dropCooled.
+func (s *Store) cool(path string) {
+	s.cmu.Lock()
+	s.cooling = append(s.cooling, cooling{path, s.opt.Now()})
+	s.cmu.Unlock()
+}
+
+// dropCooled drops from the page cache the pages of the blobs that
+// downloads finished at least coolFor ago (they were synced when they
+// finished): what evictOld does for a download in progress, for the
+// window it left cached at its end. Called by the flushes of the
+// downloads still running, so a store that downloads nothing more keeps
+// its last blobs cached.
+func (s *Store) dropCooled() {
+	now := s.opt.Now()
+	s.cmu.Lock()
+	n := 0
+	for n < len(s.cooling) && now.Sub(s.cooling[n].at) >= coolFor {
+		n++
+	}
+	old := slices.Clone(s.cooling[:n])
+	s.cooling = slices.Delete(s.cooling, 0, n)
+	s.cmu.Unlock()
+	for _, c := range old {
+		if f, err := os.Open(c.path); err == nil {
+			dropPages(f, 0, 0)
+			f.Close()
+		}
 	}
 }
 
@@ -619,6 +661,9 @@ func (p *Partial) Finish(ctx context.Context) (Info, error) {
 	err = p.s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketPartial).Delete(p.cid.key()) })
 	os.Remove(p.s.partialPath(p.cid, ".data"))
 	os.Remove(p.s.partialPath(p.cid, ".obao"))
+	if !p.s.opt.KeepDownloadCache {
+		p.s.cool(p.s.blobPath(c))
+	}
 	p.done = &inf
 	p.releaseLocked(true)
 	return inf, err

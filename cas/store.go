@@ -68,6 +68,9 @@ type Store struct {
 
 	pmu      sync.Mutex          // guards partials and each Partial's refs
 	partials map[Digest]*Partial // by digest: both codecs share one download
+
+	cmu     sync.Mutex
+	cooling []cooling // blobs downloads finished, oldest first (dropCooled)
 }
 
 // Layout of a home.
