@@ -80,6 +80,16 @@ func (s *Store) OpenPartial(c CID, size int64) (*Partial, error) {
 		return nil, err
 	}
 	s.pmu.Lock()
+	for {
+		// A download of the same blob being closed: its final flush first.
+		closing := s.closing[c.Digest()]
+		if closing == nil {
+			break
+		}
+		s.pmu.Unlock()
+		<-closing
+		s.pmu.Lock()
+	}
 	defer s.pmu.Unlock()
 	if p := s.partials[c.Digest()]; p != nil {
 		if p.size != size {
@@ -588,8 +598,22 @@ func (p *Partial) releaseLocked(all bool) error {
 		p.refs = 0
 	}
 	last := p.refs <= 0
+	var closing chan struct{}
 	if last {
-		delete(p.s.partials, p.cid.Digest())
+		// An OpenPartial of the same blob from now on waits for the
+		// final flush below (OpenPartial): otherwise it could read the
+		// record and outboard as they were before it, and its flushes
+		// and this one could interleave their outboard and record.
+		d := p.cid.Digest()
+		delete(p.s.partials, d)
+		closing = make(chan struct{})
+		p.s.closing[d] = closing
+		defer func() {
+			p.s.pmu.Lock()
+			delete(p.s.closing, d)
+			p.s.pmu.Unlock()
+			close(closing)
+		}()
 	}
 	p.s.pmu.Unlock()
 	if !last {

@@ -602,3 +602,58 @@ func (fx *flushFixture) finish(p *Partial, g int64) {
 		t.Fatalf("blob differs: %v", err)
 	}
 }
+
+// TestReopenWaitsForFinalFlush checks that an OpenPartial of a download
+// whose last holder is closing it waits for the close's final flush, and
+// then resumes from what that flush made durable.
+func TestReopenWaitsForFinalFlush(t *testing.T) {
+	fx := newFlushFixture(t, 41, 6*GroupSize)
+	p, err := fx.dst.OpenPartial(fx.c, fx.size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for g := int64(0); g < 3; g++ {
+		if err := fx.write(p, g); err != nil { // no flush: the clock stands
+			t.Fatal(err)
+		}
+	}
+	entered, release := make(chan struct{}), make(chan struct{})
+	sync0 := fx.dst.fs.syncFile
+	fx.dst.fs.syncFile = func(f *os.File) error {
+		close(entered)
+		<-release
+		return sync0(f)
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- p.Close() }()
+	<-entered // the final flush is in its data sync
+	reopened := make(chan *Partial, 1)
+	go func() {
+		q, err := fx.dst.OpenPartial(fx.c, fx.size)
+		if err != nil {
+			t.Error(err)
+		}
+		reopened <- q
+	}()
+	var q *Partial
+	select {
+	case q = <-reopened:
+		t.Error("OpenPartial returned while the close's final flush was still syncing")
+	case <-time.After(100 * time.Millisecond):
+	}
+	fx.dst.fs.syncFile = sync0
+	close(release)
+	if err := <-closed; err != nil {
+		t.Fatal(err)
+	}
+	if q == nil {
+		q = <-reopened
+	}
+	if q == nil {
+		t.FailNow()
+	}
+	if !q.Have(0, 3*GroupSize) {
+		t.Fatalf("reopened download lacks the groups the close made durable: missing %v", q.Missing())
+	}
+	fx.finish(q, 3)
+}

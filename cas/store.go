@@ -68,6 +68,9 @@ type Store struct {
 
 	pmu      sync.Mutex          // guards partials and each Partial's refs
 	partials map[Digest]*Partial // by digest: both codecs share one download
+	// closing: downloads whose last holder is closing them, until their
+	// final flush has ended (releaseLocked); OpenPartial waits for them.
+	closing map[Digest]chan struct{}
 
 	cmu     sync.Mutex
 	cooling []cooling // blobs downloads finished, oldest first (dropCooled)
@@ -129,6 +132,7 @@ func open(home string, opt Options, fs fileOps) (*Store, error) {
 		obCache:  cache,
 		accessed: map[Digest]int64{},
 		partials: map[Digest]*Partial{},
+		closing:  map[Digest]chan struct{}{},
 	}
 	if err := s.clean(); err != nil {
 		db.Close()
