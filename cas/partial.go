@@ -91,6 +91,9 @@ func (s *Store) OpenPartial(c CID, size int64) (*Partial, error) {
 		s.pmu.Lock()
 	}
 	defer s.pmu.Unlock()
+	if s.shut {
+		return nil, ErrClosed
+	}
 	if p := s.partials[c.Digest()]; p != nil {
 		if p.size != size {
 			return nil, fmt.Errorf("partial %s: size %d; a download of it with size %d is open", c, size, p.size)
@@ -447,9 +450,9 @@ func (p *Partial) flushOutside() error {
 	p.flushing, p.unsynced = true, 0
 	p.mu.Unlock()
 	err := p.persist(f, ob, rec)
-	if err == nil && !p.s.opt.KeepDownloadCache {
+	if err == nil && p.s.evicts() {
 		p.evictOld(f, older)
-		p.s.dropCooled()
+		p.s.dropCooled(maxCooledPerFlush)
 	}
 	p.mu.Lock()
 	p.flushing = false
@@ -480,22 +483,33 @@ func (p *Partial) evictOld(f *os.File, older []uint64) {
 	if len(p.evicted) < len(older) {
 		p.evicted = make([]uint64, len(older))
 	}
+	evictRuns(older, p.evicted, func(g, n int64) { dropPages(f, g*GroupSize, n*GroupSize) })
+}
+
+// evictRuns calls drop(g, n) for each run of groups g..g+n-1 set in
+// older and not in evicted, and sets them in evicted.
+func evictRuns(older, evicted []uint64, drop func(g, n int64)) {
 	n := int64(len(older)) * 64
 	for g := int64(0); g < n; {
-		w := older[g/64] &^ p.evicted[g/64]
+		w := older[g/64] &^ evicted[g/64]
 		if w>>(g%64) == 0 {
 			g = (g/64 + 1) * 64
 			continue
 		}
 		g += int64(bits.TrailingZeros64(w >> (g % 64)))
 		start := g
-		for g < n && older[g/64]&^p.evicted[g/64]&(1<<(g%64)) != 0 {
-			p.evicted[g/64] |= 1 << (g % 64)
+		for g < n && older[g/64]&^evicted[g/64]&(1<<(g%64)) != 0 {
+			evicted[g/64] |= 1 << (g % 64)
 			g++
 		}
-		dropPages(f, start*GroupSize, (g-start)*GroupSize)
+		drop(start, g-start)
 	}
 }
+
+// evicts reports whether downloads drop their pages from the page cache
+// (evictOld, dropCooled): not with KeepDownloadCache, nor with NoSync
+// (nothing is synced, so the pages stay dirty and cannot be dropped).
+func (s *Store) evicts() bool { return !s.opt.KeepDownloadCache && !s.opt.NoSync }
 
 // coolFor is how long a blob a download finished keeps its pages in the
 // page cache: while it is new, peers that lack it ask for it.
@@ -514,17 +528,22 @@ func (s *Store) cool(path string) {
 	s.cmu.Unlock()
 }
 
-// dropCooled drops from the page cache the pages of the blobs that
+// maxCooledPerFlush bounds the blobs one flush drops (dropCooled), so
+// that a flush after many small blobs finished does not hold its
+// download for all of them; flushes come every 2 s a download.
+const maxCooledPerFlush = 4
+
+// dropCooled drops from the page cache the pages of up to max blobs that
 // downloads finished at least coolFor ago (they were synced when they
 // finished): what evictOld does for a download in progress, for the
-// window it left cached at its end. Called by the flushes of the
-// downloads still running, so a store that downloads nothing more keeps
-// its last blobs cached.
-func (s *Store) dropCooled() {
+// window it left cached at its end. Called by the periodic flushes of
+// the downloads still running, so a store that downloads nothing more
+// keeps its last blobs cached.
+func (s *Store) dropCooled(max int) {
 	now := s.opt.Now()
 	s.cmu.Lock()
 	n := 0
-	for n < len(s.cooling) && now.Sub(s.cooling[n].at) >= coolFor {
+	for n < len(s.cooling) && n < max && now.Sub(s.cooling[n].at) >= coolFor {
 		n++
 	}
 	old := slices.Clone(s.cooling[:n])
@@ -685,7 +704,7 @@ func (p *Partial) Finish(ctx context.Context) (Info, error) {
 	err = p.s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketPartial).Delete(p.cid.key()) })
 	os.Remove(p.s.partialPath(p.cid, ".data"))
 	os.Remove(p.s.partialPath(p.cid, ".obao"))
-	if !p.s.opt.KeepDownloadCache {
+	if p.s.evicts() {
 		p.s.cool(p.s.blobPath(c))
 	}
 	p.done = &inf

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -656,4 +657,80 @@ func TestReopenWaitsForFinalFlush(t *testing.T) {
 		t.Fatalf("reopened download lacks the groups the close made durable: missing %v", q.Missing())
 	}
 	fx.finish(q, 3)
+}
+
+// TestEvictRuns checks the runs evictOld drops: each run of groups set
+// in older and not yet evicted once, across words, with gaps, up to the
+// last group of a short last word, and nothing twice.
+func TestEvictRuns(t *testing.T) {
+	older := make([]uint64, 3) // 150 groups: the last word partly used
+	set := func(b []uint64, from, to int64) {
+		for g := from; g < to; g++ {
+			b[g/64] |= 1 << (g % 64)
+		}
+	}
+	set(older, 0, 3)
+	set(older, 5, 6)
+	set(older, 60, 70) // across a word
+	set(older, 100, 101)
+	set(older, 127, 150) // across a word, to the last group
+	evicted := make([]uint64, 3)
+	set(evicted, 62, 66) // already dropped: splits the run
+	type run struct{ g, n int64 }
+	var got []run
+	evictRuns(older, evicted, func(g, n int64) { got = append(got, run{g, n}) })
+	want := []run{{0, 3}, {5, 1}, {60, 2}, {66, 4}, {100, 1}, {127, 23}}
+	if !slices.Equal(got, want) {
+		t.Fatalf("runs %v, want %v", got, want)
+	}
+	wantEvicted := slices.Clone(older) // 62-65 are in older too
+	if !slices.Equal(evicted, wantEvicted) {
+		t.Fatalf("evicted %x, want %x", evicted, wantEvicted)
+	}
+	got = nil
+	evictRuns(older, evicted, func(g, n int64) { got = append(got, run{g, n}) })
+	if len(got) != 0 {
+		t.Fatalf("dropped again: %v", got)
+	}
+}
+
+// TestReopenDuringStoreClose checks that an OpenPartial waiting for the
+// final flush of a download that Store.Close is closing fails with
+// ErrClosed instead of opening a download that nothing would close.
+func TestReopenDuringStoreClose(t *testing.T) {
+	fx := newFlushFixture(t, 43, 4*GroupSize)
+	p, err := fx.dst.OpenPartial(fx.c, fx.size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := fx.write(p, 0); err != nil {
+		t.Fatal(err)
+	}
+	entered, release := make(chan struct{}), make(chan struct{})
+	sync0 := fx.dst.fs.syncFile
+	fx.dst.fs.syncFile = func(f *os.File) error {
+		close(entered)
+		<-release
+		return sync0(f)
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- fx.dst.Close() }()
+	<-entered // Close's final flush of p is in its data sync
+	reopened := make(chan error, 1)
+	go func() {
+		q, err := fx.dst.OpenPartial(fx.c, fx.size)
+		if err == nil {
+			q.Close()
+		}
+		reopened <- err
+	}()
+	time.Sleep(50 * time.Millisecond) // let it reach the wait (it fails either way if it does not)
+	fx.dst.fs.syncFile = sync0
+	close(release)
+	if err := <-closed; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-reopened; !errors.Is(err, ErrClosed) {
+		t.Fatalf("OpenPartial during Store.Close: %v, want ErrClosed", err)
+	}
 }

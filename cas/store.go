@@ -37,9 +37,11 @@ type Options struct {
 	// than the disk; a crash can then leave a blob indexed but not on disk.
 	NoSync bool
 	// KeepDownloadCache keeps every page a download writes in the page
-	// cache. By default a download's flush drops the pages of what the
-	// flush before it made durable (Partial.evictOld), so that a download
-	// holds a window of the page cache, not the whole blob.
+	// cache. By default a download's periodic flush drops the pages of
+	// what the flush before it made durable (Partial.evictOld), and a blob
+	// a download finished is dropped coolFor later (dropCooled), so that
+	// downloads hold a window of the page cache, not whole blobs. Nothing
+	// is dropped with NoSync (the pages stay dirty).
 	KeepDownloadCache bool
 }
 
@@ -71,6 +73,7 @@ type Store struct {
 	// closing: downloads whose last holder is closing them, until their
 	// final flush has ended (releaseLocked); OpenPartial waits for them.
 	closing map[Digest]chan struct{}
+	shut    bool // Close has taken the list of partials: OpenPartial fails
 
 	cmu     sync.Mutex
 	cooling []cooling // blobs downloads finished, oldest first (dropCooled)
@@ -151,6 +154,7 @@ func (s *Store) Close() error {
 		return nil
 	}
 	s.pmu.Lock()
+	s.shut = true // no OpenPartial from now on: this list is all there is
 	partials := make([]*Partial, 0, len(s.partials))
 	for _, p := range s.partials {
 		partials = append(partials, p)

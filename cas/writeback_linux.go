@@ -23,7 +23,8 @@ func willNeed(f *os.File, off, n int64) {
 }
 
 // dropPages asks the kernel to drop the clean pages of [off, off+n) of f
-// from the page cache (dirty ones stay). Only a hint.
+// from the page cache. Dirty ones stay (the kernel starts writing them
+// back; an error there is reported by the next fsync). Only a hint.
 func dropPages(f *os.File, off, n int64) {
 	unix.Fadvise(int(f.Fd()), off, n, unix.FADV_DONTNEED)
 }
