@@ -697,6 +697,9 @@ func (p *Partial) Finish(ctx context.Context) (Info, error) {
 		return Info{}, err
 	}
 	p.f = nil
+	// Whether this file becomes the blob (commitBlob keeps a copy already
+	// stored): only then are its pages this download's to drop (cool).
+	ours := !p.s.Has(c.Raw())
 	inf, err := p.s.commitBlob(c, p.size, p.s.partialPath(p.cid, ".data"), p.ob, links)
 	if err != nil {
 		return Info{}, err
@@ -704,7 +707,7 @@ func (p *Partial) Finish(ctx context.Context) (Info, error) {
 	err = p.s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketPartial).Delete(p.cid.key()) })
 	os.Remove(p.s.partialPath(p.cid, ".data"))
 	os.Remove(p.s.partialPath(p.cid, ".obao"))
-	if p.s.evicts() {
+	if ours && p.s.evicts() {
 		p.s.cool(p.s.blobPath(c))
 	}
 	p.done = &inf

@@ -734,3 +734,26 @@ func TestReopenDuringStoreClose(t *testing.T) {
 		t.Fatalf("OpenPartial during Store.Close: %v, want ErrClosed", err)
 	}
 }
+
+// TestFinishCoolsOnlyItsOwnBlob checks that a download queues its blob
+// for dropping from the page cache (cool) only when its file became the
+// blob, not when a copy stored meanwhile was kept.
+func TestFinishCoolsOnlyItsOwnBlob(t *testing.T) {
+	for _, storedMeanwhile := range []bool{false, true} {
+		fx := newFlushFixture(t, 47, 3*GroupSize)
+		p, err := fx.dst.OpenPartial(fx.c, fx.size)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if storedMeanwhile {
+			put(t, fx.dst, fx.data)
+		}
+		fx.finish(p, 0)
+		fx.dst.cmu.Lock()
+		n := len(fx.dst.cooling)
+		fx.dst.cmu.Unlock()
+		if want := map[bool]int{false: 1, true: 0}[storedMeanwhile]; n != want {
+			t.Errorf("stored meanwhile %v: %d blobs cooling, want %d", storedMeanwhile, n, want)
+		}
+	}
+}
