@@ -521,9 +521,17 @@ type cooling struct {
 	at   time.Time
 }
 
+// maxCooling bounds the queue of finished blobs (cool): past it the
+// oldest is forgotten (left cached), so that many small downloads with
+// no flush among them do not grow it without end.
+const maxCooling = 1024
+
 // cool queues the blob at path, just finished, for dropCooled.
 func (s *Store) cool(path string) {
 	s.cmu.Lock()
+	if len(s.cooling) >= maxCooling {
+		s.cooling = slices.Delete(s.cooling, 0, 1)
+	}
 	s.cooling = append(s.cooling, cooling{path, s.opt.Now()})
 	s.cmu.Unlock()
 }

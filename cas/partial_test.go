@@ -604,27 +604,45 @@ func (fx *flushFixture) finish(p *Partial, g int64) {
 	}
 }
 
+// open opens the fixture's download in dst and writes groups [0, n) into
+// it (no flush: the clock stands).
+func (fx *flushFixture) open(n int64) *Partial {
+	p, err := fx.dst.OpenPartial(fx.c, fx.size)
+	if err != nil {
+		fx.t.Fatal(err)
+	}
+	for g := int64(0); g < n; g++ {
+		if err := fx.write(p, g); err != nil {
+			fx.t.Fatal(err)
+		}
+	}
+	return p
+}
+
+// blockSync makes dst's next file sync wait: entered is closed once it is
+// in it, and unblock (called once) lets it go on and restores the plain
+// sync for later ones.
+func (fx *flushFixture) blockSync() (entered <-chan struct{}, unblock func()) {
+	in, release := make(chan struct{}), make(chan struct{})
+	sync0 := fx.dst.fs.syncFile
+	fx.dst.fs.syncFile = func(f *os.File) error {
+		close(in)
+		<-release
+		return sync0(f)
+	}
+	return in, func() {
+		fx.dst.fs.syncFile = sync0
+		close(release)
+	}
+}
+
 // TestReopenWaitsForFinalFlush checks that an OpenPartial of a download
 // whose last holder is closing it waits for the close's final flush, and
 // then resumes from what that flush made durable.
 func TestReopenWaitsForFinalFlush(t *testing.T) {
 	fx := newFlushFixture(t, 41, 6*GroupSize)
-	p, err := fx.dst.OpenPartial(fx.c, fx.size)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for g := int64(0); g < 3; g++ {
-		if err := fx.write(p, g); err != nil { // no flush: the clock stands
-			t.Fatal(err)
-		}
-	}
-	entered, release := make(chan struct{}), make(chan struct{})
-	sync0 := fx.dst.fs.syncFile
-	fx.dst.fs.syncFile = func(f *os.File) error {
-		close(entered)
-		<-release
-		return sync0(f)
-	}
+	p := fx.open(3)
+	entered, unblock := fx.blockSync()
 	closed := make(chan error, 1)
 	go func() { closed <- p.Close() }()
 	<-entered // the final flush is in its data sync
@@ -642,8 +660,7 @@ func TestReopenWaitsForFinalFlush(t *testing.T) {
 		t.Error("OpenPartial returned while the close's final flush was still syncing")
 	case <-time.After(100 * time.Millisecond):
 	}
-	fx.dst.fs.syncFile = sync0
-	close(release)
+	unblock()
 	if err := <-closed; err != nil {
 		t.Fatal(err)
 	}
@@ -699,20 +716,8 @@ func TestEvictRuns(t *testing.T) {
 // ErrClosed instead of opening a download that nothing would close.
 func TestReopenDuringStoreClose(t *testing.T) {
 	fx := newFlushFixture(t, 43, 4*GroupSize)
-	p, err := fx.dst.OpenPartial(fx.c, fx.size)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := fx.write(p, 0); err != nil {
-		t.Fatal(err)
-	}
-	entered, release := make(chan struct{}), make(chan struct{})
-	sync0 := fx.dst.fs.syncFile
-	fx.dst.fs.syncFile = func(f *os.File) error {
-		close(entered)
-		<-release
-		return sync0(f)
-	}
+	fx.open(1)
+	entered, unblock := fx.blockSync()
 	closed := make(chan error, 1)
 	go func() { closed <- fx.dst.Close() }()
 	<-entered // Close's final flush of p is in its data sync
@@ -725,8 +730,7 @@ func TestReopenDuringStoreClose(t *testing.T) {
 		reopened <- err
 	}()
 	time.Sleep(50 * time.Millisecond) // let it reach the wait (it fails either way if it does not)
-	fx.dst.fs.syncFile = sync0
-	close(release)
+	unblock()
 	if err := <-closed; err != nil {
 		t.Fatal(err)
 	}
@@ -755,5 +759,20 @@ func TestFinishCoolsOnlyItsOwnBlob(t *testing.T) {
 		if want := map[bool]int{false: 1, true: 0}[storedMeanwhile]; n != want {
 			t.Errorf("stored meanwhile %v: %d blobs cooling, want %d", storedMeanwhile, n, want)
 		}
+	}
+}
+
+// TestCoolingBounded checks that the queue of finished blobs waiting to
+// leave the page cache holds at most maxCooling, forgetting the oldest.
+func TestCoolingBounded(t *testing.T) {
+	s := newStore(t)
+	for i := range maxCooling + 3 {
+		s.cool(fmt.Sprint(i))
+	}
+	if n := len(s.cooling); n != maxCooling {
+		t.Fatalf("%d blobs queued, want %d", n, maxCooling)
+	}
+	if first := s.cooling[0].path; first != "3" {
+		t.Fatalf("oldest queued %q, want 3 (0-2 forgotten)", first)
 	}
 }
