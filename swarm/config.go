@@ -132,6 +132,11 @@ type Config struct {
 	// (0: no cap): an upload cap, so that a seeder on a slow uplink
 	// leaves its leechers to trade pieces among themselves.
 	ServeRate int64
+	// FetchRate caps the bytes a second the node's fetches ask for, over
+	// all peers and fetches (0: no cap): a download cap. A request waits
+	// for its turn before it is sent; the wait does not count towards its
+	// timeout, nor towards endgame's patience with the peer.
+	FetchRate int64
 	// SocketBuffer is the UDP socket buffer size asked for (default 4 MiB;
 	// the kernel caps it at net.core.rmem_max). Small buffers drop
 	// datagrams at high rates and SCTP then backs off.

@@ -110,7 +110,9 @@ type Node struct {
 	// buffer of the store's, and reading is CPU-bound (verification).
 	readSem chan struct{}
 	pace    *pacer // Config.ServeRate; nil: no cap
-	prio    *prioGate
+	// fetchPace is Config.FetchRate's (nil: no cap): admit waits on it.
+	fetchPace *pacer
+	prio      *prioGate
 	// checkSem lets one check of what we served run at a time
 	// (checkServed).
 	checkSem chan struct{}
@@ -216,6 +218,7 @@ func NewNode(cfg Config) (*Node, error) {
 		readSem:   make(chan struct{}, max(2, runtime.GOMAXPROCS(0))),
 		checkSem:  make(chan struct{}, 1),
 		pace:      newPacer(cfg.ServeRate),
+		fetchPace: newPacer(cfg.FetchRate),
 		prio:      newPrioGate(),
 	}, nil
 }

@@ -149,13 +149,19 @@ func (ch *channel) settleAll() {
 	ch.charged, ch.holding = 0, 0
 }
 
-// pacer spreads serving over time at a rate (Config.ServeRate): each
-// chunk reserves its transmission time after the ones before it. Safe for
-// concurrent use; a nil pacer never waits.
+// pacer spreads bytes over time at a rate: serving (Config.ServeRate),
+// and the requests of fetches (Config.FetchRate). Each transfer reserves
+// its transmission time after the ones before it of its own or a higher
+// priority, and pushes back the later reservations of lower priorities:
+// a demand request is not queued behind the background requests that
+// reserved their turn before it. Those keep their times, so the rate can
+// pass the cap by what was reserved at the moment (within the fetch
+// budget's bytes); over a longer time it holds. Safe for concurrent use;
+// a nil pacer never waits.
 type pacer struct {
 	rate float64 // bytes a second
 	mu   sync.Mutex
-	next time.Time
+	next [numPriorities]time.Time // the end of each priority's reservations
 }
 
 func newPacer(rate int64) *pacer {
@@ -165,24 +171,30 @@ func newPacer(rate int64) *pacer {
 	return &pacer{rate: float64(rate)}
 }
 
-// wait returns when n more bytes may be sent, or with ctx's error.
-func (p *pacer) wait(ctx context.Context, n int64) error {
+// wait returns when n more bytes of priority prio may be sent, or with
+// ctx's error.
+func (p *pacer) wait(ctx context.Context, prio Priority, n int64) error {
 	if p == nil {
 		return nil
 	}
+	prio = prio.clamp()
+	d := time.Duration(float64(n) / p.rate * float64(time.Second))
 	p.mu.Lock()
 	now := time.Now()
-	if p.next.Before(now) {
-		p.next = now
+	at := p.next[prio]
+	if at.Before(now) {
+		at = now
 	}
-	at := p.next
-	p.next = p.next.Add(time.Duration(float64(n) / p.rate * float64(time.Second)))
+	p.next[prio] = at.Add(d)
+	for q := prio + 1; q < numPriorities; q++ {
+		p.next[q] = maxTime(p.next[q], at).Add(d)
+	}
 	p.mu.Unlock()
-	d := time.Until(at)
-	if d <= 0 {
+	wait := time.Until(at)
+	if wait <= 0 {
 		return nil
 	}
-	t := time.NewTimer(d)
+	t := time.NewTimer(wait)
 	defer t.Stop()
 	select {
 	case <-t.C:
@@ -440,7 +452,7 @@ func (l *link) serveOne(ch *channel, job serveJob) error {
 			}
 			return l.reject(job.req, wire.CodeBusy, "serving budget full")
 		}
-		if err := l.n.pace.wait(l.ctx, k.b-k.a); err != nil {
+		if err := l.n.pace.wait(l.ctx, PriorityDemand, k.b-k.a); err != nil {
 			l.n.budget.release(l.remote, k.sub)
 			return l.errClosed()
 		}
@@ -542,4 +554,11 @@ func (l *link) serveChunk(ch *channel, job serveJob, k sliceChunk, maxData int) 
 		}
 	}
 	return nil
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }

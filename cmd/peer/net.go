@@ -126,13 +126,14 @@ type netFlags struct {
 
 	// The libp2p overlay (swarm/p2p): DHT, gossip, signaling without a
 	// server.
-	p2p        bool
-	p2pListen  []string
-	bootstrap  []string
-	announce   time.Duration
-	reprovide  time.Duration
-	registerer prometheus.Registerer // the daemon's /metrics, if any
-	uploadRate string                // serving cap (bytes a second), empty: none
+	p2p          bool
+	p2pListen    []string
+	bootstrap    []string
+	announce     time.Duration
+	reprovide    time.Duration
+	registerer   prometheus.Registerer // the daemon's /metrics, if any
+	uploadRate   string                // serving cap (bytes a second), empty: none
+	downloadRate string                // fetching cap (bytes a second), empty: none
 	// Self-heal (daemon): fetch shards of collections pinned with
 	// replicas that lack live copies, every replicateEvery.
 	replicate      bool
@@ -159,6 +160,7 @@ func (nf *netFlags) addOverlay(cmd *cobra.Command) {
 	f.DurationVar(&nf.announce, "announce-interval", time.Minute, "how often new blobs of the store are announced on the DHT and gossip")
 	f.DurationVar(&nf.reprovide, "reprovide-interval", 12*time.Hour, "how often every announced blob is announced again (DHT records live 48 h)")
 	f.StringVar(&nf.uploadRate, "upload-rate", "", "cap on the bytes a second served to peers, all together (e.g. 10MiB; default: none)")
+	f.StringVar(&nf.downloadRate, "download-rate", "", "cap on the bytes a second fetched from peers, all fetches together; demand overtakes prefetch and replication (e.g. 10MiB; default: none)")
 }
 
 // p2pAddrFile is where a daemon writes its libp2p multiaddrs, one a line.
@@ -229,6 +231,13 @@ func (a *app) nodeConfig(cmd *cobra.Command, nf *netFlags, id *swarm.Identity, s
 			return swarm.Config{}, "", fmt.Errorf("--upload-rate %q: want a positive size such as 10MiB", nf.uploadRate)
 		}
 		cfg.ServeRate = r
+	}
+	if nf.downloadRate != "" {
+		r, err := parseBytes(nf.downloadRate)
+		if err != nil || r <= 0 {
+			return swarm.Config{}, "", fmt.Errorf("--download-rate %q: want a positive size such as 10MiB", nf.downloadRate)
+		}
+		cfg.FetchRate = r
 	}
 	for _, s := range nf.iceServers {
 		cfg.ICEServers = append(cfg.ICEServers, webrtc.ICEServer{URLs: []string{s}})
