@@ -179,7 +179,7 @@ func medianOf(n int, f func() float64) float64 {
 }
 
 // hashFile returns the BLAKE3 of the file at path.
-func hashFile(b *testing.B, path string) [32]byte {
+func hashFile(b testing.TB, path string) [32]byte {
 	f, err := os.Open(path)
 	if err != nil {
 		b.Fatal(err)
@@ -193,7 +193,7 @@ func hashFile(b *testing.B, path string) [32]byte {
 }
 
 // hashStored returns the BLAKE3 of file c as the store reads it back.
-func hashStored(b *testing.B, st *cas.Store, c cas.CID) [32]byte {
+func hashStored(b testing.TB, st *cas.Store, c cas.CID) [32]byte {
 	fr, err := st.OpenFile(c)
 	if err != nil {
 		b.Fatal(err)

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -61,7 +62,7 @@ func (d *daemon) stop(t testing.TB) {
 	if d.cmd.ProcessState != nil {
 		return
 	}
-	d.cmd.Process.Signal(os.Interrupt)
+	d.cmd.Process.Signal(syscall.SIGTERM)
 	done := make(chan error, 1)
 	go func() { done <- d.cmd.Wait() }()
 	select {

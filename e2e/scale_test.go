@@ -534,6 +534,10 @@ func TestSwarmSurvivesKills(t *testing.T) {
 		if in != fetched {
 			t.Errorf("%s: per-peer bytes in sum to %v; rdrr_swarm_fetched_bytes_total %v", name, in, fetched)
 		}
+		// Every verified answer is at most a piece (1 MiB by default).
+		if v := m["rdrr_swarm_verified_slices_total"]; v < fetched/(1<<20) || v > fetched {
+			t.Errorf("%s: rdrr_swarm_verified_slices_total %v for %v bytes fetched; want at least one a MiB", name, v, fetched)
+		}
 		if served := m["rdrr_swarm_served_bytes_total"]; out != served {
 			t.Errorf("%s: per-peer bytes out sum to %v; rdrr_swarm_served_bytes_total %v", name, out, served)
 		}

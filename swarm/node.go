@@ -57,7 +57,11 @@ type Event struct {
 type Stats struct {
 	Links        int   // open connections
 	FetchedBytes int64 // verified bytes written to the store
-	ServedBytes  int64 // bytes of data served
+	// VerifiedSlices counts the answers from peers (a piece, the rest of
+	// one, a range) that verified and were written: the pieces verified,
+	// as BadSlices counts those that failed.
+	VerifiedSlices int64
+	ServedBytes    int64 // bytes of data served
 	// ServedPartialBytes is the part of ServedBytes served from
 	// downloads in progress (PartialSource).
 	ServedPartialBytes int64
@@ -79,7 +83,13 @@ type Stats struct {
 
 type nodeStats struct {
 	fetchedBytes, servedBytes, servedPartialBytes, badSlices, bans, accepted, dialed atomic.Int64
-	corruptServed                                                                    atomic.Int64
+	corruptServed, verifiedSlices                                                    atomic.Int64
+}
+
+// verified counts a peer's answer of n bytes that verified and was written.
+func (st *nodeStats) verified(n int64) {
+	st.fetchedBytes.Add(n)
+	st.verifiedSlices.Add(1)
 }
 
 const (
@@ -355,6 +365,7 @@ func (n *Node) Stats() Stats {
 	return Stats{
 		Links:              nl,
 		FetchedBytes:       n.stats.fetchedBytes.Load(),
+		VerifiedSlices:     n.stats.verifiedSlices.Load(),
 		ServedBytes:        n.stats.servedBytes.Load(),
 		ServedPartialBytes: n.stats.servedPartialBytes.Load(),
 		ServingBytes:       serving,

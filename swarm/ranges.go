@@ -157,7 +157,7 @@ func (r *Ranges) FetchSlice(ctx context.Context, c cas.CID, size, off, n int64) 
 			errs = append(errs, fmt.Errorf("%s: %w", p, &BadDataError{Peer: p, Err: re}))
 			continue
 		}
-		r.Node.stats.fetchedBytes.Add(n)
+		r.Node.stats.verified(n)
 		return slice, nil
 	}
 	return nil, fmt.Errorf("swarm: no peer served [%d, +%d) of %s: %w", off, n, c, errors.Join(append(errs, cas.ErrNotFound)...))

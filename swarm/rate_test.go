@@ -100,6 +100,12 @@ func TestRateCaps(t *testing.T) {
 				t.Fatalf("3 MiB at a cap of 1 MiB/s took %v; want at least 2 s", took)
 			}
 			t.Logf("3 MiB in %v", took)
+			// The counters: every byte verified once, in answers of at
+			// most a piece (1 MiB) each, none bad.
+			st := n.Stats()
+			if st.FetchedBytes != int64(len(data)) || st.VerifiedSlices < 3 || st.BadSlices != 0 {
+				t.Fatalf("stats: %d bytes fetched in %d verified slices, %d bad; want %d bytes in at least 3, none bad", st.FetchedBytes, st.VerifiedSlices, st.BadSlices, len(data))
+			}
 		})
 	}
 }

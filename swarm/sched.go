@@ -822,7 +822,7 @@ func (s *scheduler) openBlob(ctx context.Context, b *blobJob) error {
 		missing := slices.ContainsFunc(part.Missing(), func(r cas.Range) bool { return r.Off <= off && off < r.Off+r.Len })
 		if s.f.writeSlice(part, w.cid, off, w.size-off, w.proof) == nil && missing {
 			s.f.touch()
-			s.f.n.stats.fetchedBytes.Add(w.size - off) // a group fetched (to prove the size)
+			s.f.n.stats.verified(w.size - off) // a group fetched (to prove the size)
 		}
 		w.proof = nil
 	}
@@ -957,7 +957,7 @@ func (s *scheduler) handBack(pc *piece, p peer.ID, lost bool) {
 // wroteBytes records that the first n bytes of pc were written.
 func (s *scheduler) wroteBytes(pc *piece, n int64) {
 	s.f.touch()
-	s.f.n.stats.fetchedBytes.Add(n)
+	s.f.n.stats.verified(n)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	pc.off += n

@@ -496,6 +496,7 @@ var (
 	descFetched = prometheus.NewDesc("rdrr_swarm_fetched_bytes_total", "Verified bytes fetched from peers.", nil, nil)
 	descServed  = prometheus.NewDesc("rdrr_swarm_served_bytes_total", "Bytes served to peers.", nil, nil)
 	descBad     = prometheus.NewDesc("rdrr_swarm_bad_slices_total", "Slices from peers that failed verification.", nil, nil)
+	descGood    = prometheus.NewDesc("rdrr_swarm_verified_slices_total", "Slices from peers (a piece, the rest of one, a range) that verified and were written.", nil, nil)
 	descBans    = prometheus.NewDesc("rdrr_swarm_bans_total", "Peers banned.", nil, nil)
 	descLinks   = prometheus.NewDesc("rdrr_swarm_links", "Open connections.", nil, nil)
 	descPeers   = prometheus.NewDesc("rdrr_swarm_peers", "Connected peers.", nil, nil)
@@ -511,7 +512,7 @@ var (
 const maxPeerMetrics = 256
 
 func (collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descFetched, descServed, descBad, descBans, descLinks, descPeers, descBlobs, descBytes, descServing, descFetchB, descFetchN, descPeerB} {
+	for _, d := range []*prometheus.Desc{descFetched, descServed, descBad, descGood, descBans, descLinks, descPeers, descBlobs, descBytes, descServing, descFetchB, descFetchN, descPeerB} {
 		ch <- d
 	}
 }
@@ -524,6 +525,7 @@ func (k collector) Collect(ch chan<- prometheus.Metric) {
 	m(descFetched, prometheus.CounterValue, float64(st.Swarm.FetchedBytes))
 	m(descServed, prometheus.CounterValue, float64(st.Swarm.ServedBytes))
 	m(descBad, prometheus.CounterValue, float64(st.Swarm.BadSlices))
+	m(descGood, prometheus.CounterValue, float64(st.Swarm.VerifiedSlices))
 	m(descBans, prometheus.CounterValue, float64(st.Swarm.Bans))
 	m(descLinks, prometheus.GaugeValue, float64(st.Swarm.Links))
 	m(descPeers, prometheus.GaugeValue, float64(st.Peers))
