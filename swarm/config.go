@@ -134,8 +134,9 @@ type Config struct {
 	ServeRate int64
 	// FetchRate caps the bytes a second the node's fetches ask for, over
 	// all peers and fetches (0: no cap): a download cap. A request waits
-	// for its turn before it is sent; the wait does not count towards its
-	// timeout, nor towards endgame's patience with the peer.
+	// for its turn before it is sent (demand overtaking prefetch and
+	// background: the pacer in serve.go); the wait does not count
+	// towards its timeout, and endgame copies no piece while it waits.
 	FetchRate int64
 	// SocketBuffer is the UDP socket buffer size asked for (default 4 MiB;
 	// the kernel caps it at net.core.rmem_max). Small buffers drop

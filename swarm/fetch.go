@@ -784,6 +784,9 @@ func (f *fetcher) probe(ctx context.Context, w *want, size int64, p peer.ID, l *
 	off := (bao.Groups(size) - 1) * bao.GroupSize
 	n := size - off
 	start := time.Now()
+	if err := f.n.fetchPace.wait(ctx, f.opt.Priority, cas.SliceLen(size, off, n)); err != nil {
+		return false
+	}
 	held, err := f.n.admit(ctx, f.opt.Priority, p, cas.SliceLen(size, off, n), func() {
 		f.opt.hooks.request(p, w.cid, off, n)
 	})

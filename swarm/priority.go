@@ -117,11 +117,6 @@ func (g *prioGate) confirm(p Priority, then func()) bool {
 // over. sent (may be nil) runs once admitted, under the gate's lock. On
 // success the caller releases held to the budget and leaves the gate.
 func (n *Node) admit(ctx context.Context, p Priority, remote peer.ID, total int64, sent func()) (held int64, err error) {
-	// The download cap first, so that its wait holds nothing of the
-	// budget's; the request's timeout starts after admit.
-	if err := n.fetchPace.wait(ctx, p, total); err != nil {
-		return 0, err
-	}
 	for {
 		if err := n.prio.enter(ctx, p); err != nil {
 			return 0, err

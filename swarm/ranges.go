@@ -127,6 +127,10 @@ func (r *Ranges) FetchSlice(ctx context.Context, c cas.CID, size, off, n int64) 
 		// The slice and the decoded cover are held (and allocated)
 		// within the node's fetch budget; the slice returned is the
 		// caller's.
+		// The download cap counts the bytes the peer sends.
+		if err := r.Node.fetchPace.wait(ctx, r.Priority, cas.SliceLen(size, off, n)); err != nil {
+			return nil, err
+		}
 		held, err := r.Node.admit(ctx, r.Priority, p, cas.SliceLen(size, off, n)+end-start, nil)
 		if err != nil {
 			return nil, err

@@ -26,6 +26,7 @@ type piece struct {
 	sent   time.Time
 	cancel context.CancelFunc
 	wrote  bool  // some of it was written
+	queued bool  // its request waits for the download cap's turn (pace)
 	dup    bool  // an endgame copy of another peer's piece
 	race   *race // set when an endgame copy of it is in flight
 }
@@ -594,7 +595,7 @@ func (s *scheduler) endgame(p peer.ID, maxReq int64) (*piece, time.Duration) {
 			continue
 		}
 		for pc := range b.flying {
-			if pc.peer == p || pc.dup || pc.wrote || pc.n > maxReq || !b.holds(p, pc) {
+			if pc.peer == p || pc.dup || pc.wrote || pc.queued || pc.n > maxReq || !b.holds(p, pc) {
 				continue
 			}
 			r := pc.race
@@ -659,6 +660,24 @@ func (s *scheduler) claim(pc *piece) bool {
 		}
 	}
 	return true
+}
+
+// pace waits (within ctx) for the download cap's turn of pc's request of
+// total bytes (Config.FetchRate). While it waits the piece is queued:
+// endgame copies nothing of it, as its peer has not been asked yet.
+func (s *scheduler) pace(ctx context.Context, pc *piece, total int64) error {
+	fp := s.f.n.fetchPace
+	if fp == nil {
+		return nil
+	}
+	s.mu.Lock()
+	pc.queued = true
+	s.mu.Unlock()
+	err := fp.wait(ctx, s.f.opt.Priority, total)
+	s.mu.Lock()
+	pc.queued = false
+	s.mu.Unlock()
+	return err
 }
 
 // sending records that pc's request is sent now: the time it waited for
@@ -1079,9 +1098,13 @@ func (s *scheduler) get(ctx context.Context, l *link, pc *piece, maxReq int64) g
 		start := time.Now()
 		budget := s.f.n.fetching
 		total := cas.SliceLen(b.w.size, pc.off, n)
-		held, err := s.f.n.admit(pctx, s.f.opt.Priority, l.remote, total, func() {
-			s.f.opt.hooks.request(l.remote, b.w.cid, pc.off, n)
-		})
+		var held int64
+		err := s.pace(pctx, pc, total)
+		if err == nil {
+			held, err = s.f.n.admit(pctx, s.f.opt.Priority, l.remote, total, func() {
+				s.f.opt.hooks.request(l.remote, b.w.cid, pc.off, n)
+			})
+		}
 		if err != nil {
 			if s.lostRace(pc) {
 				return lostRace

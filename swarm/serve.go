@@ -154,15 +154,22 @@ func (ch *channel) settleAll() {
 // its transmission time after the ones before it of its own or a higher
 // priority, and pushes back the later reservations of lower priorities:
 // a demand request is not queued behind the background requests that
-// reserved their turn before it. Those keep their times, so the rate can
-// pass the cap by what was reserved at the moment (within the fetch
-// budget's bytes); over a longer time it holds. Safe for concurrent use;
-// a nil pacer never waits.
+// reserved their turn before it. A reservation is made at most
+// paceAhead before its time (a transfer due later waits unreserved
+// first), so those that a higher priority overtakes are at most
+// paceAhead's worth of bytes a priority: the rate passes the cap by that
+// much at most, and over a longer time it holds; and a queue of waiting
+// transfers holds no turns that a cancelled one would leave unused (a
+// cancelled wait gives its turn back). Safe for concurrent use; a nil
+// pacer never waits.
 type pacer struct {
 	rate float64 // bytes a second
 	mu   sync.Mutex
 	next [numPriorities]time.Time // the end of each priority's reservations
 }
+
+// paceAhead is how long before its turn a transfer reserves it.
+const paceAhead = time.Second
 
 func newPacer(rate int64) *pacer {
 	if rate <= 0 {
@@ -179,22 +186,44 @@ func (p *pacer) wait(ctx context.Context, prio Priority, n int64) error {
 	}
 	prio = prio.clamp()
 	d := time.Duration(float64(n) / p.rate * float64(time.Second))
-	p.mu.Lock()
-	now := time.Now()
-	at := p.next[prio]
-	if at.Before(now) {
-		at = now
+	var at time.Time
+	for {
+		p.mu.Lock()
+		now := time.Now()
+		at = maxTime(p.next[prio], now)
+		if ahead := at.Sub(now); ahead > paceAhead {
+			p.mu.Unlock()
+			if err := sleepCtx(ctx, ahead-paceAhead); err != nil {
+				return err
+			}
+			continue
+		}
+		p.next[prio] = at.Add(d)
+		for q := prio + 1; q < numPriorities; q++ {
+			p.next[q] = maxTime(p.next[q], at).Add(d)
+		}
+		p.mu.Unlock()
+		break
 	}
-	p.next[prio] = at.Add(d)
-	for q := prio + 1; q < numPriorities; q++ {
-		p.next[q] = maxTime(p.next[q], at).Add(d)
+	if err := sleepCtx(ctx, time.Until(at)); err != nil {
+		// Give the turn back: the bytes are not sent.
+		p.mu.Lock()
+		now := time.Now()
+		for q := prio; q < numPriorities; q++ {
+			p.next[q] = maxTime(now, p.next[q].Add(-d))
+		}
+		p.mu.Unlock()
+		return err
 	}
-	p.mu.Unlock()
-	wait := time.Until(at)
-	if wait <= 0 {
-		return nil
+	return nil
+}
+
+// sleepCtx waits d, or returns ctx's error if it ends first.
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
 	}
-	t := time.NewTimer(wait)
+	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-t.C:

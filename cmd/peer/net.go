@@ -32,6 +32,10 @@ import (
 	"github.com/spf13/cobra"
 )
 
+// minRate is the least --upload-rate and --download-rate: a 16 KiB group
+// a second (below that, one 1 MiB piece would wait over a minute).
+const minRate = 16 << 10
+
 // defaultTopic is the swarm every peer joins unless told otherwise.
 const defaultTopic = "rdrr"
 
@@ -227,15 +231,15 @@ func (a *app) nodeConfig(cmd *cobra.Command, nf *netFlags, id *swarm.Identity, s
 	cfg := swarm.Config{Identity: id, Source: src, Loopback: loopback, Logger: a.log}
 	if nf.uploadRate != "" {
 		r, err := parseBytes(nf.uploadRate)
-		if err != nil || r <= 0 {
-			return swarm.Config{}, "", fmt.Errorf("--upload-rate %q: want a positive size such as 10MiB", nf.uploadRate)
+		if err != nil || r < minRate {
+			return swarm.Config{}, "", fmt.Errorf("--upload-rate %q: want a size of at least 16KiB such as 10MiB", nf.uploadRate)
 		}
 		cfg.ServeRate = r
 	}
 	if nf.downloadRate != "" {
 		r, err := parseBytes(nf.downloadRate)
-		if err != nil || r <= 0 {
-			return swarm.Config{}, "", fmt.Errorf("--download-rate %q: want a positive size such as 10MiB", nf.downloadRate)
+		if err != nil || r < minRate {
+			return swarm.Config{}, "", fmt.Errorf("--download-rate %q: want a size of at least 16KiB such as 10MiB", nf.downloadRate)
 		}
 		cfg.FetchRate = r
 	}

@@ -28,7 +28,9 @@ func parseBytes(s string) (int64, error) {
 		}
 	}
 	f, err := strconv.ParseFloat(t, 64)
-	if err != nil || f < 0 {
+	// NaN fails both comparisons; infinities and sizes past int64 fail
+	// the second (converting them is CPU-dependent).
+	if err != nil || !(f >= 0) || !(f*float64(mult) < 1<<63) {
 		return 0, fmt.Errorf("bad size %q (want e.g. 500MiB, 2GB, 1048576)", s)
 	}
 	return int64(f * float64(mult)), nil
