@@ -152,6 +152,7 @@ func (nf *netFlags) add(cmd *cobra.Command) {
 	f.StringSliceVar(&nf.topics, "topic", []string{defaultTopic}, "swarm topics to join (repeatable)")
 	f.BoolVar(&nf.loopback, "loopback", false, "connect over 127.0.0.1 only (default: true when the signaling server, or every bootstrap peer, is on loopback)")
 	f.StringSliceVar(&nf.iceServers, "ice-server", nil, "STUN/TURN server URL (repeatable)")
+	f.StringVar(&nf.downloadRate, "download-rate", "", "cap on the bytes a second fetched from peers, all fetches together; a demand request goes before prefetch and replication (e.g. 10MiB; default: none)")
 	nf.p2p = true
 }
 
@@ -164,7 +165,6 @@ func (nf *netFlags) addOverlay(cmd *cobra.Command) {
 	f.DurationVar(&nf.announce, "announce-interval", time.Minute, "how often new blobs of the store are announced on the DHT and gossip")
 	f.DurationVar(&nf.reprovide, "reprovide-interval", 12*time.Hour, "how often every announced blob is announced again (DHT records live 48 h)")
 	f.StringVar(&nf.uploadRate, "upload-rate", "", "cap on the bytes a second served to peers, all together (e.g. 10MiB; default: none)")
-	f.StringVar(&nf.downloadRate, "download-rate", "", "cap on the bytes a second fetched from peers, all fetches together; demand overtakes prefetch and replication (e.g. 10MiB; default: none)")
 }
 
 // p2pAddrFile is where a daemon writes its libp2p multiaddrs, one a line.
@@ -550,14 +550,15 @@ func storedCIDs(st *cas.Store) ([]cas.CID, error) {
 // fetchFromSwarm makes blob c (and its shards, if it is a collection)
 // present in st, fetching from the peers found through the signaling
 // server at signalURL in topic (default: the default swarm and the topic
-// named by the CID). verified, if not nil, is given each piece as it is
-// verified (swarm.FetchOptions.Verified).
-func fetchFromSwarm(ctx context.Context, a *app, st *cas.Store, c cas.CID, signalURL, topic string, verified func(cas.CID, int64, []byte)) error {
+// named by the CID), at most downloadRate bytes a second if it is not
+// empty (--download-rate). verified, if not nil, is given each piece as
+// it is verified (swarm.FetchOptions.Verified).
+func fetchFromSwarm(ctx context.Context, a *app, st *cas.Store, c cas.CID, signalURL, topic, downloadRate string, verified func(cas.CID, int64, []byte)) error {
 	id, _, err := swarm.InitIdentity(a.home)
 	if err != nil {
 		return err
 	}
-	nf := netFlags{signal: signalURL, topics: []string{topic}, p2p: true}
+	nf := netFlags{signal: signalURL, topics: []string{topic}, p2p: true, downloadRate: downloadRate}
 	if topic == "" {
 		nf.topics = []string{defaultTopic, c.String()}
 	}

@@ -192,7 +192,7 @@ func fileSize(path string) int64 {
 }
 
 func getCmd(a *app) *cobra.Command {
-	var out, signalURL, topic string
+	var out, signalURL, topic, downloadRate string
 	var force bool
 	cmd := &cobra.Command{
 		Use:   "get <cid> -o <path>",
@@ -223,7 +223,7 @@ func getCmd(a *app) *cobra.Command {
 						tee = newTeeOut(o.f, st, c, cancel)
 						verified = tee.verified
 					}
-					if err := fetchFromSwarm(ctx, a, st, c, signalURL, topic, verified); err != nil {
+					if err := fetchFromSwarm(ctx, a, st, c, signalURL, topic, downloadRate, verified); err != nil {
 						if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
 							err = cause // the output failed
 						}
@@ -268,6 +268,7 @@ func getCmd(a *app) *cobra.Command {
 	cmd.Flags().BoolVarP(&force, "force", "f", false, "replace the file at the output path if one exists (its mode is kept)")
 	cmd.Flags().StringVar(&signalURL, "signal", "", "signaling server to find peers through when the blob is not here (ws://host:port)")
 	cmd.Flags().StringVar(&topic, "topic", "", "swarm topic to look for providers in (default: the rdrr swarm and the CID's own topic)")
+	cmd.Flags().StringVar(&downloadRate, "download-rate", "", "cap on the bytes a second fetched from peers (e.g. 10MiB; default: none)")
 	return cmd
 }
 
