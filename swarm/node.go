@@ -120,7 +120,8 @@ type Node struct {
 	// buffer of the store's, and reading is CPU-bound (verification).
 	readSem chan struct{}
 	pace    *pacer // Config.ServeRate; nil: no cap
-	// fetchPace is Config.FetchRate's (nil: no cap): admit waits on it.
+	// fetchPace is Config.FetchRate's (nil: no cap): each request waits
+	// on it before admit.
 	fetchPace *pacer
 	prio      *prioGate
 	// checkSem lets one check of what we served run at a time

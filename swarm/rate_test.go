@@ -55,19 +55,42 @@ func TestPacerOrder(t *testing.T) {
 		t.Fatalf("the second demand request went %v after the first; want 1 s (the first one's turn)", d)
 	}
 
-	// A cancelled wait gives its turn back.
+	// A cancelled wait gives its turn back, in its own queue and in
+	// those of lower priorities that it pushed back, and wakes those
+	// waiting to reserve. Half a MiB of demand, then three MiB of demand
+	// reserved at 0.5 s and cancelled at 0.3 s: a background byte asked
+	// for meanwhile, 3.5 s from its turn and so not reserving it yet,
+	// goes at 0.5 s (not at 2.5 s, when it would have looked again).
 	p = newPacer(rate)
-	if err := p.wait(ctx, PriorityBackground, rate); err != nil {
+	if err := p.wait(ctx, PriorityDemand, rate/2); err != nil {
 		t.Fatal(err)
 	}
 	before := p.next
-	cctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	defer cancel()
-	if err := p.wait(cctx, PriorityBackground, rate); err == nil {
+	bgDone := make(chan time.Time, 1)
+	go func() {
+		time.Sleep(50 * time.Millisecond) // after the demand reserved
+		p.wait(ctx, PriorityBackground, 1)
+		bgDone <- time.Now()
+	}()
+	if err := p.wait(cctx, PriorityDemand, 3*rate); err == nil {
 		t.Fatal("a wait whose context ended before its turn returned nil; want its error")
 	}
-	if p.next != before {
-		t.Fatalf("a cancelled wait left the turns at %v; want them back at %v", p.next, before)
+	given := time.Now()
+	select {
+	case at := <-bgDone:
+		if d := at.Sub(given); d > 1200*time.Millisecond {
+			t.Fatalf("the background byte went %v after the turn before it was given back; want about 0.2 s", d)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the background byte did not go within 5 s")
+	}
+	p.mu.Lock()
+	after := p.next
+	p.mu.Unlock()
+	if !after[PriorityDemand].Equal(before[PriorityDemand]) || !after[PriorityPrefetch].Equal(before[PriorityPrefetch]) {
+		t.Fatalf("a cancelled demand wait left the demand and prefetch turns at %v; want them back at %v", after, before)
 	}
 
 	// A turn more than paceAhead away is not reserved while it waits: a
@@ -79,6 +102,7 @@ func TestPacerOrder(t *testing.T) {
 	}
 	before = p.next
 	cctx, cancel = context.WithCancel(ctx)
+	defer cancel()
 	done := make(chan error, 1)
 	go func() { done <- p.wait(cctx, PriorityDemand, rate/16) }()
 	time.Sleep(100 * time.Millisecond)

@@ -613,8 +613,12 @@ func (s *scheduler) endgame(p peer.ID, maxReq int64) (*piece, time.Duration) {
 			}
 			newest, mine := time.Time{}, false
 			for _, o := range r.runners {
-				if _, ok := b.flying[o]; ok && o.sent.After(newest) {
-					newest = o.sent
+				sent := o.sent
+				if o.queued {
+					sent = now // not asked yet: as if asked now
+				}
+				if _, ok := b.flying[o]; ok && sent.After(newest) {
+					newest = sent
 				}
 				mine = mine || o.peer == p
 			}
@@ -675,7 +679,10 @@ func (s *scheduler) pace(ctx context.Context, pc *piece, total int64) error {
 	s.mu.Unlock()
 	err := fp.wait(ctx, s.f.opt.Priority, total)
 	s.mu.Lock()
-	pc.queued = false
+	// In flight from now on: endgame's patience starts, and the workers
+	// that passed it over look again (they set no timer for it).
+	pc.queued, pc.sent = false, time.Now()
+	s.wakeAll()
 	s.mu.Unlock()
 	return err
 }

@@ -157,15 +157,19 @@ func (ch *channel) settleAll() {
 // reserved their turn before it. A reservation is made at most
 // paceAhead before its time (a transfer due later waits unreserved
 // first), so those that a higher priority overtakes are at most
-// paceAhead's worth of bytes a priority: the rate passes the cap by that
-// much at most, and over a longer time it holds; and a queue of waiting
-// transfers holds no turns that a cancelled one would leave unused (a
-// cancelled wait gives its turn back). Safe for concurrent use; a nil
-// pacer never waits.
+// paceAhead's worth of bytes a priority (plus one transfer): the rate
+// passes the cap by that much at most, and over a longer time it holds;
+// and a queue of waiting transfers holds no turns that a cancelled one
+// would leave unused (a cancelled wait gives its turn back, and those
+// waiting to reserve look again). Safe for concurrent use; a nil pacer
+// never waits.
 type pacer struct {
 	rate float64 // bytes a second
 	mu   sync.Mutex
 	next [numPriorities]time.Time // the end of each priority's reservations
+	// back is closed (and replaced) when a turn is given back: the
+	// transfers waiting to reserve look again.
+	back chan struct{}
 }
 
 // paceAhead is how long before its turn a transfer reserves it.
@@ -175,7 +179,7 @@ func newPacer(rate int64) *pacer {
 	if rate <= 0 {
 		return nil
 	}
-	return &pacer{rate: float64(rate)}
+	return &pacer{rate: float64(rate), back: make(chan struct{})}
 }
 
 // wait returns when n more bytes of priority prio may be sent, or with
@@ -192,30 +196,40 @@ func (p *pacer) wait(ctx context.Context, prio Priority, n int64) error {
 		now := time.Now()
 		at = maxTime(p.next[prio], now)
 		if ahead := at.Sub(now); ahead > paceAhead {
+			back := p.back
 			p.mu.Unlock()
-			if err := sleepCtx(ctx, ahead-paceAhead); err != nil {
-				return err
+			t := time.NewTimer(ahead - paceAhead)
+			select {
+			case <-t.C:
+			case <-back:
+				t.Stop()
+			case <-ctx.Done():
+				t.Stop()
+				return ctx.Err()
 			}
 			continue
 		}
-		p.next[prio] = at.Add(d)
-		for q := prio + 1; q < numPriorities; q++ {
-			p.next[q] = maxTime(p.next[q], at).Add(d)
-		}
-		p.mu.Unlock()
-		break
-	}
-	if err := sleepCtx(ctx, time.Until(at)); err != nil {
-		// Give the turn back: the bytes are not sent.
-		p.mu.Lock()
-		now := time.Now()
+		// What each queue is pushed back by, to give back exactly.
+		var raised [numPriorities]time.Duration
 		for q := prio; q < numPriorities; q++ {
-			p.next[q] = maxTime(now, p.next[q].Add(-d))
+			end := maxTime(p.next[q], at).Add(d)
+			raised[q] = end.Sub(p.next[q])
+			p.next[q] = end
 		}
 		p.mu.Unlock()
-		return err
+		if err := sleepCtx(ctx, time.Until(at)); err != nil {
+			// Give the turn back: the bytes are not sent.
+			p.mu.Lock()
+			for q := prio; q < numPriorities; q++ {
+				p.next[q] = p.next[q].Add(-raised[q])
+			}
+			close(p.back)
+			p.back = make(chan struct{})
+			p.mu.Unlock()
+			return err
+		}
+		return nil
 	}
-	return nil
 }
 
 // sleepCtx waits d, or returns ctx's error if it ends first.
