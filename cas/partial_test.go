@@ -776,3 +776,43 @@ func TestCoolingBounded(t *testing.T) {
 		t.Fatalf("oldest queued %q, want 3 (0-2 forgotten)", first)
 	}
 }
+
+// TestStoreCloseWaitsForClosingPartial checks that Store.Close waits for
+// the final flush of a download that its last holder is closing at that
+// moment, so that the flush's record reaches the index before it closes:
+// the store opened again resumes from every group written.
+func TestStoreCloseWaitsForClosingPartial(t *testing.T) {
+	fx := newFlushFixture(t, 53, 6*GroupSize)
+	p := fx.open(4)
+	entered, unblock := fx.blockSync()
+	released := make(chan error, 1)
+	go func() { released <- p.Close() }()
+	<-entered // the download's final flush is in its data sync
+	closed := make(chan error, 1)
+	go func() { closed <- fx.dst.Close() }()
+	select {
+	case err := <-closed:
+		t.Fatalf("Store.Close returned (%v) while a download's final flush was running", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	unblock()
+	if err := <-released; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-closed; err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(fx.dst.dir, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	q, err := s.OpenPartial(fx.c, fx.size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	if got, want := len(q.Missing()), 1; got != want || q.Missing()[0].Off != 4*GroupSize {
+		t.Fatalf("reopened with missing %v; want only the last 2 groups", q.Missing())
+	}
+}

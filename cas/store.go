@@ -154,10 +154,18 @@ func (s *Store) Close() error {
 		return nil
 	}
 	s.pmu.Lock()
-	s.shut = true // no OpenPartial from now on: this list is all there is
+	s.shut = true // no OpenPartial from now on: these lists are all there is
 	partials := make([]*Partial, 0, len(s.partials))
 	for _, p := range s.partials {
 		partials = append(partials, p)
+	}
+	// Downloads whose last holder is closing them right now: their final
+	// flush writes the record and the outboard, so the index must stay
+	// open until it is done (a daemon stopping while a fetch closes its
+	// downloads lost what it had verified since the last periodic flush).
+	closing := make([]chan struct{}, 0, len(s.closing))
+	for _, ch := range s.closing {
+		closing = append(closing, ch)
 	}
 	s.pmu.Unlock()
 	var errs []error
@@ -165,6 +173,9 @@ func (s *Store) Close() error {
 		p.mu.Lock()
 		errs = append(errs, p.releaseLocked(true)) // the store is closing
 		p.mu.Unlock()
+	}
+	for _, ch := range closing {
+		<-ch
 	}
 	errs = append(errs, s.flushAccess())
 	s.mu.Lock()
