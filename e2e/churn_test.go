@@ -8,7 +8,6 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -37,21 +36,9 @@ func TestSwarmChurn(t *testing.T) {
 	dir := t.TempDir()
 	size := int64(cas.ShardSize + 30<<20 + 5)
 	path := writeRandomFile(t, dir, 4242, size)
-	initHome := func(name string) string {
-		h := filepath.Join(dir, name)
-		if out, err := exec.Command(peer, "--home", h, "init").CombinedOutput(); err != nil {
-			t.Fatalf("peer init: %v %s", err, out)
-		}
-		return h
-	}
-	seedHome, leechHome := initHome("seed"), initHome("leech")
-	out, err := exec.Command(peer, "--home", seedHome, "add", "--json", "-q", path).Output()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var added []struct{ CID string }
-	json.Unmarshal(out, &added)
-	cid := added[0].CID
+	homes := initHomes(t, peer, dir, "seed", "leech")
+	seedHome, leechHome := homes[0], homes[1]
+	cid := peerAdd(t, peer, seedHome, path).String()
 
 	sigAddr := freeAddr(t)
 	common := []string{"--signal", "ws://" + sigAddr, "--announce-interval", "300ms"}
@@ -112,7 +99,7 @@ func TestSwarmChurn(t *testing.T) {
 		alive = rest
 		// Join: one more, if there is room.
 		if len(alive) < maxAlive {
-			h := initHome(fmt.Sprintf("c%d", joined))
+			h := initHomes(t, peer, dir, fmt.Sprintf("c%d", joined))[0]
 			d := startDaemon(t, peer, h, quiet...)
 			joined++
 			alive = append(alive, churner{d: d, stop: time.Now().Add(time.Duration(2000+rng.IntN(6000)) * time.Millisecond)})

@@ -3,6 +3,7 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"io"
 	"log/slog"
 	"math/rand/v2"
@@ -248,4 +249,37 @@ func sameFile(t testing.TB, st *cas.Store, c cas.CID, path string) bool {
 			return n1 == n2
 		}
 	}
+}
+
+// initHomes runs `peer init` on a home in dir for each name, and returns
+// their paths in order.
+func initHomes(t testing.TB, peer, dir string, names ...string) []string {
+	t.Helper()
+	homes := make([]string, len(names))
+	for i, name := range names {
+		homes[i] = filepath.Join(dir, name)
+		if out, err := exec.Command(peer, "--home", homes[i], "init").CombinedOutput(); err != nil {
+			t.Fatalf("peer init: %v %s", err, out)
+		}
+	}
+	return homes
+}
+
+// peerAdd runs `peer add` of one file into home and returns its CID.
+func peerAdd(t testing.TB, peer, home, path string) cas.CID {
+	t.Helper()
+	out, err := exec.Command(peer, "--home", home, "add", "--json", "-q", path).Output()
+	if err != nil {
+		t.Fatalf("peer add: %v", err)
+	}
+	var added []struct{ CID string }
+	json.Unmarshal(out, &added)
+	if len(added) != 1 {
+		t.Fatalf("peer add printed %s", out)
+	}
+	c, err := cas.ParseCID(added[0].CID)
+	if err != nil {
+		t.Fatalf("peer add printed %s: %v", out, err)
+	}
+	return c
 }

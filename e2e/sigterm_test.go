@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -30,27 +29,9 @@ func TestDaemonSIGTERMKeepsProgress(t *testing.T) {
 	size := int64(40<<20 + 12345) // one shard
 	path := writeRandomFile(t, dir, 4343, size)
 	want := hashFile(t, path)
-	initHome := func(name string) string {
-		h := filepath.Join(dir, name)
-		if out, err := exec.Command(peer, "--home", h, "init").CombinedOutput(); err != nil {
-			t.Fatalf("peer init: %v %s", err, out)
-		}
-		return h
-	}
-	seedHome, leechHome := initHome("seed"), initHome("leech")
-	out, err := exec.Command(peer, "--home", seedHome, "add", "--json", "-q", path).Output()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var added []struct{ CID string }
-	json.Unmarshal(out, &added)
-	if len(added) != 1 {
-		t.Fatalf("peer add printed %s", out)
-	}
-	cid, err := cas.ParseCID(added[0].CID)
-	if err != nil {
-		t.Fatal(err)
-	}
+	homes := initHomes(t, peer, dir, "seed", "leech")
+	seedHome, leechHome := homes[0], homes[1]
+	cid := peerAdd(t, peer, seedHome, path)
 	sigAddr := freeAddr(t)
 	// 8 MiB/s: the fetch takes about 5 s, long enough to stop it in the
 	// middle whatever the machine.
