@@ -100,6 +100,15 @@ type GPUModel struct {
 	// matrices lie in one arena buffer, and for paged experts where all of
 	// the call's matrices do (else the separate products run).
 	glu bool
+	// xq has the expert products read their x quantized (ops.QuantizeX:
+	// 8-bit integers and a scale a group of 16 values) and run as
+	// integer multiply-adds of two weights at a time (ops.Group.XQ,
+	// ops.Masked.XQ): the FFN's norm and the gate and up products' output
+	// are quantized by a dispatch each. On unless RDRR_GPU_XQ=0, with glu
+	// and not with partNorm. On an H200 the masked gate and up products
+	// took 52 us against 71, the down products 27 against 38
+	// (gpu/BENCHMARKS.md, 2026-11-28, evening).
+	xq bool
 	// pipeline has Generate record each step while the GPU runs the one
 	// before it (generatePipelined); RDRR_GPU_PIPELINE=0 turns it off,
 	// for measurements.
@@ -196,6 +205,7 @@ func NewGPUModel(ctx context.Context, m *Manifest, d *gpu.Device, cache *tiers.C
 	for l := range m.Config.NumHiddenLayers {
 		g.partNorm = g.partNorm && m.Config.IsMoE(l)
 	}
+	g.xq = os.Getenv("RDRR_GPU_XQ") != "0" && g.glu && !g.partNorm && m.Config.HiddenSize%ops.XQGroup == 0 && m.Config.ExpertFFN()%ops.XQGroup == 0
 	g.groupExperts()
 	rm := &RefModel{m: m, cache: cache}
 	inExpert := map[string]bool{}
@@ -268,6 +278,7 @@ func NewGPUModel(ctx context.Context, m *Manifest, d *gpu.Device, cache *tiers.C
 		"rlogits": c.Experts() * 4, "ids": idsPredOff + k*4, "w": k * 4, "gu": 2 * ((k*ffn*4 + 255) / 256 * 256),
 		"act": k * ffn * 4, "y": k * h * 4, "out": (c.VocabSize*4+255)/256*256 + 256 + c.NumHiddenLayers*256, "ones": 16, "sampled": 16, "freqs": hd / 2 * 4,
 		"pxn": h * 4, "plogits": c.Experts() * 4, "pw": k * 4, "xg": h * 4, "parts": ops.AccumParts(h) * 4,
+		"xnq": int(ops.XQBytes(h)) + 16, "actq": k*int(ops.XQBytes(ffn)) + 16,
 	}
 	for name, n := range sizes {
 		b, err := d.Alloc(uint64(n))
@@ -335,7 +346,10 @@ func (g *GPUModel) ffn(ctx context.Context, b *gpu.Batch, prefix string, n int) 
 // (one x for all if shared, else one per product), rows of each product
 // one after another. Slots in one arena buffer run as one
 // Q4KMatVecGroup; slots spread over several buffers run one by one.
-func (g *GPUModel) group(ctx context.Context, b *gpu.Batch, slots []int, x gpu.Region, shared bool, y *gpu.Buffer, yOff uint64, rows, cols int) {
+//
+// With xq, x is quantized (ops.QuantizeX's form, ops.XQBytes(cols) a
+// vector).
+func (g *GPUModel) group(ctx context.Context, b *gpu.Batch, slots []int, x gpu.Region, shared, xq bool, y *gpu.Buffer, yOff uint64, rows, cols int) {
 	buf0, _ := g.arena.Locate(slots[0])
 	idx := make([]int, len(slots))
 	same := true
@@ -345,17 +359,21 @@ func (g *GPUModel) group(ctx context.Context, b *gpu.Batch, slots []int, x gpu.R
 		same = same && buf == buf0
 	}
 	if same {
-		g.k.Q4KMatVecGroup(ctx, b, ops.Group{Arena: buf0, Slots: idx, X: x, SharedX: shared, Y: y.Sub(yOff, uint64(len(slots)*rows*4)), Rows: rows, Cols: cols})
+		g.k.Q4KMatVecGroup(ctx, b, ops.Group{Arena: buf0, Slots: idx, X: x, SharedX: shared, Y: y.Sub(yOff, uint64(len(slots)*rows*4)), Rows: rows, Cols: cols, XQ: xq})
 		return
 	}
-	xb := x.(*gpu.Buffer)
+	xs := gpu.SpanOf(x)
+	xBytes := uint64(cols * 4)
+	if xq {
+		xBytes = ops.XQBytes(cols)
+	}
 	for i, s := range slots {
 		buf, j := g.arena.Locate(s)
-		xi := gpu.Region(xb)
+		xi := gpu.Region(xs)
 		if !shared {
-			xi = xb.Sub(uint64(i*cols*4), uint64(cols*4))
+			xi = xs.Buffer().Sub(xs.Offset()+uint64(i)*xBytes, xBytes)
 		}
-		g.k.Q4KMatVecGroup(ctx, b, ops.Group{Arena: buf, Slots: []int{j}, X: xi, SharedX: true, Y: y.Sub(yOff+uint64(i*rows*4), uint64(rows*4)), Rows: rows, Cols: cols})
+		g.k.Q4KMatVecGroup(ctx, b, ops.Group{Arena: buf, Slots: []int{j}, X: xi, SharedX: true, Y: y.Sub(yOff+uint64(i*rows*4), uint64(rows*4)), Rows: rows, Cols: cols, XQ: xq})
 	}
 }
 
@@ -1055,6 +1073,13 @@ func (g *GPUModel) compile(ctx context.Context) error {
 				gm.Normed = g.normed
 				g.k.Q4KMatVecMasked(ctx, b, gm)
 			}
+			if g.xq {
+				// And of quantized x: masked gate and up, masked down.
+				gm.X, gm.XQ = g.gateX(), true
+				g.k.Q4KMatVecMasked(ctx, b, gm)
+				g.k.Q4KMatVecMasked(ctx, b, ops.Masked{Arena: buf, Slots: zeros, Experts: ids, Sel: B["ids"], K: k,
+					X: g.downX(ctx, b, 0, k), Y: B["y"], Rows: h, Cols: ffn, XQ: true})
+			}
 			g.gluGroup(ctx, b, slots[0][:1], slots[1][:1], 0)
 		}
 		g.finishLayer(ctx, b, l) // and the shared experts, if any
@@ -1156,8 +1181,36 @@ func (g *GPUModel) embedNorm(ctx context.Context, b *gpu.Batch) {
 }
 
 // normFFN records layer l's FFN input: xn = the FFN's RMSNorm of x.
+// With xq, a MoE layer's xn is also quantized into xnq for the gate and
+// up products.
 func (g *GPUModel) normFFN(ctx context.Context, b *gpu.Batch, l int) {
 	g.normX(ctx, b, fmt.Sprintf("model.layers.%d.post_attention_layernorm.weight", l))
+	if g.xq && g.m.Config.IsMoE(l) {
+		h := g.m.Config.HiddenSize
+		g.k.QuantizeX(ctx, b, g.buf["xn"], g.buf["xnq"].Sub(0, ops.XQBytes(h)), h)
+	}
+}
+
+// gateX is what the gate and up products read: xn, or with xq xnq.
+func (g *GPUModel) gateX() gpu.Region {
+	if g.xq {
+		return g.buf["xnq"].Sub(0, ops.XQBytes(g.m.Config.HiddenSize))
+	}
+	return g.buf["xn"]
+}
+
+// downX returns what the down products of the experts at places from..to
+// of the router's choice read: their rows of act, or with xq those rows
+// quantized into actq by a dispatch it records.
+func (g *GPUModel) downX(ctx context.Context, b *gpu.Batch, from, to int) gpu.Region {
+	ffn := g.m.Config.ExpertFFN()
+	act := g.buf["act"].Sub(uint64(from*ffn*4), uint64((to-from)*ffn*4))
+	if !g.xq {
+		return act
+	}
+	q := g.buf["actq"].Sub(uint64(from)*ops.XQBytes(ffn), uint64(to-from)*ops.XQBytes(ffn))
+	g.k.QuantizeX(ctx, b, act, q, (to-from)*ffn)
+	return q
 }
 
 // normX records xn = the RMSNorm of x with the dense weight named weight.
@@ -1237,11 +1290,11 @@ func (g *GPUModel) recordPaged(ctx context.Context, b *gpu.Batch, slots [3][]int
 	h, ffn, k := c.HiddenSize, c.ExpertFFN(), c.NumExpertsPerTok
 	up := uint64(g.upOff())
 	if !g.gluGroup(ctx, b, slots[0], slots[1], 0) {
-		g.group(ctx, b, slots[0], B["xn"], true, B["gu"], 0, ffn, h)
-		g.group(ctx, b, slots[1], B["xn"], true, B["gu"], up, ffn, h)
+		g.group(ctx, b, slots[0], g.gateX(), true, g.xq, B["gu"], 0, ffn, h)
+		g.group(ctx, b, slots[1], g.gateX(), true, g.xq, B["gu"], up, ffn, h)
 		g.k.SwiGLU(ctx, b, B["gu"].Sub(0, uint64(k*ffn*4)), B["gu"].Sub(up, uint64(k*ffn*4)), B["act"], k*ffn)
 	}
-	g.group(ctx, b, slots[2], B["act"], false, B["y"], 0, h, ffn)
+	g.group(ctx, b, slots[2], g.downX(ctx, b, 0, len(slots[2])), false, g.xq, B["y"], 0, h, ffn)
 }
 
 // gluGroup records, with glu, the gate and up products of the experts
@@ -1266,8 +1319,8 @@ func (g *GPUModel) gluGroup(ctx context.Context, b *gpu.Batch, gates, ups []int,
 			return false
 		}
 	}
-	g.k.Q4KMatVecGroup(ctx, b, ops.Group{Arena: buf0, Slots: gi, UpSlots: ui, X: g.buf["xn"], SharedX: true,
-		Y: g.buf["act"].Sub(uint64(at*ffn*4), uint64(len(gates)*ffn*4)), Rows: ffn, Cols: h})
+	g.k.Q4KMatVecGroup(ctx, b, ops.Group{Arena: buf0, Slots: gi, UpSlots: ui, X: g.gateX(), SharedX: true,
+		Y: g.buf["act"].Sub(uint64(at*ffn*4), uint64(len(gates)*ffn*4)), Rows: ffn, Cols: h, XQ: g.xq})
 	return true
 }
 
@@ -1286,12 +1339,12 @@ func (g *GPUModel) recordAt(ctx context.Context, b *gpu.Batch, pos []int, slots 
 			continue
 		}
 		row := uint64(at * ffn * 4)
-		g.group(ctx, b, slots[0][i:i+1], B["xn"], true, B["gu"], row, ffn, h)
-		g.group(ctx, b, slots[1][i:i+1], B["xn"], true, B["gu"], up+row, ffn, h)
+		g.group(ctx, b, slots[0][i:i+1], g.gateX(), true, g.xq, B["gu"], row, ffn, h)
+		g.group(ctx, b, slots[1][i:i+1], g.gateX(), true, g.xq, B["gu"], up+row, ffn, h)
 		g.k.SwiGLU(ctx, b, B["gu"].Sub(row, uint64(ffn*4)), B["gu"].Sub(up+row, uint64(ffn*4)), B["act"].Sub(row, uint64(ffn*4)), ffn)
 	}
 	for i, at := range pos {
-		g.group(ctx, b, slots[2][i:i+1], B["act"].Sub(uint64(at*ffn*4), uint64(ffn*4)), true, B["y"], uint64(at*h*4), h, ffn)
+		g.group(ctx, b, slots[2][i:i+1], g.downX(ctx, b, at, at+1), true, g.xq, B["y"], uint64(at*h*4), h, ffn)
 	}
 }
 
@@ -1552,7 +1605,7 @@ func (g *GPUModel) recordMaskedProducts(ctx context.Context, b *gpu.Batch, exper
 	h, ffn, k := c.HiddenSize, c.ExpertFFN(), c.NumExpertsPerTok
 	// products records the products of matrix kinds js (0 gate, 1 up, 2
 	// down); kind 1 goes to y's upper half (gate and up share a dispatch).
-	products := func(js []int, x gpu.Region, shared bool, y gpu.Region, upper, rows, cols int, swiglu bool) {
+	products := func(js []int, x gpu.Region, shared, xq bool, y gpu.Region, upper, rows, cols int, swiglu bool) {
 		type run struct{ slots, experts []int }
 		var order []*gpu.Buffer
 		runs := map[*gpu.Buffer]*run{}
@@ -1581,7 +1634,7 @@ func (g *GPUModel) recordMaskedProducts(ctx context.Context, b *gpu.Batch, exper
 						X: x, Y: y, Rows: rows, Cols: cols}, g.upOff())
 				} else {
 					m := ops.Masked{Arena: buf, Slots: r.slots[i:end], Experts: r.experts[i:end], Sel: sel, K: k,
-						X: x, SharedX: shared, Y: y, YUpper: upper, Rows: rows, Cols: cols}
+						X: x, SharedX: shared, Y: y, YUpper: upper, Rows: rows, Cols: cols, XQ: xq}
 					if shared && normed {
 						m.Normed = g.normed // the FFN's norm, from the accumulate before
 					}
@@ -1591,17 +1644,17 @@ func (g *GPUModel) recordMaskedProducts(ctx context.Context, b *gpu.Batch, exper
 		}
 	}
 	if g.glu && g.recordGLU(ctx, b, experts, held, sel, normed) {
-		products([]int{2}, B["act"], false, B["y"], 0, h, ffn, false)
+		products([]int{2}, g.downX(ctx, b, 0, k), false, g.xq, B["y"], 0, h, ffn, false)
 		return
 	}
 	upper := g.upOff()
-	products([]int{0, 1}, B["xn"], true, B["gu"], upper, ffn, h, false)
+	products([]int{0, 1}, g.gateX(), true, g.xq && !normed, B["gu"], upper, ffn, h, false)
 	if !g.fuseSwiGLU {
 		g.k.SwiGLU(ctx, b, B["gu"].Sub(0, uint64(k*ffn*4)), B["gu"].Sub(uint64(upper), uint64(k*ffn*4)), B["act"], k*ffn)
-		products([]int{2}, B["act"], false, B["y"], 0, h, ffn, false)
+		products([]int{2}, g.downX(ctx, b, 0, k), false, g.xq, B["y"], 0, h, ffn, false)
 	} else {
 		// The down products read silu(gate) * up straight from gu.
-		products([]int{2}, B["gu"], false, B["y"], 0, h, ffn, true)
+		products([]int{2}, B["gu"], false, false, B["y"], 0, h, ffn, true)
 	}
 }
 
@@ -1636,6 +1689,9 @@ func (g *GPUModel) recordGLU(ctx context.Context, b *gpu.Batch, experts []int, h
 			end := min(i+ops.MaxGroup/2, len(r.gates))
 			m := ops.Masked{Arena: buf, Slots: r.gates[i:end], UpSlots: r.ups[i:end], Experts: r.experts[i:end], Sel: sel, K: c.NumExpertsPerTok,
 				X: B["xn"], SharedX: true, Y: B["act"], Rows: c.ExpertFFN(), Cols: c.HiddenSize}
+			if !normed && g.xq {
+				m.X, m.XQ = g.gateX(), true
+			}
 			if normed {
 				m.Normed = g.normed // the FFN's norm, from the accumulate before
 			}

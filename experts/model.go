@@ -33,6 +33,11 @@ type RefModel struct {
 	Trace *tiers.TraceRecorder
 	// Routes counts how often each (layer, expert) was chosen.
 	Routes map[[2]int]int
+	// QuantizedExperts has the routed experts' products read their x
+	// as the GPU engine's quantized products do (ref.QuantizeX of the
+	// FFN's norm and of SwiGLU's output): the reference of that
+	// arithmetic, not of the model's.
+	QuantizedExperts bool
 }
 
 // NewRefModel reads m's dense tensors through cache (RAM level) and keeps
@@ -227,9 +232,13 @@ func (rm *RefModel) moe(ctx context.Context, l int, x []float64) ([]float64, err
 			return nil, err
 		}
 		pre := fmt.Sprintf("%sexperts.%d.", p, e)
-		g := matvec(w[pre+"gate_proj.weight"], x, ffn, h)
-		u := matvec(w[pre+"up_proj.weight"], x, ffn, h)
-		y := matvec(w[pre+"down_proj.weight"], ref.SwiGLU(g, u), h, ffn)
+		xe, act := x, func(v []float64) []float64 { return v }
+		if rm.QuantizedExperts {
+			xe, act = ref.QuantizeX(x), ref.QuantizeX
+		}
+		g := matvec(w[pre+"gate_proj.weight"], xe, ffn, h)
+		u := matvec(w[pre+"up_proj.weight"], xe, ffn, h)
+		y := matvec(w[pre+"down_proj.weight"], act(ref.SwiGLU(g, u)), h, ffn)
 		for j := range out {
 			out[j] += ws[i] * y[j]
 		}

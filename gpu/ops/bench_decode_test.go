@@ -43,21 +43,25 @@ func BenchmarkQ4KDecode(b *testing.B) {
 		rows, cols int
 		experts    int        // 0: one plain product; else masked, 8 experts
 		form       maskedForm // what the masked products read and write
+		xq         bool       // x quantized (QuantizeX), the _xq kernels
 	}
 	// gate_up and down (down computing SwiGLU of its x itself) keep the
 	// names of earlier measurements; glu and down_act are what a decode
 	// step runs by default.
 	shapes := []shape{
-		{"qkv", 6144, 4096, 0, 0},
-		{"o", 4096, 4096, 0, 0},
-		{"gate_up", 14336, 4096, 8, maskedGateUp},
-		{"glu", 14336, 4096, 8, maskedGLU},
-		{"down", 4096, 14336, 8, maskedDownSwiGLU},
-		{"down_act", 4096, 14336, 8, maskedDown},
-		{"head", 32000, 4096, 0, 0},
+		{"qkv", 6144, 4096, 0, 0, false},
+		{"o", 4096, 4096, 0, 0, false},
+		{"gate_up", 14336, 4096, 8, maskedGateUp, false},
+		{"glu", 14336, 4096, 8, maskedGLU, false},
+		{"glu_xq", 14336, 4096, 8, maskedGLU, true},
+		{"down", 4096, 14336, 8, maskedDownSwiGLU, false},
+		{"down_act", 4096, 14336, 8, maskedDown, false},
+		{"down_act_xq", 4096, 14336, 8, maskedDown, true},
+		{"head", 32000, 4096, 0, 0, false},
 	}
 	if m.cpu { // lavapipe: one small shape of each kind
-		shapes = []shape{{"qkv", 768, 512, 0, 0}, {"gate_up", 512, 512, 4, maskedGateUp}, {"glu", 512, 512, 4, maskedGLU}, {"down", 512, 512, 4, maskedDownSwiGLU}, {"down_act", 512, 512, 4, maskedDown}}
+		shapes = []shape{{"qkv", 768, 512, 0, 0, false}, {"gate_up", 512, 512, 4, maskedGateUp, false}, {"glu", 512, 512, 4, maskedGLU, false},
+			{"glu_xq", 512, 512, 4, maskedGLU, true}, {"down", 512, 512, 4, maskedDownSwiGLU, false}, {"down_act", 512, 512, 4, maskedDown, false}}
 	}
 	if !m.cpu {
 		// What the mask costs: the 4 gate and up products the router
@@ -102,7 +106,7 @@ func BenchmarkQ4KDecode(b *testing.B) {
 			if s.experts == 0 {
 				bytes, per = m.q4kSerial(b, s.rows, s.cols, cfg)
 			} else {
-				bytes, per = m.q4kMaskedSerial(b, s.rows, s.cols, s.experts, kSel, s.form, cfg)
+				bytes, per = m.q4kMaskedSerial(b, s.rows, s.cols, s.experts, kSel, s.form, s.xq, cfg)
 			}
 			report(b, bytes, per)
 		}
@@ -161,7 +165,7 @@ const (
 // f (gate and up products read one shared x, rows x cols each; down
 // products read their expert's x). Weights alternate between two arenas
 // so that a dispatch never reads what the previous one left in the L2.
-func (m *meter) q4kMaskedSerial(b *testing.B, rows, cols, experts, kSel int, f maskedForm, cfg *Q4KConfig) (float64, time.Duration) {
+func (m *meter) q4kMaskedSerial(b *testing.B, rows, cols, experts, kSel int, f maskedForm, xq bool, cfg *Q4KConfig) (float64, time.Duration) {
 	ctx := context.Background()
 	wBytes := abi.Q4K.Bytes(rows * cols)
 	gateUp := f == maskedGateUp || f == maskedGLU
@@ -220,6 +224,19 @@ func (m *meter) q4kMaskedSerial(b *testing.B, rows, cols, experts, kSel int, f m
 	}
 	x, y := m.alloc(b, uint64(nx*cols*4)), m.alloc(b, ySize)
 	m.fill(b, x, uint64(nx*cols*4))
+	xBytes := uint64(nx * cols * 4)
+	if xq {
+		// The same x quantized, as a decode step would hand it over.
+		q := m.alloc(b, uint64(nx)*XQBytes(cols))
+		bt := m.d.Batch()
+		if err := m.k.QuantizeX(ctx, bt, x, q, nx*cols); err != nil {
+			b.Fatal(err)
+		}
+		if err := bt.Submit(ctx); err != nil {
+			b.Fatal(err)
+		}
+		x, xBytes, g.xq = q, uint64(nx)*XQBytes(cols), true
+	}
 	c := DefaultQ4KConfig(rows*kSel, cols, 1)
 	if cfg != nil {
 		c = *cfg
@@ -235,5 +252,5 @@ func (m *meter) q4kMaskedSerial(b *testing.B, rows, cols, experts, kSel int, f m
 	if gateUp {
 		run = 2 * kSel
 	}
-	return float64(run)*float64(wBytes) + float64(nx*cols*4) + float64(ySize), per
+	return float64(run)*float64(wBytes) + float64(xBytes) + float64(ySize), per
 }

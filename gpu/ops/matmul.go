@@ -259,6 +259,10 @@ type Group struct {
 	// into Y (q4k_matmul_glu, as Masked.UpSlots): at most MaxGroup/2
 	// products.
 	UpSlots []int
+	// XQ, if set, makes X quantized (QuantizeX's form, XQBytes(Cols) a
+	// vector) and the products integer multiply-adds of two weights at a
+	// time (the _xq kernels).
+	XQ bool
 }
 
 // Q4KMatVecGroup records g with the configuration DefaultQ4KConfig picks
@@ -277,7 +281,7 @@ func (k *Kernels) Q4KMatVecGroupWith(ctx context.Context, b *gpu.Batch, cfg Q4KC
 // shape, not its regions): q4k_matmul with GROUPED = 1. Bindings: weight
 // arena, x, y.
 func GroupLaunch(cfg Q4KConfig, g Group) (Launch, error) {
-	return groupLaunch(cfg, groupCall{slots: g.Slots, upSlots: g.UpSlots, sharedX: g.SharedX, xUpper: -1, rows: g.Rows, cols: g.Cols})
+	return groupLaunch(cfg, groupCall{slots: g.Slots, upSlots: g.UpSlots, sharedX: g.SharedX, xUpper: -1, rows: g.Rows, cols: g.Cols, xq: g.XQ})
 }
 
 // Masked is an MoE layer's expert products with the router's choice left
@@ -306,11 +310,13 @@ type Masked struct {
 	// (q4k_matmul_masked_glu): Y gets K rows vectors of SwiGLU's output,
 	// no Experts entry has MaskedUpper, and at most MaxGroup/2 experts.
 	UpSlots []int
+	// XQ, if set, makes X quantized (as Group.XQ); not with Normed.
+	XQ bool
 }
 
 func (m Masked) call() groupCall {
 	return groupCall{slots: m.Slots, upSlots: m.UpSlots, experts: m.Experts, kSel: m.K,
-		sharedX: m.SharedX, xUpper: -1, yUpper: m.YUpper, rows: m.Rows, cols: m.Cols, normed: m.Normed}
+		sharedX: m.SharedX, xUpper: -1, yUpper: m.YUpper, rows: m.Rows, cols: m.Cols, normed: m.Normed, xq: m.XQ}
 }
 
 // binds are m's regions in the order of its kernel's bindings.
@@ -376,6 +382,7 @@ type groupCall struct {
 	yUpper         int
 	rows, cols     int
 	normed         Normed // masked only: if its Parts are set, x (shared) is an RMSNorm's output
+	xq             bool   // x quantized (QuantizeX): the _xq kernels
 }
 
 // MaskedUpper marks a Q4KMatVecMasked product whose output goes to the
@@ -404,6 +411,12 @@ func groupLaunch(cfg Q4KConfig, g groupCall) (Launch, error) {
 	glu := g.upSlots != nil
 	if glu {
 		name += "_glu"
+	}
+	if g.xq {
+		name += "_xq"
+		if xUpper >= 0 || g.normed.Parts != nil {
+			return Launch{}, shapeErr(name, "quantized x is not SwiGLU's gate and up or a norm's handed-over output")
+		}
 	}
 	if rows <= 0 || cols <= 0 || cols%256 != 0 || len(slots) == 0 || len(slots) > MaxGroup {
 		return Launch{}, shapeErr(name, "group of %d products of %dx%d (1..%d products; cols a positive multiple of 256)", len(slots), rows, cols, MaxGroup)
@@ -445,13 +458,17 @@ func groupLaunch(cfg Q4KConfig, g groupCall) (Launch, error) {
 	if sharedX {
 		nx = 1
 	}
-	binds := []Binding{{"weight arena", uint64(maxSlot+1) * slotBytes}, {"x", uint64(nx * cols * 4)}, {"y", yBytes}}
+	xBytes, xstride := uint64(cols*4), uint32(cols/4)
+	if g.xq {
+		xBytes = XQBytes(cols)
+		xstride = uint32(xBytes / 16)
+	}
+	binds := []Binding{{"weight arena", uint64(maxSlot+1) * slotBytes}, {"x", uint64(nx) * xBytes}, {"y", yBytes}}
 	perWG := cfg.rowsPerWG()
 	if glu {
 		perWG /= 2 // each output row takes a gate and an up row
 	}
 	gx, gy := grid(ceilDiv(uint64(rows), perWG))
-	xstride := uint32(cols / 4)
 	if sharedX {
 		xstride = 0
 	}

@@ -514,3 +514,27 @@ func Compare(got []float32, want []float64, scales []float64, tol Tol) error {
 	}
 	return nil
 }
+
+// QuantizeX returns the values that a Q4_K product of quantized x (the
+// gpu/ops _xq kernels) multiplies by: in each group of 16, the integers
+// round(v * 127 / max|v|) (float32 arithmetic, ties to even, clamped to
+// [-127, 127]) times max|v| / 127. A GPU's division may differ from Go's
+// in the last place, so a value can land one step away in rare ties.
+func QuantizeX(x []float64) []float64 {
+	out := make([]float64, len(x))
+	for g := 0; g+16 <= len(x); g += 16 {
+		var amax float32
+		for _, v := range x[g : g+16] {
+			amax = max(amax, float32(math.Abs(v)))
+		}
+		if amax == 0 {
+			continue
+		}
+		inv, scale := 127/amax, amax/127
+		for i, v := range x[g : g+16] {
+			q := float32(math.RoundToEven(float64(float32(v) * inv)))
+			out[g+i] = float64(min(max(q, -127), 127)) * float64(scale)
+		}
+	}
+	return out
+}

@@ -75,12 +75,23 @@ struct Params {
 }
 
 @group(0) @binding(0) var<storage, read> w: array<vec4<u32>>;
-@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
+//-XQ @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
+//+XQ @group(0) @binding(1) var<storage, read> x: array<vec4<u32>>;
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
 @group(1) @binding(0) var<uniform> p: Params;
 //+MASKED @group(0) @binding(3) var<storage, read> sel: array<u32>;
 //+PART //-MASKED @group(0) @binding(3) var<storage, read> part: array<f32>;
 //+PART //+MASKED @group(0) @binding(4) var<storage, read> part: array<f32>;
+
+// xr is vec4 i of x as floats, xu as words: each flavor's x is read
+// through them, so that the code of the other flavor's path still
+// type-checks (WGSL compiles branches that a constant turns off).
+//-XQ const XQ: u32 = 0u;
+//+XQ const XQ: u32 = 1u;
+//-XQ fn xr(i: u32) -> vec4<f32> { return x[i]; }
+//+XQ fn xr(i: u32) -> vec4<f32> { return bitcast<vec4<f32>>(x[i]); }
+//-XQ fn xu(i: u32) -> vec4<u32> { return bitcast<vec4<u32>>(x[i]); }
+//+XQ fn xu(i: u32) -> vec4<u32> { return x[i]; }
 
 // rms is what a row's sum is scaled by: 1 without PART.
 //-PART fn rms() -> f32 { return 1.0; }
@@ -253,14 +264,39 @@ const XH: vec4<f32> = vec4<f32>(0.000244140625, 0.00000095367431640625, 0.000015
 // xv is vec4 i of x (SWIGLU: silu of the gate times the up).
 fn xv(i: u32) -> vec4<f32> {
   if (SWIGLU == 1u) {
-    let g = x[i];
-    return g / (vec4<f32>(1.0) + exp(-g)) * x[i + xupper()];
+    let g = xr(i);
+    return g / (vec4<f32>(1.0) + exp(-g)) * xr(i + xupper());
   }
-  return x[i];
+  return xr(i);
 }
 
 fn load_x(o: u32) -> array<vec4<f32>, 8> {
   return array<vec4<f32>, 8>(xv(o), xv(o + 1u), xv(o + 2u), xv(o + 3u), xv(o + 8u), xv(o + 9u), xv(o + 10u), xv(o + 11u));
+}
+
+// load_xq returns a thread's quantized x (XQ) from vec4 g of x on: its
+// low group (16 values: g the pairs' first words, g + 1 their second,
+// g + 2 the scale and the sum) and its high group, 32 values later (g +
+// 6). quantize_x.wgsl writes them: a group's values v0..v15 are integers
+// in [-127, 127] times its scale, and word k of the first vec4 holds
+// v(4k+2) + 65536 v(4k), of the second v(4k+3) + 65536 v(4k+1) (two's
+// complement). A quant word masked to the low nibbles of its bytes 0 and
+// 2, q0 + 65536 q2, times the first: q0 v(4k+2) + 65536 (q0 v(4k) + q2
+// v(4k+2)), modulo 2^32. The upper half holds two products' sum.
+fn load_xq(g: u32) -> array<vec4<u32>, 6> {
+  return array<vec4<u32>, 6>(xu(g), xu(g + 1u), xu(g + 2u), xu(g + 6u), xu(g + 7u), xu(g + 8u));
+}
+
+// pairsum is the sum of the upper halves of four lanes of load_xq's
+// products (eight products, 16 weights), as a float. Bounds: the upper
+// halves add to at most 16 * 15 * 127 = 30480 in magnitude, the lower
+// (q0 v(4k+2) and its like) to at most 8 * 15 * 127 = 15240, so the
+// 32-bit sum is exact as a signed number and adding 2^15 before the
+// arithmetic shift rounds the lower halves away. Then the 1.5 * 2^23
+// trick (|h| < 2^22) makes it a float without a conversion instruction.
+fn pairsum(v: vec4<u32>) -> f32 {
+  let h = bitcast<i32>(v.x + v.y + v.z + v.w + 0x8000u) >> 16u;
+  return bitcast<f32>(bitcast<u32>(h) + 0x4b400000u) - 12582912.0;
 }
 
 // With POS 0 the scale is 1: f32(POS) picks 2^-8k or 1 per lane.
@@ -298,12 +334,61 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     acc[i] = 0.0;
   }
   var pre_x: array<vec4<f32>, 8>;
+  var pre_xq: array<vec4<u32>, 6>;
   var pre_h: array<vec4<u32>, ROWS>;
   var pre_q: array<vec4<u32>, ROWS>;
 
   for (var b = slot; b < p.nb; b += p.spr) {
     let xb = xbase + b * 64u + j * 16u + half * 4u; // this thread's first low x (vec4)
-    if (TOK == 1u) {
+    if (XQ == 1u) {
+      // Quantized x (matrix-vector only; see load_xq): the thread's 16
+      // low and 16 high weights of each row in 16 integer multiply-adds.
+      let gl = xbase + (b * 16u + 4u * j + half) * 3u;
+      if (PIPE == 1u && b == slot) {
+        pre_xq = load_xq(gl);
+        for (var r = 0u; r < ROWS; r++) {
+          let blk = blkAt(wbase, wup, row0, r, b);
+          pre_h[r] = w[blk];
+          pre_q[r] = w[blk + 1u + c];
+        }
+      }
+      var xq: array<vec4<u32>, 6>;
+      var hs: array<vec4<u32>, ROWS>;
+      var qs: array<vec4<u32>, ROWS>;
+      if (PIPE == 1u) {
+        xq = pre_xq;
+        hs = pre_h;
+        qs = pre_q;
+        let bn = min(b + p.spr, p.nb - 1u);
+        pre_xq = load_xq(xbase + (bn * 16u + 4u * j + half) * 3u);
+        for (var r = 0u; r < ROWS; r++) {
+          let blk = blkAt(wbase, wup, row0, r, bn);
+          pre_h[r] = w[blk];
+          pre_q[r] = w[blk + 1u + c];
+        }
+      } else {
+        xq = load_xq(gl);
+        for (var r = 0u; r < ROWS; r++) {
+          let blk = blkAt(wbase, wup, row0, r, b);
+          hs[r] = w[blk];
+          qs[r] = w[blk + 1u + c];
+        }
+      }
+      // Each group's scale and the sum of its values; pairs' 256 sc1
+      // and 256 m1 take the high group's 2^-8.
+      let ml = bitcast<vec4<f32>>(xq[2]);
+      let mh = bitcast<vec4<f32>>(xq[5]) * 0.00390625;
+      let M = vec4<u32>(0x000f000fu);
+      for (var r = 0u; r < ROWS; r++) {
+        let h = hs[r];
+        let q = qs[r];
+        let dm = unpack2x16float(h.x);
+        let sm = pairs(h, sel);
+        let lo = (q & M) * xq[0] + ((q >> vec4<u32>(8u)) & M) * xq[1];
+        let hi = ((q >> vec4<u32>(4u)) & M) * xq[3] + ((q >> vec4<u32>(12u)) & M) * xq[4];
+        acc[r] += dm.x * (sm.x * ml.x * pairsum(lo) + sm.y * mh.x * pairsum(hi)) - dm.y * (sm.z * ml.y + sm.w * mh.y);
+      }
+    } else if (TOK == 1u) {
       // Matrix-vector: load the 32 x values once, reuse them for ROWS rows.
       // With PIPE, the next block's loads are issued before this block's
       // arithmetic (software pipelining: more bytes in flight per thread).
@@ -390,14 +475,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let h3 = quad(q.w >> 4u);
         for (var t = 0u; t < TOK; t++) {
           let o = min(tok0 + t, p.n - 1u) * cols4 + xb;
-          let a0 = x[o];
-          let a1 = x[o + 1u];
-          let a2 = x[o + 2u];
-          let a3 = x[o + 3u];
-          let b0 = x[o + 8u];
-          let b1 = x[o + 9u];
-          let b2 = x[o + 10u];
-          let b3 = x[o + 11u];
+          let a0 = xr(o);
+          let a1 = xr(o + 1u);
+          let a2 = xr(o + 2u);
+          let a3 = xr(o + 3u);
+          let b0 = xr(o + 8u);
+          let b1 = xr(o + 9u);
+          let b2 = xr(o + 10u);
+          let b3 = xr(o + 11u);
           let sv = a0 + a1 + a2 + a3;
           let hv = b0 + b1 + b2 + b3;
           let dl = dot(l0, a0 * XS) + dot(l1, a1 * XS) + dot(l2, a2 * XS) + dot(l3, a3 * XS);

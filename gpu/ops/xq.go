@@ -1,0 +1,37 @@
+package ops
+
+import (
+	"context"
+
+	"github.com/rdrr/peer/gpu"
+)
+
+// XQGroup is how many values of x share a scale in the quantized form
+// that the _xq products read (QuantizeX).
+const XQGroup = 16
+
+// XQBytes is the size of n values of x in quantized form: three 16-byte
+// words a group of XQGroup (its values' pairs, its scale and sum).
+func XQBytes(n int) uint64 { return uint64(n/XQGroup) * 48 }
+
+// QuantizeXLaunch is the dispatch rule of QuantizeX. Bindings: x, q.
+func QuantizeXLaunch(n int) (Launch, error) {
+	const name = "quantize_x"
+	if n <= 0 || n%XQGroup != 0 {
+		return Launch{}, shapeErr(name, "%d values (a positive multiple of %d)", n, XQGroup)
+	}
+	groups := n / XQGroup
+	gx, gy := grid(ceilDiv(uint64(groups), 64))
+	return Launch{Kernel: name, Groups: [3]uint32{gx, gy, 1}, Params: gpu.Params{}.U32(uint32(groups)).U32(gx),
+		Bindings: []Binding{{"x", uint64(n * 4)}, {"q", XQBytes(n)}}}, nil
+}
+
+// QuantizeX records q = x quantized for the _xq products (Group.XQ,
+// Masked.XQ): each group of XQGroup values becomes integers in [-127,
+// 127] times a scale, the group's largest magnitude / 127 (ref.QuantizeX
+// gives the values the products then use). n values, x and q other
+// buffers or apart.
+func (k *Kernels) QuantizeX(ctx context.Context, b *gpu.Batch, x, q gpu.Region, n int) error {
+	l, err := QuantizeXLaunch(n)
+	return k.launch(ctx, b, l, err, x, q)
+}

@@ -1,0 +1,186 @@
+package ops
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"testing"
+
+	"github.com/rdrr/peer/gpu"
+	"github.com/rdrr/peer/gpu/ref"
+)
+
+// unpackXQ returns the values that n values of x in QuantizeX's form
+// stand for (integer times scale), checking each group's sum word.
+func unpackXQ(t *testing.T, raw []byte, n int) []float64 {
+	t.Helper()
+	out := make([]float64, n)
+	for g := range n / XQGroup {
+		w := func(i int) uint32 { return binary.LittleEndian.Uint32(raw[g*48+4*i:]) }
+		scale := float64(math.Float32frombits(w(8)))
+		sum := float64(math.Float32frombits(w(9)))
+		qsum := 0.0
+		for k := range 4 {
+			for pair, word := range [2]uint32{w(k), w(4 + k)} {
+				lo := int32(int16(word))       // value 4k + 2 + pair
+				hi := (int32(word) - lo) >> 16 // value 4k + pair
+				for _, v := range []struct {
+					i int
+					q int32
+				}{{4*k + pair, hi}, {4*k + 2 + pair, lo}} {
+					if v.q < -127 || v.q > 127 {
+						t.Fatalf("group %d value %d: %d is outside [-127, 127]", g, v.i, v.q)
+					}
+					out[g*XQGroup+v.i] = float64(v.q) * scale
+					qsum += float64(v.q)
+				}
+			}
+		}
+		if math.Abs(sum-qsum*scale) > 1e-6*math.Abs(qsum*scale)+1e-30 {
+			t.Fatalf("group %d: sum word %g; its values add to %g", g, sum, qsum*scale)
+		}
+	}
+	return out
+}
+
+// QuantizeX on the GPU gives ref.QuantizeX's values (one step off at
+// most, in the rare value where the GPU's division rounds otherwise), and
+// the _xq products of what it wrote equal float64 products of those values:
+// plain groups, gate and up together, masked with the router's choice on
+// the GPU, shared and per-product x, every thread layout the policy picks.
+func TestQ4KXQ(t *testing.T) {
+	d, k := shared.d, shared.k
+	r := rng(t)
+	for _, c := range []struct{ rows, cols int }{{37, 512}, {300, 4096}, {300, 2048}, {5, 256}} {
+		rows, cols := c.rows, c.cols
+		per := rows * cols / 256
+		const nslots = 5
+		arena := randQ4K(r, nslots*per)
+		ab := upload(t, d, arena)
+		matrix := func(slot int) []float64 {
+			w, err := ref.Q4K(arena[slot*per*144 : (slot+1)*per*144])
+			if err != nil {
+				t.Fatal(err)
+			}
+			return w
+		}
+		// Two vectors of x, the second group of the first all zeros and one
+		// value of the third large (a group's scale from one value).
+		xs := randF32(r, 2*cols, 1)
+		clear(xs[XQGroup : 2*XQGroup])
+		xs[2*XQGroup+5] = 300
+		xb := uploadF32(t, d, xs)
+		qb := poisoned(t, d, int(2*XQBytes(cols)))
+		run(t, d, func(b *gpu.Batch) error {
+			if err := k.QuantizeX(ctxT(t), b, xb.Sub(0, uint64(cols*4)), qb.Sub(0, XQBytes(cols)), cols); err != nil {
+				return err
+			}
+			return k.QuantizeX(ctxT(t), b, xb.Sub(uint64(cols*4), uint64(cols*4)), qb.Sub(XQBytes(cols), XQBytes(cols)), cols)
+		})
+		raw := make([]byte, 2*XQBytes(cols))
+		if err := d.Read(ctxT(t), qb, raw); err != nil {
+			t.Fatal(err)
+		}
+		xt := unpackXQ(t, raw, 2*cols)
+		want := ref.QuantizeX(ref.F32(xs))
+		off := 0
+		for i := range xt {
+			step := 0.0
+			for _, v := range xs[i/XQGroup*XQGroup : (i/XQGroup+1)*XQGroup] {
+				step = math.Max(step, math.Abs(float64(v))/127)
+			}
+			// The scale itself may be a float32 step off (a GPU's division).
+			if math.Abs(xt[i]-want[i]) <= 1e-6*127*step {
+				continue
+			}
+			off++
+			if math.Abs(xt[i]-want[i]) > step*1.0001 {
+				t.Fatalf("x[%d] = %g quantized to %g; want %g", i, xs[i], xt[i], want[i])
+			}
+		}
+		if off > len(xt)/100 {
+			t.Fatalf("%d of %d values one step from ref.QuantizeX's", off, len(xt))
+		}
+		for _, v := range xt[XQGroup : 2*XQGroup] {
+			if v != 0 {
+				t.Fatalf("a group of zeros quantized to %v", xt[XQGroup:2*XQGroup])
+			}
+		}
+		x0, x1 := xt[:cols], xt[cols:]
+		product := func(slot int, x []float64) ([]float64, []float64) { return ref.MatMul(matrix(slot), x, rows, cols, 1) }
+		glu := func(gate, up int, x []float64) (want, mag []float64) {
+			g, gm := product(gate, x)
+			u, um := product(up, x)
+			for i := range g {
+				s := 1 / (1 + math.Exp(-g[i]))
+				want = append(want, g[i]*s*u[i])
+				mag = append(mag, math.Abs(s*(1+g[i]*(1-s))*u[i])*gm[i]+math.Abs(g[i]*s)*um[i])
+			}
+			return want, mag
+		}
+		cat := func(parts ...[]float64) []float64 {
+			var out []float64
+			for _, p := range parts {
+				out = append(out, p...)
+			}
+			return out
+		}
+		check := func(what string, y gpu.Region, want, mag []float64) {
+			t.Helper()
+			if err := ref.Compare(readF32(t, d, y, len(want)), want, mag, ref.Tolerance(ref.OpMatMul)); err != nil {
+				t.Fatalf("%dx%d, %s: %v", rows, cols, what, err)
+			}
+		}
+		cfgs := []Q4KConfig{DefaultQ4KConfig(2*rows, cols, 1), DefaultQ4KConfig(8*7168, 2048, 1), {SPR: 1, Rows: 2}, {WG: 64, SPR: 2, Rows: 4, Pipeline: true}}
+		for _, cfg := range cfgs {
+			name := fmt.Sprintf("%+v", cfg)
+			// Plain group: slots 3 and 1 of x0 and x1.
+			y := poisoned(t, d, 2*rows*4)
+			run(t, d, func(b *gpu.Batch) error {
+				return k.Q4KMatVecGroupWith(ctxT(t), b, cfg, Group{Arena: ab, Slots: []int{3, 1}, X: qb, Y: y, Rows: rows, Cols: cols, XQ: true})
+			})
+			w3, m3 := product(3, x0)
+			w1, m1 := product(1, x1)
+			check(name+" group", y, cat(w3, w1), cat(m3, m1))
+			// Gate and up together, shared x.
+			run(t, d, func(b *gpu.Batch) error {
+				return k.Q4KMatVecGroupWith(ctxT(t), b, cfg, Group{Arena: ab, Slots: []int{4, 0}, UpSlots: []int{2, 2}, X: qb, SharedX: true, Y: y, Rows: rows, Cols: cols, XQ: true})
+			})
+			g0, gm0 := glu(4, 2, x0)
+			g1, gm1 := glu(0, 2, x0)
+			check(name+" GLU group", y, cat(g0, g1), cat(gm0, gm1))
+		}
+		// Masked, the router's choice (experts 2 then 0) on the GPU: gate and
+		// up of a shared x, and products of each chosen expert's own x.
+		sel := upload(t, d, gpu.Bytes([]uint32{2, 0}))
+		y := poisoned(t, d, 2*rows*4)
+		run(t, d, func(b *gpu.Batch) error {
+			return k.Q4KMatVecMasked(ctxT(t), b, Masked{Arena: ab, Slots: []int{1, 3, 4}, UpSlots: []int{0, 2, 1}, Experts: []int{0, 1, 2}, Sel: sel, K: 2, X: qb, SharedX: true, Y: y, Rows: rows, Cols: cols, XQ: true})
+		})
+		g2, gm2 := glu(4, 1, x0)
+		g0, gm0 := glu(1, 0, x0)
+		check("masked GLU", y, cat(g2, g0), cat(gm2, gm0))
+		run(t, d, func(b *gpu.Batch) error {
+			return k.Q4KMatVecMasked(ctxT(t), b, Masked{Arena: ab, Slots: []int{1, 3, 4}, Experts: []int{0, 1, 2}, Sel: sel, K: 2, X: qb, Y: y, Rows: rows, Cols: cols, XQ: true})
+		})
+		w4, m4 := product(4, x0)
+		w1, m1 := product(1, x1)
+		check("masked", y, cat(w4, w1), cat(m4, m1))
+		// Quantized x with SwiGLU's input or a norm handed over is refused.
+		for _, bad := range []func(b *gpu.Batch) error{
+			func(b *gpu.Batch) error {
+				return k.Q4KMatVecMaskedSwiGLU(ctxT(t), b, Masked{Arena: ab, Slots: []int{1}, Experts: []int{0}, Sel: sel, K: 1, X: qb, Y: y, Rows: rows, Cols: cols, XQ: true}, cols*4)
+			},
+			func(b *gpu.Batch) error {
+				return k.Q4KMatVecMasked(ctxT(t), b, Masked{Arena: ab, Slots: []int{1}, Experts: []int{0}, Sel: sel, K: 1, SharedX: true, Y: y, Rows: rows, Cols: cols, XQ: true, Normed: Normed{XG: xb, Parts: xb}})
+			},
+		} {
+			b := d.Batch()
+			bad(b)
+			if err := b.Submit(ctxT(t)); !errors.Is(err, gpu.ErrShape) {
+				t.Errorf("%dx%d: quantized x where it cannot be: %v; want gpu.ErrShape", rows, cols, err)
+			}
+		}
+	}
+}
