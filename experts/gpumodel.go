@@ -103,8 +103,9 @@ type GPUModel struct {
 	// xq has the expert products read their x quantized (ops.QuantizeX:
 	// 8-bit integers and a scale a group of 16 values) and run as
 	// integer multiply-adds of two weights at a time (ops.Group.XQ,
-	// ops.Masked.XQ): the FFN's norm and the gate and up products' output
-	// are quantized by a dispatch each. On unless RDRR_GPU_XQ=0, with glu
+	// ops.Masked.XQ): the FFN's norm hands its output over quantized too
+	// (ops.RMSNormXQ), and the gate and up products' output is quantized
+	// by a dispatch of its own. On unless RDRR_GPU_XQ=0, with glu
 	// and not with partNorm. On an H200 the masked gate and up products
 	// took 52 us against 71, the down products 27 against 38
 	// (gpu/BENCHMARKS.md, 2026-11-28, evening).
@@ -1182,13 +1183,15 @@ func (g *GPUModel) embedNorm(ctx context.Context, b *gpu.Batch) {
 
 // normFFN records layer l's FFN input: xn = the FFN's RMSNorm of x.
 // With xq, a MoE layer's xn is also quantized into xnq for the gate and
-// up products.
+// up products, by the same dispatch.
 func (g *GPUModel) normFFN(ctx context.Context, b *gpu.Batch, l int) {
-	g.normX(ctx, b, fmt.Sprintf("model.layers.%d.post_attention_layernorm.weight", l))
-	if g.xq && g.m.Config.IsMoE(l) {
-		h := g.m.Config.HiddenSize
-		g.k.QuantizeX(ctx, b, g.buf["xn"], g.buf["xnq"].Sub(0, ops.XQBytes(h)), h)
+	weight := fmt.Sprintf("model.layers.%d.post_attention_layernorm.weight", l)
+	c := &g.m.Config
+	if g.xq && c.IsMoE(l) {
+		g.k.RMSNormXQ(ctx, b, g.buf["x"], g.dense[weight], g.buf["xn"], g.gateX(), ops.NormShape{Rows: 1, Dim: c.HiddenSize, Eps: float32(c.RMSNormEps)})
+		return
 	}
+	g.normX(ctx, b, weight)
 }
 
 // gateX is what the gate and up products read: xn, or with xq xnq.

@@ -49,6 +49,7 @@ var builtins = map[string]builtin{
 	"q4k_matmul_masked_xq":     {"q4k_matmul.wgsl", []gpu.Access{ro, ro, rw, ro}, 176, "MASKED XQ"},
 	"q4k_matmul_masked_glu_xq": {"q4k_matmul.wgsl", []gpu.Access{ro, ro, rw, ro}, 176, "MASKED GLU XQ"},
 	"quantize_x":               {"quantize_x.wgsl", []gpu.Access{ro, rw}, 8, ""},
+	"rmsnorm_xq":               {"quantize_x.wgsl", []gpu.Access{ro, ro, rw, rw}, 16, "NORM"},
 	"accumulate_norm":          {"accumulate.wgsl", []gpu.Access{ro, ro, rw, ro, rw, rw}, 16, "NORM"},
 	"q4k_dequant":              {"q4k_dequant.wgsl", []gpu.Access{ro, rw}, 8, ""},
 	"q4k_matvec_co":            {"q4k_matvec_co.wgsl", []gpu.Access{ro, ro, rw}, 20, ""},

@@ -35,3 +35,25 @@ func (k *Kernels) QuantizeX(ctx context.Context, b *gpu.Batch, x, q gpu.Region, 
 	l, err := QuantizeXLaunch(n)
 	return k.launch(ctx, b, l, err, x, q)
 }
+
+// RMSNormXQLaunch is the dispatch rule of RMSNormXQ: one workgroup a row.
+// Bindings: x, w, y, q.
+func RMSNormXQLaunch(s NormShape) (Launch, error) {
+	const name = "rmsnorm_xq"
+	n, d := s.Rows, s.Dim
+	if n <= 0 || d <= 0 || d%XQGroup != 0 {
+		return Launch{}, shapeErr(name, "%d rows of %d (a positive multiple of %d)", n, d, XQGroup)
+	}
+	gx, gy := grid(uint64(n))
+	return Launch{Kernel: name, Groups: [3]uint32{gx, gy, 1},
+		Params:   gpu.Params{}.U32(uint32(n)).U32(uint32(d)).F32(s.Eps).U32(gx),
+		Bindings: []Binding{{"x", uint64(n * d * 4)}, {"w", uint64(d * 4)}, {"y", uint64(n * d * 4)}, {"q", uint64(n) * XQBytes(d)}}}, nil
+}
+
+// RMSNormXQ records RMSNorm's y and, in the same dispatch, y quantized
+// into q (QuantizeX's form): the norm that feeds both a float product
+// (an MoE router) and quantized ones (its experts) in one dispatch.
+func (k *Kernels) RMSNormXQ(ctx context.Context, b *gpu.Batch, x, w, y, q gpu.Region, s NormShape) error {
+	l, err := RMSNormXQLaunch(s)
+	return k.launch(ctx, b, l, err, x, w, y, q)
+}

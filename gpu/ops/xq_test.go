@@ -184,3 +184,50 @@ func TestQ4KXQ(t *testing.T) {
 		}
 	}
 }
+
+// RMSNormXQ writes RMSNorm's output and the same quantized (within a step
+// of ref.QuantizeX of that output, as QuantizeX): rows of one group a
+// thread, of several, and of a part of the workgroup only.
+func TestRMSNormXQ(t *testing.T) {
+	d, k := shared.d, shared.k
+	r := rng(t)
+	for _, c := range []struct{ rows, dim int }{{1, 4096}, {2, 256}, {3, 7168}, {1, 48}} {
+		xs := randF32(r, c.rows*c.dim, 2)
+		ws := randF32(r, c.dim, 1)
+		xb, wb := uploadF32(t, d, xs), uploadF32(t, d, ws)
+		y := poisoned(t, d, c.rows*c.dim*4)
+		q := poisoned(t, d, int(uint64(c.rows)*XQBytes(c.dim)))
+		s := NormShape{Rows: c.rows, Dim: c.dim, Eps: 1e-5}
+		run(t, d, func(b *gpu.Batch) error { return k.RMSNormXQ(ctxT(t), b, xb, wb, y, q, s) })
+		got := readF32(t, d, y, c.rows*c.dim)
+		want := ref.RMSNorm(ref.F32(xs), ref.F32(ws), c.rows, c.dim, 1e-5)
+		mag := make([]float64, len(want))
+		for i := range mag {
+			mag[i] = math.Abs(want[i])
+		}
+		if err := ref.Compare(got, want, mag, ref.Tolerance(ref.OpRMSNorm)); err != nil {
+			t.Fatalf("%dx%d: %v", c.rows, c.dim, err)
+		}
+		raw := make([]byte, uint64(c.rows)*XQBytes(c.dim))
+		if err := d.Read(ctxT(t), q, raw); err != nil {
+			t.Fatal(err)
+		}
+		xt := unpackXQ(t, raw, c.rows*c.dim)
+		wq := ref.QuantizeX(ref.F32(got))
+		for i := range xt {
+			step := 0.0
+			for _, v := range got[i/XQGroup*XQGroup : (i/XQGroup+1)*XQGroup] {
+				step = math.Max(step, math.Abs(float64(v))/127)
+			}
+			if math.Abs(xt[i]-wq[i]) > step*1.0001 {
+				t.Fatalf("%dx%d: y[%d] = %g quantized to %g; want %g", c.rows, c.dim, i, got[i], xt[i], wq[i])
+			}
+		}
+	}
+	b := d.Batch()
+	x := poisoned(t, d, 40*4)
+	k.RMSNormXQ(ctxT(t), b, x, x, x, x, NormShape{Rows: 1, Dim: 40})
+	if err := b.Submit(ctxT(t)); !errors.Is(err, gpu.ErrShape) {
+		t.Errorf("a row of 40 values: %v; want gpu.ErrShape", err)
+	}
+}

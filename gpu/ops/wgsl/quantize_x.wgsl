@@ -4,38 +4,93 @@
 // pairs' first words, v(4k+2) + 65536 v(4k), their second words, v(4k+3)
 // + 65536 v(4k+1) (two's complement, k = 0..3), and (scale, the sum of
 // the group's quantized values times the scale, 0, 0). One thread a
-// group. ops.QuantizeX is the same on the CPU.
+// group. ref.QuantizeX gives the values on the CPU.
+//
+// The NORM flavor (kernel rmsnorm_xq) is an RMSNorm that hands its output
+// over quantized as well: y = x / sqrt(mean(x^2) + eps) * w, one
+// workgroup a row of d values, each thread a group of 16 in turn; the
+// norm's output need not be read back by a dispatch of its own.
 
 struct Params {
-  groups: u32,
-  gx: u32,
+//-NORM  groups: u32,
+//-NORM  gx: u32,
+//+NORM  n: u32,
+//+NORM  d: u32,
+//+NORM  eps: f32,
+//+NORM  gx: u32,
 }
 
 @group(0) @binding(0) var<storage, read> x: array<vec4<f32>>;
-@group(0) @binding(1) var<storage, read_write> q: array<vec4<u32>>;
+//-NORM @group(0) @binding(1) var<storage, read_write> q: array<vec4<u32>>;
+//+NORM @group(0) @binding(1) var<storage, read> w: array<vec4<f32>>;
+//+NORM @group(0) @binding(2) var<storage, read_write> y: array<vec4<f32>>;
+//+NORM @group(0) @binding(3) var<storage, read_write> q: array<vec4<u32>>;
 @group(1) @binding(0) var<uniform> p: Params;
 
-@compute @workgroup_size(64)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
-  let g = (wid.x + wid.y * p.gx) * 64u + tid;
-  if (g >= p.groups) {
-    return;
-  }
-  var v = array<vec4<f32>, 4>(x[4u * g], x[4u * g + 1u], x[4u * g + 2u], x[4u * g + 3u]);
+// quantize writes group g of q from its 16 values v.
+fn quantize(v: array<vec4<f32>, 4>, g: u32) {
   let a = max(max(abs(v[0]), abs(v[1])), max(abs(v[2]), abs(v[3])));
   let amax = max(max(a.x, a.y), max(a.z, a.w));
   let inv = select(0.0, 127.0 / amax, amax > 0.0);
-  var qs: array<vec4<i32>, 4>;
-  var sum = vec4<i32>(0);
-  for (var k = 0u; k < 4u; k++) {
-    qs[k] = vec4<i32>(clamp(round(v[k] * inv), vec4<f32>(-127.0), vec4<f32>(127.0)));
-    sum += qs[k];
-  }
-  // Word k: values 4k..4k+3 are qs[k].xyzw.
-  let first = vec4<i32>(qs[0].z, qs[1].z, qs[2].z, qs[3].z) + vec4<i32>(qs[0].x, qs[1].x, qs[2].x, qs[3].x) * 65536;
-  let second = vec4<i32>(qs[0].w, qs[1].w, qs[2].w, qs[3].w) + vec4<i32>(qs[0].y, qs[1].y, qs[2].y, qs[3].y) * 65536;
+  let q0 = vec4<i32>(clamp(round(v[0] * inv), vec4<f32>(-127.0), vec4<f32>(127.0)));
+  let q1 = vec4<i32>(clamp(round(v[1] * inv), vec4<f32>(-127.0), vec4<f32>(127.0)));
+  let q2 = vec4<i32>(clamp(round(v[2] * inv), vec4<f32>(-127.0), vec4<f32>(127.0)));
+  let q3 = vec4<i32>(clamp(round(v[3] * inv), vec4<f32>(-127.0), vec4<f32>(127.0)));
+  let sum = q0 + q1 + q2 + q3;
+  // Word k: values 4k..4k+3 are qk.xyzw.
+  let first = vec4<i32>(q0.z, q1.z, q2.z, q3.z) + vec4<i32>(q0.x, q1.x, q2.x, q3.x) * 65536;
+  let second = vec4<i32>(q0.w, q1.w, q2.w, q3.w) + vec4<i32>(q0.y, q1.y, q2.y, q3.y) * 65536;
   let scale = amax / 127.0;
   q[3u * g] = bitcast<vec4<u32>>(first);
   q[3u * g + 1u] = bitcast<vec4<u32>>(second);
   q[3u * g + 2u] = vec4<u32>(bitcast<u32>(scale), bitcast<u32>(scale * f32(sum.x + sum.y + sum.z + sum.w)), 0u, 0u);
 }
+
+//-NORM @compute @workgroup_size(64)
+//-NORM fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+//-NORM   let g = (wid.x + wid.y * p.gx) * 64u + tid;
+//-NORM   if (g >= p.groups) {
+//-NORM     return;
+//-NORM   }
+//-NORM   quantize(array<vec4<f32>, 4>(x[4u * g], x[4u * g + 1u], x[4u * g + 2u], x[4u * g + 3u]), g);
+//-NORM }
+
+//+NORM const WG: u32 = 256u;
+//+NORM var<workgroup> red: array<f32, WG>;
+//+NORM
+//+NORM @compute @workgroup_size(256)
+//+NORM fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+//+NORM   let row = wid.x + wid.y * p.gx;
+//+NORM   if (row >= p.n) {
+//+NORM     return; // uniform: the whole workgroup
+//+NORM   }
+//+NORM   let groups = p.d / 16u;
+//+NORM   let base = row * groups; // in groups; x's vec4 at 4 * group
+//+NORM   var s = 0.0;
+//+NORM   for (var g = tid; g < groups; g += WG) {
+//+NORM     let a = x[4u * (base + g)];
+//+NORM     let b = x[4u * (base + g) + 1u];
+//+NORM     let c = x[4u * (base + g) + 2u];
+//+NORM     let e = x[4u * (base + g) + 3u];
+//+NORM     s += dot(a, a) + dot(b, b) + dot(c, c) + dot(e, e);
+//+NORM   }
+//+NORM   red[tid] = s;
+//+NORM   for (var k = WG / 2u; k > 0u; k >>= 1u) {
+//+NORM     workgroupBarrier();
+//+NORM     if (tid < k) {
+//+NORM       red[tid] += red[tid + k];
+//+NORM     }
+//+NORM   }
+//+NORM   workgroupBarrier();
+//+NORM   let inv = 1.0 / sqrt(red[0] / f32(p.d) + p.eps);
+//+NORM   for (var g = tid; g < groups; g += WG) {
+//+NORM     let o = 4u * (base + g);
+//+NORM     let v = array<vec4<f32>, 4>(x[o] * inv * w[4u * g], x[o + 1u] * inv * w[4u * g + 1u],
+//+NORM       x[o + 2u] * inv * w[4u * g + 2u], x[o + 3u] * inv * w[4u * g + 3u]);
+//+NORM     y[o] = v[0];
+//+NORM     y[o + 1u] = v[1];
+//+NORM     y[o + 2u] = v[2];
+//+NORM     y[o + 3u] = v[3];
+//+NORM     quantize(v, base + g);
+//+NORM   }
+//+NORM }
