@@ -57,6 +57,12 @@ type GPUModel struct {
 	// router then really chose.
 	Predicted, Correct int
 	predicted          map[int][]*tiers.Prefetch // expert -> its matrices' prefetches
+	// keys are the expert matrices' cache keys by tensor name, and
+	// layerKeys each MoE layer's (three an expert, in order; nil where the
+	// manifest lacks one): a resident step holds every matrix of every
+	// layer, and a key's shard CID is a hex decode.
+	keys      map[string]tiers.Key
+	layerKeys [][]tiers.Key
 	// Profile is where the steps' wall time went.
 	Profile StepProfile
 	// fuseO adds the o product into the residual in one dispatch (instead
@@ -100,16 +106,22 @@ type GPUModel struct {
 	// matrices lie in one arena buffer, and for paged experts where all of
 	// the call's matrices do (else the separate products run).
 	glu bool
-	// xq has the expert products read their x quantized (ops.QuantizeX:
-	// 8-bit integers and a scale a group of 16 values) and run as
-	// integer multiply-adds of two weights at a time (ops.Group.XQ,
-	// ops.Masked.XQ): the FFN's norm hands its output over quantized too
-	// (ops.RMSNormXQ), and the gate and up products' output is quantized
-	// by a dispatch of its own. On unless RDRR_GPU_XQ=0, with glu
+	// xq has the layers' Q4_K products read their x quantized
+	// (ops.QuantizeX: 8-bit integers and a scale a group of 16 values)
+	// and run as integer multiply-adds of two weights at a time
+	// (ops.Q4KMatVecXQ, ops.Group.XQ, ops.Masked.XQ): the norms before the
+	// q k v product and the experts hand their output over quantized too
+	// (ops.RMSNormXQ), as does the attention's merge (ops.AttentionXQ),
+	// and the gate and up products' output is quantized by a dispatch of
+	// its own. The LM head reads float x (the logits stay as exact as the
+	// sampler's reference needs). On unless RDRR_GPU_XQ=0, with glu
 	// and not with partNorm. On an H200 the masked gate and up products
 	// took 52 us against 71, the down products 27 against 38
 	// (gpu/BENCHMARKS.md, 2026-11-28, evening).
 	xq bool
+	// xqAttn is xq for the attention's products (q k v and o) too: on
+	// with xq unless RDRR_GPU_XQ=experts.
+	xqAttn bool
 	// pipeline has Generate record each step while the GPU runs the one
 	// before it (generatePipelined); RDRR_GPU_PIPELINE=0 turns it off,
 	// for measurements.
@@ -207,7 +219,9 @@ func NewGPUModel(ctx context.Context, m *Manifest, d *gpu.Device, cache *tiers.C
 		g.partNorm = g.partNorm && m.Config.IsMoE(l)
 	}
 	g.xq = os.Getenv("RDRR_GPU_XQ") != "0" && g.glu && !g.partNorm && m.Config.HiddenSize%ops.XQGroup == 0 && m.Config.ExpertFFN()%ops.XQGroup == 0
+	g.xqAttn = g.xq && os.Getenv("RDRR_GPU_XQ") != "experts"
 	g.groupExperts()
+	g.expertKeys()
 	rm := &RefModel{m: m, cache: cache}
 	inExpert := map[string]bool{}
 	for _, e := range m.Experts {
@@ -279,7 +293,7 @@ func NewGPUModel(ctx context.Context, m *Manifest, d *gpu.Device, cache *tiers.C
 		"rlogits": c.Experts() * 4, "ids": idsPredOff + k*4, "w": k * 4, "gu": 2 * ((k*ffn*4 + 255) / 256 * 256),
 		"act": k * ffn * 4, "y": k * h * 4, "out": (c.VocabSize*4+255)/256*256 + 256 + c.NumHiddenLayers*256, "ones": 16, "sampled": 16, "freqs": hd / 2 * 4,
 		"pxn": h * 4, "plogits": c.Experts() * 4, "pw": k * 4, "xg": h * 4, "parts": ops.AccumParts(h) * 4,
-		"xnq": int(ops.XQBytes(h)) + 16, "actq": k*int(ops.XQBytes(ffn)) + 16,
+		"xnq": int(ops.XQBytes(h)) + 16, "actq": k*int(ops.XQBytes(ffn)) + 16, "attq": int(ops.XQBytes(nq*hd)) + 16,
 	}
 	for name, n := range sizes {
 		b, err := d.Alloc(uint64(n))
@@ -420,9 +434,38 @@ func (g *GPUModel) prefetch(l int, ids []byte) {
 // matrixKey is the cache key of an expert matrix: its byte range, which
 // lies inside one shard (NewGPUModel checked that it is one arena slot).
 func (g *GPUModel) matrixKey(name string) tiers.Key {
+	if k, ok := g.keys[name]; ok {
+		return k
+	}
 	t := g.m.Tensors[name]
 	s := &g.m.Shards[t.Shard]
 	return tiers.Key{Blob: s.CID(), Size: s.Size, Off: t.Offset, Len: t.Size}
+}
+
+// expertKeys fills keys and layerKeys.
+func (g *GPUModel) expertKeys() {
+	c := &g.m.Config
+	g.keys = map[string]tiers.Key{}
+	for _, ex := range g.m.Experts {
+		for _, name := range ex.Tensors {
+			g.keys[name] = g.matrixKey(name)
+		}
+	}
+	g.layerKeys = make([][]tiers.Key, c.NumHiddenLayers)
+layer:
+	for l := range g.layerKeys {
+		keys := make([]tiers.Key, 0, 3*c.Experts())
+		for e := 0; e < c.Experts(); e++ {
+			ex, ok := g.m.Expert(l, e)
+			if !ok || len(ex.Tensors) != 3 {
+				continue layer
+			}
+			for _, name := range ex.Tensors {
+				keys = append(keys, g.keys[name])
+			}
+		}
+		g.layerKeys[l] = keys
+	}
 }
 
 // ExpertKeys returns the cache keys of every expert matrix, in the
@@ -1132,7 +1175,12 @@ func (g *GPUModel) recordAttention(ctx context.Context, b *gpu.Batch, l int) {
 	nq, nkv := c.NumAttentionHeads, c.NumKeyValueHeads
 	p := fmt.Sprintf("model.layers.%d.", l)
 	normed := g.partNorm && g.qkv[l] != nil // the norm handed over to the q k v product
-	if !normed {
+	xq := g.xqAttn && g.qkv[l] != nil        // the q k v product of the norm quantized
+	norm := ops.NormShape{Rows: 1, Dim: h, Eps: float32(c.RMSNormEps)}
+	switch {
+	case xq:
+		g.k.RMSNormXQ(ctx, b, B["x"], g.dense[p+"input_layernorm.weight"], B["xn"], g.gateX(), norm)
+	case !normed:
 		g.normX(ctx, b, p+"input_layernorm.weight")
 	}
 	q := gpu.Region(B["q"])
@@ -1140,9 +1188,12 @@ func (g *GPUModel) recordAttention(ctx context.Context, b *gpu.Batch, l int) {
 		// q, k and v in one product, then RoPE on q and k and k and v
 		// into the cache at this position in one dispatch.
 		qkv := B["qkv"]
-		if normed {
+		switch {
+		case normed:
 			g.k.Q4KMatVecNormed(ctx, b, w, g.normed, qkv, (nq+2*nkv)*hd, h)
-		} else {
+		case xq:
+			g.k.Q4KMatVecXQ(ctx, b, w, g.gateX(), qkv, (nq+2*nkv)*hd, h)
+		default:
 			g.k.Q4KMatVec(ctx, b, w, B["xn"], qkv, (nq+2*nkv)*hd, h)
 		}
 		g.k.RopeKV(ctx, b, qkv, B["freqs"], g.kc[l], g.vc[l], ops.RopeShape{Tokens: 1, Heads: nq + nkv, HeadDim: hd, RotDim: hd, Pos0: g.pos, Style: abi.RopeNeoX},
@@ -1158,7 +1209,16 @@ func (g *GPUModel) recordAttention(ctx context.Context, b *gpu.Batch, l int) {
 		g.k.Rope(ctx, b, B["q"], B["freqs"], ops.RopeShape{Tokens: 1, Heads: nq, HeadDim: hd, RotDim: hd, Pos0: g.pos, Style: abi.RopeNeoX})
 		g.k.Rope(ctx, b, ks, B["freqs"], ops.RopeShape{Tokens: 1, Heads: nkv, HeadDim: hd, RotDim: hd, Pos0: g.pos, Style: abi.RopeNeoX})
 	}
-	g.k.Attention(ctx, b, q, g.kc[l], g.vc[l], B["att"], ops.AttnShape{Heads: nq, KVHeads: nkv, HeadDim: hd, KVLen: g.pos + 1, Scale: float32(1 / math.Sqrt(float64(hd)))})
+	attn := ops.AttnShape{Heads: nq, KVHeads: nkv, HeadDim: hd, KVLen: g.pos + 1, Scale: float32(1 / math.Sqrt(float64(hd)))}
+	if g.xqAttn && !g.fuseO && hd%ops.XQGroup == 0 {
+		// The o product of the attention's output quantized by its merge.
+		attq := B["attq"].Sub(0, ops.XQBytes(nq*hd))
+		g.k.AttentionXQ(ctx, b, q, g.kc[l], g.vc[l], B["att"], attq, attn)
+		g.k.Q4KMatVecXQ(ctx, b, g.dense[p+"self_attn.o_proj.weight"], attq, B["o"], h, nq*hd)
+		g.k.Accumulate(ctx, b, B["o"], B["ones"], B["x"], ops.AccumShape{Experts: 1, Dim: h})
+		return
+	}
+	g.k.Attention(ctx, b, q, g.kc[l], g.vc[l], B["att"], attn)
 	if !g.fuseO {
 		g.k.Q4KMatVec(ctx, b, g.dense[p+"self_attn.o_proj.weight"], B["att"], B["o"], h, nq*hd)
 		if g.partNorm {
@@ -1538,25 +1598,18 @@ func (g *GPUModel) groupExperts() {
 // returns the leases (gate, up, down of expert 0, then expert 1, ...), or
 // nil, holding nothing, if one is not there.
 func (g *GPUModel) holdLayer(l int) []*tiers.Lease {
-	E := g.m.Config.Experts()
-	out := make([]*tiers.Lease, 0, 3*E)
-	for e := 0; e < E; e++ {
-		ex, ok := g.m.Expert(l, e)
-		if !ok {
-			break
-		}
-		for _, name := range ex.Tensors {
-			lease := g.cache.Hold(g.matrixKey(name), tiers.VRAM)
-			if lease == nil {
-				releaseAll(out)
-				return nil
-			}
-			out = append(out, lease)
-		}
-	}
-	if len(out) != 3*E {
-		releaseAll(out)
+	keys := g.layerKeys[l]
+	if len(keys) == 0 {
 		return nil
+	}
+	out := make([]*tiers.Lease, 0, len(keys))
+	for _, k := range keys {
+		lease := g.cache.Hold(k, tiers.VRAM)
+		if lease == nil {
+			releaseAll(out)
+			return nil
+		}
+		out = append(out, lease)
 	}
 	return out
 }

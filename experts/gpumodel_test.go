@@ -17,13 +17,17 @@ import (
 // steps, with a VRAM arena that holds a quarter of the experts (so
 // experts are paged in and evicted), and greedy tokens are identical.
 //
-// Two arithmetics: by default the expert products read their x quantized
-// (xq), and the reference quantizes the same inputs the same way
-// (RefModel.QuantizedExperts); a value that lies on a rounding boundary
-// may round either way in float32 and float64, which moves a product by
-// one step of its group, so the tolerance is 1e-2 of the largest logit
-// (measured: 3.5e-3 paged, 4.7e-3 resident, 8.4e-4 DeepSeek-style) and a
-// token may differ only where the reference's top two are that close.
+// Two arithmetics: by default the layers' products (q k v, o, experts)
+// read their x quantized (xq), and the reference quantizes the same
+// inputs the same way (RefModel.QuantizedX); a value that lies on a
+// rounding boundary may round either way in float32 and float64, which
+// moves a product by one step of its group, so the tolerance is 2e-2 of
+// the largest logit (measured: 1.1e-2 on tiny-moe, 3.7e-3 DeepSeek-style;
+// 3.5e-3 with the experts' products alone quantized) and a token may
+// differ only where the reference's top two are that close. Against the
+// reference of float x, the quantized model's tokens part at step 2 or
+// 12 (logits 2% and 10% apart: a router's choice turned by a layer's
+// quantized products).
 // With RDRR_GPU_XQ=0 (exact activations) every product is float32
 // against float64: 1e-3 (measured: below 5e-6).
 func TestGPUModelMatchesReference(t *testing.T) {
@@ -112,7 +116,7 @@ func testGPUModelMatches(t *testing.T, preset string, maxBuf uint64, resident bo
 	// of how near the reference's top two are where a token may differ.
 	tol, tie := 1e-3, 1e-3
 	if g.xq {
-		tol, tie = 1e-2, 1e-2
+		tol, tie = 2e-2, 2e-2
 	}
 	for l, w := range g.qkv {
 		if w == nil {
@@ -131,7 +135,7 @@ func testGPUModelMatches(t *testing.T, preset string, maxBuf uint64, resident bo
 	if err != nil {
 		t.Fatal(err)
 	}
-	rm.QuantizedExperts = g.xq
+	rm.QuantizedX = g.xq
 	tok := int('T')
 	worst := 0.0
 	for step := 0; step < 32; step++ {

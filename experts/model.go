@@ -33,11 +33,12 @@ type RefModel struct {
 	Trace *tiers.TraceRecorder
 	// Routes counts how often each (layer, expert) was chosen.
 	Routes map[[2]int]int
-	// QuantizedExperts has the routed experts' products read their x
-	// as the GPU engine's quantized products do (ref.QuantizeX of the
-	// FFN's norm and of SwiGLU's output): the reference of that
-	// arithmetic, not of the model's.
-	QuantizedExperts bool
+	// QuantizedX has the decoder layers' products (q k v, o and the
+	// routed experts') read their x as the GPU engine's quantized
+	// products do (ref.QuantizeX of the norms, of the attention's output
+	// and of SwiGLU's): the reference of that arithmetic, not of the
+	// model's. The LM head and the router read float x.
+	QuantizedX bool
 }
 
 // NewRefModel reads m's dense tensors through cache (RAM level) and keeps
@@ -167,6 +168,9 @@ func (rm *RefModel) Step(ctx context.Context, token int) ([]float64, error) {
 	for l := 0; l < c.NumHiddenLayers; l++ {
 		p := fmt.Sprintf("model.layers.%d.", l)
 		xn := ref.RMSNorm(x, rm.w(p+"input_layernorm.weight"), 1, h, c.RMSNormEps)
+		if rm.QuantizedX {
+			xn = ref.QuantizeX(xn)
+		}
 		q := matvec(rm.w(p+"self_attn.q_proj.weight"), xn, nq*hd, h)
 		k := matvec(rm.w(p+"self_attn.k_proj.weight"), xn, nkv*hd, h)
 		v := matvec(rm.w(p+"self_attn.v_proj.weight"), xn, nkv*hd, h)
@@ -175,6 +179,9 @@ func (rm *RefModel) Step(ctx context.Context, token int) ([]float64, error) {
 		rm.k[l] = append(rm.k[l], k...)
 		rm.v[l] = append(rm.v[l], v...)
 		att := ref.Attention(q, rm.k[l], rm.v[l], nq, nkv, hd, rm.pos+1, 1/math.Sqrt(float64(hd)))
+		if rm.QuantizedX && hd%16 == 0 {
+			att = ref.QuantizeX(att)
+		}
 		o := matvec(rm.w(p+"self_attn.o_proj.weight"), att, h, nq*hd)
 		for i := range x {
 			x[i] += o[i]
@@ -233,7 +240,7 @@ func (rm *RefModel) moe(ctx context.Context, l int, x []float64) ([]float64, err
 		}
 		pre := fmt.Sprintf("%sexperts.%d.", p, e)
 		xe, act := x, func(v []float64) []float64 { return v }
-		if rm.QuantizedExperts {
+		if rm.QuantizedX {
 			xe, act = ref.QuantizeX(x), ref.QuantizeX
 		}
 		g := matvec(w[pre+"gate_proj.weight"], xe, ffn, h)

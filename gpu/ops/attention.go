@@ -107,9 +107,31 @@ func AttentionLaunches(s AttnShape) (split, merge Launch, partials uint64, err e
 // together, then a merge of the chunks' softmax partials; the partials
 // live in a scratch buffer of the batch.
 func (k *Kernels) Attention(ctx context.Context, b *gpu.Batch, q, kc, vc, out gpu.Region, s AttnShape) error {
+	return k.attention(ctx, b, q, kc, vc, out, nil, s)
+}
+
+// AttentionXQ is Attention that also writes out quantized into outq
+// (QuantizeX's form: the x of a product with XQ), in the merge
+// (attention_merge_xq). Heads * HeadDim values; HeadDim a multiple of
+// XQGroup.
+func (k *Kernels) AttentionXQ(ctx context.Context, b *gpu.Batch, q, kc, vc, out, outq gpu.Region, s AttnShape) error {
+	if s.HeadDim%XQGroup != 0 {
+		return b.Fail(shapeErr("attention_merge_xq", "head dim %d (a multiple of %d)", s.HeadDim, XQGroup))
+	}
+	if outq == nil {
+		return b.Fail(shapeErr("attention_merge_xq", "no quantized output"))
+	}
+	return k.attention(ctx, b, q, kc, vc, out, outq, s)
+}
+
+func (k *Kernels) attention(ctx context.Context, b *gpu.Batch, q, kc, vc, out, outq gpu.Region, s AttnShape) error {
 	split, merge, partials, err := AttentionLaunches(s)
 	if err != nil {
 		return b.Fail(err)
+	}
+	if outq != nil {
+		merge.Kernel = "attention_merge_xq"
+		merge.Bindings = append(merge.Bindings, Binding{"quantized out", XQBytes(s.Heads * s.HeadDim)})
 	}
 	for i, r := range []gpu.Region{q, kc, vc} {
 		if err := need("attention", split.Bindings[i].Name, r, split.Bindings[i].Bytes); err != nil {
@@ -125,6 +147,9 @@ func (k *Kernels) Attention(ctx context.Context, b *gpu.Batch, q, kc, vc, out gp
 	}
 	if err := k.record(ctx, b, split, q, kc, vc, part); err != nil {
 		return err
+	}
+	if outq != nil {
+		return k.record(ctx, b, merge, part, out, outq)
 	}
 	return k.record(ctx, b, merge, part, out)
 }

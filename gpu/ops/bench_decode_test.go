@@ -50,7 +50,9 @@ func BenchmarkQ4KDecode(b *testing.B) {
 	// step runs by default.
 	shapes := []shape{
 		{"qkv", 6144, 4096, 0, 0, false},
+		{"qkv_xq", 6144, 4096, 0, 0, true},
 		{"o", 4096, 4096, 0, 0, false},
+		{"o_xq", 4096, 4096, 0, 0, true},
 		{"gate_up", 14336, 4096, 8, maskedGateUp, false},
 		{"glu", 14336, 4096, 8, maskedGLU, false},
 		{"glu_xq", 14336, 4096, 8, maskedGLU, true},
@@ -60,7 +62,7 @@ func BenchmarkQ4KDecode(b *testing.B) {
 		{"head", 32000, 4096, 0, 0, false},
 	}
 	if m.cpu { // lavapipe: one small shape of each kind
-		shapes = []shape{{"qkv", 768, 512, 0, 0, false}, {"gate_up", 512, 512, 4, maskedGateUp, false}, {"glu", 512, 512, 4, maskedGLU, false},
+		shapes = []shape{{"qkv", 768, 512, 0, 0, false}, {"qkv_xq", 768, 512, 0, 0, true}, {"gate_up", 512, 512, 4, maskedGateUp, false}, {"glu", 512, 512, 4, maskedGLU, false},
 			{"glu_xq", 512, 512, 4, maskedGLU, true}, {"down", 512, 512, 4, maskedDownSwiGLU, false}, {"down_act", 512, 512, 4, maskedDown, false}}
 	}
 	if !m.cpu {
@@ -104,7 +106,7 @@ func BenchmarkQ4KDecode(b *testing.B) {
 			var bytes float64
 			var per time.Duration
 			if s.experts == 0 {
-				bytes, per = m.q4kSerial(b, s.rows, s.cols, cfg)
+				bytes, per = m.q4kSerial(b, s.rows, s.cols, s.xq, cfg)
 			} else {
 				bytes, per = m.q4kMaskedSerial(b, s.rows, s.cols, s.experts, kSel, s.form, s.xq, cfg)
 			}
@@ -131,7 +133,7 @@ func BenchmarkQ4KDecode(b *testing.B) {
 // q4kSerial times a rows x cols product (cfg nil: the default
 // configuration) one dispatch after another; it returns the bytes one
 // dispatch must move and its time.
-func (m *meter) q4kSerial(b *testing.B, rows, cols int, cfg *Q4KConfig) (float64, time.Duration) {
+func (m *meter) q4kSerial(b *testing.B, rows, cols int, xq bool, cfg *Q4KConfig) (float64, time.Duration) {
 	ctx := context.Background()
 	wBytes := abi.Q4K.Bytes(rows * cols)
 	ws := m.q4kWeights(b, rows, cols)
@@ -143,6 +145,13 @@ func (m *meter) q4kSerial(b *testing.B, rows, cols int, cfg *Q4KConfig) (float64
 		c = *cfg
 	}
 	s := MatShape{Rows: rows, Cols: cols, Tokens: 1}
+	if xq {
+		q := m.quantized(b, x, cols)
+		per := m.timeDispatches(b, func(bt *gpu.Batch, i int) error {
+			return m.k.Q4KMatVecXQWith(ctx, bt, c, ws[i%nw], q, y, rows, cols)
+		})
+		return float64(wBytes) + float64(XQBytes(cols)) + float64(rows*4), per
+	}
 	per := m.timeDispatches(b, func(bt *gpu.Batch, i int) error {
 		return m.k.Q4KMatMulWith(ctx, bt, c, ws[i%nw], x, y, s)
 	})
@@ -226,16 +235,7 @@ func (m *meter) q4kMaskedSerial(b *testing.B, rows, cols, experts, kSel int, f m
 	m.fill(b, x, uint64(nx*cols*4))
 	xBytes := uint64(nx * cols * 4)
 	if xq {
-		// The same x quantized, as a decode step would hand it over.
-		q := m.alloc(b, uint64(nx)*XQBytes(cols))
-		bt := m.d.Batch()
-		if err := m.k.QuantizeX(ctx, bt, x, q, nx*cols); err != nil {
-			b.Fatal(err)
-		}
-		if err := bt.Submit(ctx); err != nil {
-			b.Fatal(err)
-		}
-		x, xBytes, g.xq = q, uint64(nx)*XQBytes(cols), true
+		x, xBytes, g.xq = m.quantized(b, x, nx*cols), uint64(nx)*XQBytes(cols), true
 	}
 	c := DefaultQ4KConfig(rows*kSel, cols, 1)
 	if cfg != nil {
@@ -253,4 +253,18 @@ func (m *meter) q4kMaskedSerial(b *testing.B, rows, cols, experts, kSel int, f m
 		run = 2 * kSel
 	}
 	return float64(run)*float64(wBytes) + float64(xBytes) + float64(ySize), per
+}
+
+// quantized returns n values of x quantized (QuantizeX), as a decode step
+// hands them to the _xq products.
+func (m *meter) quantized(b *testing.B, x *gpu.Buffer, n int) *gpu.Buffer {
+	q := m.alloc(b, XQBytes(n))
+	bt := m.d.Batch()
+	if err := m.k.QuantizeX(context.Background(), bt, x, q, n); err != nil {
+		b.Fatal(err)
+	}
+	if err := bt.Submit(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	return q
 }

@@ -10,7 +10,7 @@ import (
 	"github.com/rdrr/peer/gpu"
 )
 
-//go:embed wgsl/*.wgsl
+//go:embed wgsl/*.wgsl wgsl/*.inc
 var wgslFiles embed.FS
 
 // builtin describes a built-in kernel: its WGSL file and ABI, and the
@@ -50,6 +50,7 @@ var builtins = map[string]builtin{
 	"q4k_matmul_masked_glu_xq": {"q4k_matmul.wgsl", []gpu.Access{ro, ro, rw, ro}, 176, "MASKED GLU XQ"},
 	"quantize_x":               {"quantize_x.wgsl", []gpu.Access{ro, rw}, 8, ""},
 	"rmsnorm_xq":               {"quantize_x.wgsl", []gpu.Access{ro, ro, rw, rw}, 16, "NORM"},
+	"attention_merge_xq":       {"attention_merge.wgsl", []gpu.Access{ro, rw, rw}, 16, "XQ"},
 	"accumulate_norm":          {"accumulate.wgsl", []gpu.Access{ro, ro, rw, ro, rw, rw}, 16, "NORM"},
 	"q4k_dequant":              {"q4k_dequant.wgsl", []gpu.Access{ro, rw}, 8, ""},
 	"q4k_matvec_co":            {"q4k_matvec_co.wgsl", []gpu.Access{ro, ro, rw}, 20, ""},
@@ -94,7 +95,33 @@ func Builtin(name string, constants map[string]float64) (gpu.Kernel, error) {
 	if err != nil {
 		return gpu.Kernel{}, err
 	}
-	return gpu.Kernel{Name: name, Source: flavored(string(src), b.flavor), Constants: constants, Bindings: b.bindings, Params: b.params}, nil
+	text, err := included(flavored(string(src), b.flavor))
+	if err != nil {
+		return gpu.Kernel{}, err
+	}
+	return gpu.Kernel{Name: name, Source: text, Constants: constants, Bindings: b.bindings, Params: b.params}, nil
+}
+
+// included returns src with each line "//#include NAME" replaced by the
+// file wgsl/NAME (code that several kernels share, such as quantize.inc;
+// WGSL has no includes). One level: an included file includes nothing.
+func included(src string) (string, error) {
+	if !strings.Contains(src, "//#include ") {
+		return src, nil
+	}
+	lines := strings.SplitAfter(src, "\n")
+	for i, l := range lines {
+		name, ok := strings.CutPrefix(strings.TrimSpace(l), "//#include ")
+		if !ok {
+			continue
+		}
+		inc, err := wgslFiles.ReadFile("wgsl/" + name)
+		if err != nil {
+			return "", fmt.Errorf("%w: %v", gpu.ErrCompile, err)
+		}
+		lines[i] = string(inc)
+	}
+	return strings.Join(lines, ""), nil
 }
 
 // flavored returns src as flavor f, a space-separated set of names: a

@@ -169,6 +169,32 @@ func (k *Kernels) Q4KMatMulWith(ctx context.Context, b *gpu.Batch, cfg Q4KConfig
 	return k.launch(ctx, b, l, err, w, x, y)
 }
 
+// Q4KXQLaunch is the dispatch rule of Q4KMatVecXQWith: q4k_matmul_xq,
+// Q4KLaunch's one-token rule for x in QuantizeX's form. Bindings:
+// weights, x (XQBytes(cols)), y.
+func Q4KXQLaunch(cfg Q4KConfig, rows, cols int) (Launch, error) {
+	cfg.Coalesced = false // q4k_matvec_co reads float x
+	l, err := Q4KLaunch(cfg, MatShape{Rows: rows, Cols: cols, Tokens: 1}, false)
+	if err != nil {
+		return Launch{}, err
+	}
+	l.Kernel = "q4k_matmul_xq"
+	l.Bindings[1] = Binding{"x", XQBytes(cols)}
+	return l, nil
+}
+
+// Q4KMatVecXQ records y = W x for x quantized (QuantizeX, RMSNormXQ,
+// AttentionXQ): two weights a 32-bit integer multiply-add.
+func (k *Kernels) Q4KMatVecXQ(ctx context.Context, b *gpu.Batch, w, x, y gpu.Region, rows, cols int) error {
+	return k.Q4KMatVecXQWith(ctx, b, DefaultQ4KConfig(rows, cols, 1), w, x, y, rows, cols)
+}
+
+// Q4KMatVecXQWith is Q4KMatVecXQ with an explicit configuration.
+func (k *Kernels) Q4KMatVecXQWith(ctx context.Context, b *gpu.Batch, cfg Q4KConfig, w, x, y gpu.Region, rows, cols int) error {
+	l, err := Q4KXQLaunch(cfg, rows, cols)
+	return k.launch(ctx, b, l, err, w, x, y)
+}
+
 // Normed is an RMSNorm's output handed from the dispatch that wrote the
 // norm's input (AccumulateNorm) to the products that read it, with no
 // dispatch of its own: XG holds x * g (g the norm's weight) and Parts the

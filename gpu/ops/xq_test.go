@@ -151,6 +151,16 @@ func TestQ4KXQ(t *testing.T) {
 			g1, gm1 := glu(0, 2, x0)
 			check(name+" GLU group", y, cat(g0, g1), cat(gm0, gm1))
 		}
+		// One plain product of x1 (not grouped), every layout above.
+		w2b := upload(t, d, arena[2*per*144:3*per*144])
+		for _, cfg := range append(cfgs, DefaultQ4KConfig(rows, cols, 1)) {
+			y1 := poisoned(t, d, rows*4)
+			run(t, d, func(b *gpu.Batch) error {
+				return k.Q4KMatVecXQWith(ctxT(t), b, cfg, w2b, qb.Sub(XQBytes(cols), XQBytes(cols)), y1, rows, cols)
+			})
+			w2, m2 := product(2, x1)
+			check(fmt.Sprintf("%+v plain", cfg), y1, w2, m2)
+		}
 		// Masked, the router's choice (experts 2 then 0) on the GPU: gate and
 		// up of a shared x, and products of each chosen expert's own x.
 		sel := upload(t, d, gpu.Bytes([]uint32{2, 0}))
@@ -229,5 +239,54 @@ func TestRMSNormXQ(t *testing.T) {
 	k.RMSNormXQ(ctxT(t), b, x, x, x, x, NormShape{Rows: 1, Dim: 40})
 	if err := b.Submit(ctxT(t)); !errors.Is(err, gpu.ErrShape) {
 		t.Errorf("a row of 40 values: %v; want gpu.ErrShape", err)
+	}
+}
+
+// AttentionXQ writes Attention's output, the same bytes, and that output
+// quantized (within a step of ref.QuantizeX of it): head dims of one,
+// two and a part of the merge's 32-dimension workgroups.
+func TestAttentionXQ(t *testing.T) {
+	d, k := shared.d, shared.k
+	r := rng(t)
+	for _, s := range []AttnShape{{Heads: 4, KVHeads: 2, HeadDim: 64, KVLen: 70}, {Heads: 3, KVHeads: 1, HeadDim: 48, KVLen: 9}, {Heads: 32, KVHeads: 8, HeadDim: 128, KVLen: 300}} {
+		s.Scale = float32(1 / math.Sqrt(float64(s.HeadDim)))
+		n := s.Heads * s.HeadDim
+		q := uploadF32(t, d, randF32(r, n, 1))
+		kc := uploadF32(t, d, randF32(r, s.KVLen*s.KVHeads*s.HeadDim, 1))
+		vc := uploadF32(t, d, randF32(r, s.KVLen*s.KVHeads*s.HeadDim, 1))
+		plain, out := poisoned(t, d, n*4), poisoned(t, d, n*4)
+		oq := poisoned(t, d, int(XQBytes(n)))
+		run(t, d, func(b *gpu.Batch) error {
+			if err := k.Attention(ctxT(t), b, q, kc, vc, plain, s); err != nil {
+				return err
+			}
+			return k.AttentionXQ(ctxT(t), b, q, kc, vc, out, oq, s)
+		})
+		want, got := readF32(t, d, plain, n), readF32(t, d, out, n)
+		for i := range want {
+			if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+				t.Fatalf("%+v: out[%d] = %g; Attention wrote %g", s, i, got[i], want[i])
+			}
+		}
+		raw := make([]byte, XQBytes(n))
+		if err := d.Read(ctxT(t), oq, raw); err != nil {
+			t.Fatal(err)
+		}
+		xt, wq := unpackXQ(t, raw, n), ref.QuantizeX(ref.F32(got))
+		for i := range xt {
+			step := 0.0
+			for _, v := range got[i/XQGroup*XQGroup : (i/XQGroup+1)*XQGroup] {
+				step = math.Max(step, math.Abs(float64(v))/127)
+			}
+			if math.Abs(xt[i]-wq[i]) > step*1.0001 {
+				t.Fatalf("%+v: out[%d] = %g quantized to %g; want %g", s, i, got[i], xt[i], wq[i])
+			}
+		}
+	}
+	b := d.Batch()
+	x := poisoned(t, d, 4096)
+	k.AttentionXQ(ctxT(t), b, x, x, x, x, x, AttnShape{Heads: 2, KVHeads: 1, HeadDim: 40, KVLen: 1, Scale: 1})
+	if err := b.Submit(ctxT(t)); !errors.Is(err, gpu.ErrShape) {
+		t.Errorf("head dim 40: %v; want gpu.ErrShape", err)
 	}
 }

@@ -11,6 +11,9 @@
 // workgroup memory. hd <= 256. On the H100 at 4096 positions (32 heads of
 // 128, 128 chunks) it takes 9.4 us timed alone, against 12.3 for one
 // workgroup a head whose threads walked half the chunks four at a time.
+//
+// The XQ flavor (attention_merge_xq) also writes out quantized into q for
+// the o product's XQ flavor.
 
 struct Params {
   n_heads: u32,
@@ -21,6 +24,9 @@ struct Params {
 
 @group(0) @binding(0) var<storage, read> part: array<f32>;
 @group(0) @binding(1) var<storage, read_write> o: array<f32>;
+//+XQ @group(0) @binding(2) var<storage, read_write> q: array<vec4<u32>>;
+//+XQ //#include quantize.inc
+//+XQ var<workgroup> outv: array<vec4<f32>, COLS>;
 @group(1) @binding(0) var<uniform> p: Params;
 
 const WG: u32 = 256u;
@@ -118,5 +124,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     o[ob + 1u] = s.y;
     o[ob + 2u] = s.z;
     o[ob + 3u] = s.w;
+//+XQ    outv[col] = s;
   }
+//+XQ  // XQ: the workgroup's 32 dimensions quantized too (two groups of 16;
+//+XQ  // the Q4_K products' x, see quantize_x.wgsl), hd a multiple of 16.
+//+XQ  workgroupBarrier();
+//+XQ  if (tid == 0u || tid == 4u) {
+//+XQ    if (live) {
+//+XQ      quantize(array<vec4<f32>, 4>(outv[tid], outv[tid + 1u], outv[tid + 2u], outv[tid + 3u]), (h * hd + d0) / 16u);
+//+XQ    }
+//+XQ  }
 }

@@ -27,24 +27,7 @@ struct Params {
 //+NORM @group(0) @binding(3) var<storage, read_write> q: array<vec4<u32>>;
 @group(1) @binding(0) var<uniform> p: Params;
 
-// quantize writes group g of q from its 16 values v.
-fn quantize(v: array<vec4<f32>, 4>, g: u32) {
-  let a = max(max(abs(v[0]), abs(v[1])), max(abs(v[2]), abs(v[3])));
-  let amax = max(max(a.x, a.y), max(a.z, a.w));
-  let inv = select(0.0, 127.0 / amax, amax > 0.0);
-  let q0 = vec4<i32>(clamp(round(v[0] * inv), vec4<f32>(-127.0), vec4<f32>(127.0)));
-  let q1 = vec4<i32>(clamp(round(v[1] * inv), vec4<f32>(-127.0), vec4<f32>(127.0)));
-  let q2 = vec4<i32>(clamp(round(v[2] * inv), vec4<f32>(-127.0), vec4<f32>(127.0)));
-  let q3 = vec4<i32>(clamp(round(v[3] * inv), vec4<f32>(-127.0), vec4<f32>(127.0)));
-  let sum = q0 + q1 + q2 + q3;
-  // Word k: values 4k..4k+3 are qk.xyzw.
-  let first = vec4<i32>(q0.z, q1.z, q2.z, q3.z) + vec4<i32>(q0.x, q1.x, q2.x, q3.x) * 65536;
-  let second = vec4<i32>(q0.w, q1.w, q2.w, q3.w) + vec4<i32>(q0.y, q1.y, q2.y, q3.y) * 65536;
-  let scale = amax / 127.0;
-  q[3u * g] = bitcast<vec4<u32>>(first);
-  q[3u * g + 1u] = bitcast<vec4<u32>>(second);
-  q[3u * g + 2u] = vec4<u32>(bitcast<u32>(scale), bitcast<u32>(scale * f32(sum.x + sum.y + sum.z + sum.w)), 0u, 0u);
-}
+//#include quantize.inc
 
 //-NORM @compute @workgroup_size(64)
 //-NORM fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
