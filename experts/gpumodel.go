@@ -1175,7 +1175,7 @@ func (g *GPUModel) recordAttention(ctx context.Context, b *gpu.Batch, l int) {
 	nq, nkv := c.NumAttentionHeads, c.NumKeyValueHeads
 	p := fmt.Sprintf("model.layers.%d.", l)
 	normed := g.partNorm && g.qkv[l] != nil // the norm handed over to the q k v product
-	xq := g.xqAttn && g.qkv[l] != nil        // the q k v product of the norm quantized
+	xq := g.xqAttn && g.qkv[l] != nil       // the q k v product of the norm quantized
 	norm := ops.NormShape{Rows: 1, Dim: h, Eps: float32(c.RMSNormEps)}
 	switch {
 	case xq:
