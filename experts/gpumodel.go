@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -122,6 +123,14 @@ type GPUModel struct {
 	// xqAttn is xq for the attention's products (q k v and o) too: on
 	// with xq unless RDRR_GPU_XQ=experts.
 	xqAttn bool
+	// perSubmit is how many masked layers a step records before it
+	// submits them, unless it is recorded ahead (see begin):
+	// maskedPerSubmit, or RDRR_GPU_PER_SUBMIT for every step (perSubmitSet;
+	// for measurements). On an H200 (experts/BENCHMARKS.md, 2026-11-28,
+	// evening) a step recorded ahead ran 200.2 and 205.0 tok/s in one
+	// submission against 195.5 and 196.4 in submissions of 4 layers.
+	perSubmit    int
+	perSubmitSet bool
 	// pipeline has Generate record each step while the GPU runs the one
 	// before it (generatePipelined); RDRR_GPU_PIPELINE=0 turns it off,
 	// for measurements.
@@ -220,6 +229,10 @@ func NewGPUModel(ctx context.Context, m *Manifest, d *gpu.Device, cache *tiers.C
 	}
 	g.xq = os.Getenv("RDRR_GPU_XQ") != "0" && g.glu && !g.partNorm && m.Config.HiddenSize%ops.XQGroup == 0 && m.Config.ExpertFFN()%ops.XQGroup == 0
 	g.xqAttn = g.xq && os.Getenv("RDRR_GPU_XQ") != "experts"
+	g.perSubmit = maskedPerSubmit
+	if n, err := strconv.Atoi(os.Getenv("RDRR_GPU_PER_SUBMIT")); err == nil && n > 0 {
+		g.perSubmit, g.perSubmitSet = n, true
+	}
 	g.groupExperts()
 	g.expertKeys()
 	rm := &RefModel{m: m, cache: cache}
@@ -620,6 +633,14 @@ func (g *GPUModel) begin(ctx context.Context, token int, onGPU bool, hd head) (_
 	B := g.buf
 	pr := &g.Profile
 	run := &stepRun{hd: hd, start: time.Now()}
+	// A step recorded while the GPU runs the one before it submits its
+	// masked layers together: the GPU has the last step to run meanwhile,
+	// and each submission costs the host (params written, a command
+	// buffer); else every perSubmit layers, so that the GPU starts early.
+	perSubmit := g.perSubmit
+	if onGPU && !g.perSubmitSet {
+		perSubmit = c.NumHiddenLayers
+	}
 	before := pr.TurnProfile
 	mark := run.start
 	lap := func(d *time.Duration) { now := time.Now(); *d += now.Sub(mark); mark = now }
@@ -746,7 +767,7 @@ func (g *GPUModel) begin(ctx context.Context, token int, onGPU bool, hd head) (_
 					return nil, err
 				}
 				masked = append(masked, l)
-				if len(masked)%maskedPerSubmit == 0 {
+				if len(masked)%perSubmit == 0 {
 					// Submit as we go: the GPU runs these layers while the
 					// next ones are recorded.
 					if err := b.Submit(ctx); err != nil {
@@ -1146,9 +1167,10 @@ func (g *GPUModel) upOff() int {
 	return (c.NumExpertsPerTok*c.ExpertFFN()*4 + 255) / 256 * 256
 }
 
-// maskedPerSubmit is how many masked layers a step records before it
-// submits them, so that the GPU works while the host records the rest
-// (recording a Mixtral-shaped layer takes about as long as running it).
+// maskedPerSubmit is how many masked layers a step not recorded ahead
+// records before it submits them, so that the GPU works while the host
+// records the rest (recording a Mixtral-shaped layer takes about as long
+// as running it).
 const maskedPerSubmit = 4
 
 // idsAt is where, in the out buffer, the router writes layer l's choice
