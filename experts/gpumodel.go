@@ -131,6 +131,9 @@ type GPUModel struct {
 	// submission against 195.5 and 196.4 in submissions of 4 layers.
 	perSubmit    int
 	perSubmitSet bool
+	// noYQ has the gate and up products' output quantized by a dispatch
+	// of its own (RDRR_GPU_YQ=0, for measurements), not by the products.
+	noYQ bool
 	// pipeline has Generate record each step while the GPU runs the one
 	// before it (generatePipelined); RDRR_GPU_PIPELINE=0 turns it off,
 	// for measurements.
@@ -229,6 +232,7 @@ func NewGPUModel(ctx context.Context, m *Manifest, d *gpu.Device, cache *tiers.C
 	}
 	g.xq = os.Getenv("RDRR_GPU_XQ") != "0" && g.glu && !g.partNorm && m.Config.HiddenSize%ops.XQGroup == 0 && m.Config.ExpertFFN()%ops.XQGroup == 0
 	g.xqAttn = g.xq && os.Getenv("RDRR_GPU_XQ") != "experts"
+	g.noYQ = os.Getenv("RDRR_GPU_YQ") == "0"
 	g.perSubmit = maskedPerSubmit
 	if n, err := strconv.Atoi(os.Getenv("RDRR_GPU_PER_SUBMIT")); err == nil && n > 0 {
 		g.perSubmit, g.perSubmitSet = n, true
@@ -1143,7 +1147,11 @@ func (g *GPUModel) compile(ctx context.Context) error {
 				gm.X, gm.XQ = g.gateX(), true
 				g.k.Q4KMatVecMasked(ctx, b, gm)
 				g.k.Q4KMatVecMasked(ctx, b, ops.Masked{Arena: buf, Slots: zeros, Experts: ids, Sel: B["ids"], K: k,
-					X: g.downX(ctx, b, 0, k), Y: B["y"], Rows: h, Cols: ffn, XQ: true})
+					X: g.downX(ctx, b, 0, k, false), Y: B["y"], Rows: h, Cols: ffn, XQ: true})
+				if g.gluYQ(k) {
+					gm.YQ = g.actq(0, k)
+					g.k.Q4KMatVecMasked(ctx, b, gm)
+				}
 			}
 			g.gluGroup(ctx, b, slots[0][:1], slots[1][:1], 0)
 		}
@@ -1287,15 +1295,35 @@ func (g *GPUModel) gateX() gpu.Region {
 // downX returns what the down products of the experts at places from..to
 // of the router's choice read: their rows of act, or with xq those rows
 // quantized into actq by a dispatch it records.
-func (g *GPUModel) downX(ctx context.Context, b *gpu.Batch, from, to int) gpu.Region {
+//
+// quantized says that the gate and up products wrote those rows of actq
+// themselves (gluYQ): no dispatch then.
+func (g *GPUModel) downX(ctx context.Context, b *gpu.Batch, from, to int, quantized bool) gpu.Region {
 	ffn := g.m.Config.ExpertFFN()
 	act := g.buf["act"].Sub(uint64(from*ffn*4), uint64((to-from)*ffn*4))
 	if !g.xq {
 		return act
 	}
-	q := g.buf["actq"].Sub(uint64(from)*ops.XQBytes(ffn), uint64(to-from)*ops.XQBytes(ffn))
-	g.k.QuantizeX(ctx, b, act, q, (to-from)*ffn)
+	q := g.actq(from, to)
+	if !quantized {
+		g.k.QuantizeX(ctx, b, act, q, (to-from)*ffn)
+	}
 	return q
+}
+
+// actq is the quantized act of the experts at places from..to of the
+// router's choice.
+func (g *GPUModel) actq(from, to int) gpu.Span {
+	ffn := g.m.Config.ExpertFFN()
+	return g.buf["actq"].Sub(uint64(from)*ops.XQBytes(ffn), uint64(to-from)*ops.XQBytes(ffn))
+}
+
+// gluYQ reports whether gate and up products of n experts (masked: n
+// chosen) hand their output to the down products quantized themselves
+// (ops.GLUQuantizesY): with xq, where the shape allows it.
+func (g *GPUModel) gluYQ(n int) bool {
+	c := &g.m.Config
+	return g.xq && !g.partNorm && !g.noYQ && ops.GLUQuantizesY(c.ExpertFFN(), c.HiddenSize, n)
 }
 
 // normX records xn = the RMSNorm of x with the dense weight named weight.
@@ -1374,12 +1402,13 @@ func (g *GPUModel) recordPaged(ctx context.Context, b *gpu.Batch, slots [3][]int
 	B := g.buf
 	h, ffn, k := c.HiddenSize, c.ExpertFFN(), c.NumExpertsPerTok
 	up := uint64(g.upOff())
-	if !g.gluGroup(ctx, b, slots[0], slots[1], 0) {
+	ran, quantized := g.gluGroup(ctx, b, slots[0], slots[1], 0)
+	if !ran {
 		g.group(ctx, b, slots[0], g.gateX(), true, g.xq, B["gu"], 0, ffn, h)
 		g.group(ctx, b, slots[1], g.gateX(), true, g.xq, B["gu"], up, ffn, h)
 		g.k.SwiGLU(ctx, b, B["gu"].Sub(0, uint64(k*ffn*4)), B["gu"].Sub(up, uint64(k*ffn*4)), B["act"], k*ffn)
 	}
-	g.group(ctx, b, slots[2], g.downX(ctx, b, 0, len(slots[2])), false, g.xq, B["y"], 0, h, ffn)
+	g.group(ctx, b, slots[2], g.downX(ctx, b, 0, len(slots[2]), quantized), false, g.xq, B["y"], 0, h, ffn)
 }
 
 // gluGroup records, with glu, the gate and up products of the experts
@@ -1387,10 +1416,10 @@ func (g *GPUModel) recordPaged(ctx context.Context, b *gpu.Batch, slots [3][]int
 // act from place at of the router's choice, silu(gate) * up, in one
 // dispatch; it records nothing and returns false without glu, for more
 // than MaxGroup/2 experts, or if their matrices lie in several arena
-// buffers.
-func (g *GPUModel) gluGroup(ctx context.Context, b *gpu.Batch, gates, ups []int, at int) bool {
+// buffers. quantized reports that it wrote their rows of actq too.
+func (g *GPUModel) gluGroup(ctx context.Context, b *gpu.Batch, gates, ups []int, at int) (ran, quantized bool) {
 	if !g.glu || len(gates) > ops.MaxGroup/2 {
-		return false
+		return false, false
 	}
 	c := &g.m.Config
 	h, ffn := c.HiddenSize, c.ExpertFFN()
@@ -1401,12 +1430,16 @@ func (g *GPUModel) gluGroup(ctx context.Context, b *gpu.Batch, gates, ups []int,
 		gb, gi[i] = g.arena.Locate(gates[i])
 		ub, ui[i] = g.arena.Locate(ups[i])
 		if gb != buf0 || ub != buf0 {
-			return false
+			return false, false
 		}
 	}
-	g.k.Q4KMatVecGroup(ctx, b, ops.Group{Arena: buf0, Slots: gi, UpSlots: ui, X: g.gateX(), SharedX: true,
-		Y: g.buf["act"].Sub(uint64(at*ffn*4), uint64(len(gates)*ffn*4)), Rows: ffn, Cols: h, XQ: g.xq})
-	return true
+	grp := ops.Group{Arena: buf0, Slots: gi, UpSlots: ui, X: g.gateX(), SharedX: true,
+		Y: g.buf["act"].Sub(uint64(at*ffn*4), uint64(len(gates)*ffn*4)), Rows: ffn, Cols: h, XQ: g.xq}
+	if g.gluYQ(len(gates)) {
+		grp.YQ = g.actq(at, at+len(gates))
+	}
+	g.k.Q4KMatVecGroup(ctx, b, grp)
+	return true, grp.YQ != nil
 }
 
 // recordAt records the experts at places pos of the router's choice from
@@ -1419,8 +1452,10 @@ func (g *GPUModel) recordAt(ctx context.Context, b *gpu.Batch, pos []int, slots 
 	B := g.buf
 	h, ffn := c.HiddenSize, c.ExpertFFN()
 	up := uint64(g.upOff())
+	quantized := make([]bool, len(pos))
 	for i, at := range pos {
-		if g.gluGroup(ctx, b, slots[0][i:i+1], slots[1][i:i+1], at) {
+		var ran bool
+		if ran, quantized[i] = g.gluGroup(ctx, b, slots[0][i:i+1], slots[1][i:i+1], at); ran {
 			continue
 		}
 		row := uint64(at * ffn * 4)
@@ -1429,7 +1464,7 @@ func (g *GPUModel) recordAt(ctx context.Context, b *gpu.Batch, pos []int, slots 
 		g.k.SwiGLU(ctx, b, B["gu"].Sub(row, uint64(ffn*4)), B["gu"].Sub(up+row, uint64(ffn*4)), B["act"].Sub(row, uint64(ffn*4)), ffn)
 	}
 	for i, at := range pos {
-		g.group(ctx, b, slots[2][i:i+1], g.downX(ctx, b, at, at+1), true, g.xq, B["y"], uint64(at*h*4), h, ffn)
+		g.group(ctx, b, slots[2][i:i+1], g.downX(ctx, b, at, at+1, quantized[i]), true, g.xq, B["y"], uint64(at*h*4), h, ffn)
 	}
 }
 
@@ -1721,15 +1756,15 @@ func (g *GPUModel) recordMaskedProducts(ctx context.Context, b *gpu.Batch, exper
 			}
 		}
 	}
-	if g.glu && g.recordGLU(ctx, b, experts, held, sel, normed) {
-		products([]int{2}, g.downX(ctx, b, 0, k), false, g.xq, B["y"], 0, h, ffn, false)
+	if ran, quantized := g.recordGLU(ctx, b, experts, held, sel, normed); ran {
+		products([]int{2}, g.downX(ctx, b, 0, k, quantized), false, g.xq, B["y"], 0, h, ffn, false)
 		return
 	}
 	upper := g.upOff()
 	products([]int{0, 1}, g.gateX(), true, g.xq && !normed, B["gu"], upper, ffn, h, false)
 	if !g.fuseSwiGLU {
 		g.k.SwiGLU(ctx, b, B["gu"].Sub(0, uint64(k*ffn*4)), B["gu"].Sub(uint64(upper), uint64(k*ffn*4)), B["act"], k*ffn)
-		products([]int{2}, g.downX(ctx, b, 0, k), false, g.xq, B["y"], 0, h, ffn, false)
+		products([]int{2}, g.downX(ctx, b, 0, k, false), false, g.xq, B["y"], 0, h, ffn, false)
 	} else {
 		// The down products read silu(gate) * up straight from gu.
 		products([]int{2}, B["gu"], false, false, B["y"], 0, h, ffn, true)
@@ -1739,9 +1774,13 @@ func (g *GPUModel) recordMaskedProducts(ctx context.Context, b *gpu.Batch, exper
 // recordGLU records the gate and up products of experts (leases in held,
 // as recordMaskedProducts has them) into act, silu(gate) * up, in
 // dispatches of up to MaxGroup/2 experts an arena buffer; it records
-// nothing and returns false if an expert's gate and up matrices lie in
-// different arena buffers.
-func (g *GPUModel) recordGLU(ctx context.Context, b *gpu.Batch, experts []int, held []*tiers.Lease, sel gpu.Region, normed bool) bool {
+// nothing and returns false if glu is off or an expert's gate and up
+// matrices lie in different arena buffers. quantized reports that the
+// products wrote actq too.
+func (g *GPUModel) recordGLU(ctx context.Context, b *gpu.Batch, experts []int, held []*tiers.Lease, sel gpu.Region, normed bool) (ran, quantized bool) {
+	if !g.glu {
+		return false, false
+	}
 	c := &g.m.Config
 	B := g.buf
 	type run struct{ gates, ups, experts []int }
@@ -1751,7 +1790,7 @@ func (g *GPUModel) recordGLU(ctx context.Context, b *gpu.Batch, experts []int, h
 		buf, gi := g.arena.Locate(held[3*i].Slot())
 		ubuf, ui := g.arena.Locate(held[3*i+1].Slot())
 		if ubuf != buf {
-			return false
+			return false, false
 		}
 		r := runs[buf]
 		if r == nil {
@@ -1761,14 +1800,26 @@ func (g *GPUModel) recordGLU(ctx context.Context, b *gpu.Batch, experts []int, h
 		}
 		r.gates, r.ups, r.experts = append(r.gates, gi), append(r.ups, ui), append(r.experts, e)
 	}
+	// The output quantized only if every dispatch can (each one's
+	// layout follows its count of products).
+	k := c.NumExpertsPerTok
+	quantized = !normed
+	for _, buf := range order {
+		for i := 0; i < len(runs[buf].gates); i += ops.MaxGroup / 2 {
+			quantized = quantized && g.gluYQ(min(k, len(runs[buf].gates)-i, ops.MaxGroup/2))
+		}
+	}
 	for _, buf := range order {
 		r := runs[buf]
 		for i := 0; i < len(r.gates); i += ops.MaxGroup / 2 {
 			end := min(i+ops.MaxGroup/2, len(r.gates))
-			m := ops.Masked{Arena: buf, Slots: r.gates[i:end], UpSlots: r.ups[i:end], Experts: r.experts[i:end], Sel: sel, K: c.NumExpertsPerTok,
+			m := ops.Masked{Arena: buf, Slots: r.gates[i:end], UpSlots: r.ups[i:end], Experts: r.experts[i:end], Sel: sel, K: k,
 				X: B["xn"], SharedX: true, Y: B["act"], Rows: c.ExpertFFN(), Cols: c.HiddenSize}
 			if !normed && g.xq {
 				m.X, m.XQ = g.gateX(), true
+			}
+			if quantized {
+				m.YQ = g.actq(0, k)
 			}
 			if normed {
 				m.Normed = g.normed // the FFN's norm, from the accumulate before
@@ -1776,7 +1827,7 @@ func (g *GPUModel) recordGLU(ctx context.Context, b *gpu.Batch, experts []int, h
 			g.k.Q4KMatVecMasked(ctx, b, m)
 		}
 	}
-	return true
+	return true, quantized
 }
 
 // Generate feeds prompt then generates up to maxTokens tokens (as

@@ -289,6 +289,10 @@ type Group struct {
 	// vector) and the products integer multiply-adds of two weights at a
 	// time (the _xq kernels).
 	XQ bool
+	// YQ, if not nil (with UpSlots and XQ), also gets Y quantized
+	// (QuantizeX's form): the down products' x without a QuantizeX
+	// dispatch. GLUQuantizesY says which shapes can.
+	YQ gpu.Region
 }
 
 // Q4KMatVecGroup records g with the configuration DefaultQ4KConfig picks
@@ -300,6 +304,9 @@ func (k *Kernels) Q4KMatVecGroup(ctx context.Context, b *gpu.Batch, g Group) err
 // Q4KMatVecGroupWith is Q4KMatVecGroup with an explicit configuration.
 func (k *Kernels) Q4KMatVecGroupWith(ctx context.Context, b *gpu.Batch, cfg Q4KConfig, g Group) error {
 	l, err := GroupLaunch(cfg, g)
+	if g.YQ != nil {
+		return k.launch(ctx, b, l, err, g.Arena, g.X, g.Y, g.YQ)
+	}
 	return k.launch(ctx, b, l, err, g.Arena, g.X, g.Y)
 }
 
@@ -307,7 +314,7 @@ func (k *Kernels) Q4KMatVecGroupWith(ctx context.Context, b *gpu.Batch, cfg Q4KC
 // shape, not its regions): q4k_matmul with GROUPED = 1. Bindings: weight
 // arena, x, y.
 func GroupLaunch(cfg Q4KConfig, g Group) (Launch, error) {
-	return groupLaunch(cfg, groupCall{slots: g.Slots, upSlots: g.UpSlots, sharedX: g.SharedX, xUpper: -1, rows: g.Rows, cols: g.Cols, xq: g.XQ})
+	return groupLaunch(cfg, groupCall{slots: g.Slots, upSlots: g.UpSlots, sharedX: g.SharedX, xUpper: -1, rows: g.Rows, cols: g.Cols, xq: g.XQ, yq: g.YQ != nil})
 }
 
 // Masked is an MoE layer's expert products with the router's choice left
@@ -338,17 +345,22 @@ type Masked struct {
 	UpSlots []int
 	// XQ, if set, makes X quantized (as Group.XQ); not with Normed.
 	XQ bool
+	// YQ: as Group.YQ.
+	YQ gpu.Region
 }
 
 func (m Masked) call() groupCall {
 	return groupCall{slots: m.Slots, upSlots: m.UpSlots, experts: m.Experts, kSel: m.K,
-		sharedX: m.SharedX, xUpper: -1, yUpper: m.YUpper, rows: m.Rows, cols: m.Cols, normed: m.Normed, xq: m.XQ}
+		sharedX: m.SharedX, xUpper: -1, yUpper: m.YUpper, rows: m.Rows, cols: m.Cols, normed: m.Normed, xq: m.XQ, yq: m.YQ != nil}
 }
 
 // binds are m's regions in the order of its kernel's bindings.
 func (m Masked) binds() []gpu.Region {
 	if m.Normed.Parts != nil {
 		return []gpu.Region{m.Arena, m.Normed.XG, m.Y, m.Sel, m.Normed.Parts}
+	}
+	if m.YQ != nil {
+		return []gpu.Region{m.Arena, m.X, m.Y, m.Sel, m.YQ}
 	}
 	return []gpu.Region{m.Arena, m.X, m.Y, m.Sel}
 }
@@ -409,6 +421,20 @@ type groupCall struct {
 	rows, cols     int
 	normed         Normed // masked only: if its Parts are set, x (shared) is an RMSNorm's output
 	xq             bool   // x quantized (QuantizeX): the _xq kernels
+	yq             bool   // GLU's output quantized too: the _yq kernels
+}
+
+// GLUQuantizesY reports whether gate and up products of rows x cols
+// matrices, k of them chosen (masked) or in the group, can hand their
+// output over quantized (Group.YQ, Masked.YQ) with the default
+// configuration: each workgroup's output rows must be whole groups of
+// XQGroup.
+func GLUQuantizesY(rows, cols, k int) bool {
+	return gluYQ(DefaultQ4KConfig(rows*k, cols, 1), rows)
+}
+
+func gluYQ(cfg Q4KConfig, rows int) bool {
+	return rows%XQGroup == 0 && cfg.Rows%2 == 0 && (cfg.rowsPerWG()/2)%XQGroup == 0
 }
 
 // MaskedUpper marks a Q4KMatVecMasked product whose output goes to the
@@ -442,6 +468,12 @@ func groupLaunch(cfg Q4KConfig, g groupCall) (Launch, error) {
 		name += "_xq"
 		if xUpper >= 0 || g.normed.Parts != nil {
 			return Launch{}, shapeErr(name, "quantized x is not SwiGLU's gate and up or a norm's handed-over output")
+		}
+	}
+	if g.yq {
+		name += "_yq"
+		if !glu || !g.xq || !gluYQ(cfg, rows) {
+			return Launch{}, shapeErr(name, "quantized output: gate and up of quantized x, %d rows in whole groups of %d a workgroup (%d a workgroup)", rows, XQGroup, cfg.rowsPerWG()/2)
 		}
 	}
 	if rows <= 0 || cols <= 0 || cols%256 != 0 || len(slots) == 0 || len(slots) > MaxGroup {
@@ -519,6 +551,9 @@ func groupLaunch(cfg Q4KConfig, g groupCall) (Launch, error) {
 	consts["GROUPED"] = 1
 	groups := [3]uint32{gx, gy, uint32(len(slots))}
 	if experts == nil {
+		if g.yq {
+			binds = append(binds, Binding{"quantized y", XQBytes(len(slots) * rows)})
+		}
 		return Launch{Kernel: name, Constants: consts, Groups: groups, Params: params, Bindings: binds}, nil
 	}
 	table(experts)
@@ -527,6 +562,9 @@ func groupLaunch(cfg Q4KConfig, g groupCall) (Launch, error) {
 		consts["SWIGLU"] = 1
 	}
 	binds = append(binds, Binding{"sel", uint64(kSel * 4)})
+	if g.yq {
+		binds = append(binds, Binding{"quantized y", uint64(kSel) * XQBytes(rows)})
+	}
 	if g.normed.Parts != nil {
 		params = normParams(params, 176, g.normed.Eps, cols)
 		binds = append(binds, Binding{"partial sums", uint64(AccumParts(cols) * 4)})

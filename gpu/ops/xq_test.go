@@ -52,7 +52,8 @@ func unpackXQ(t *testing.T, raw []byte, n int) []float64 {
 func TestQ4KXQ(t *testing.T) {
 	d, k := shared.d, shared.k
 	r := rng(t)
-	for _, c := range []struct{ rows, cols int }{{37, 512}, {300, 4096}, {300, 2048}, {5, 256}} {
+	yqs := 0 // masked cases with their output quantized
+	for _, c := range []struct{ rows, cols int }{{37, 512}, {300, 4096}, {300, 2048}, {5, 256}, {64, 512}, {320, 2048}} {
 		rows, cols := c.rows, c.cols
 		per := rows * cols / 256
 		const nslots = 5
@@ -132,6 +133,25 @@ func TestQ4KXQ(t *testing.T) {
 				t.Fatalf("%dx%d, %s: %v", rows, cols, what, err)
 			}
 		}
+		// checkYQ checks that yq holds n values of y as QuantizeX writes
+		// them, byte for byte (the same quantize on the same floats).
+		checkYQ := func(what string, y, yq gpu.Region, n int) {
+			t.Helper()
+			want := poisoned(t, d, int(XQBytes(n)))
+			run(t, d, func(b *gpu.Batch) error { return k.QuantizeX(ctxT(t), b, y, want, n) })
+			a, b := make([]byte, XQBytes(n)), make([]byte, XQBytes(n))
+			if err := d.Read(ctxT(t), yq, a); err != nil {
+				t.Fatal(err)
+			}
+			if err := d.Read(ctxT(t), want, b); err != nil {
+				t.Fatal(err)
+			}
+			for i := range a {
+				if a[i] != b[i] {
+					t.Fatalf("%dx%d, %s: quantized output byte %d is %#x; QuantizeX of the output wrote %#x", rows, cols, what, i, a[i], b[i])
+				}
+			}
+		}
 		cfgs := []Q4KConfig{DefaultQ4KConfig(2*rows, cols, 1), DefaultQ4KConfig(8*7168, 2048, 1), {SPR: 1, Rows: 2}, {WG: 64, SPR: 2, Rows: 4, Pipeline: true}}
 		for _, cfg := range cfgs {
 			name := fmt.Sprintf("%+v", cfg)
@@ -150,6 +170,23 @@ func TestQ4KXQ(t *testing.T) {
 			g0, gm0 := glu(4, 2, x0)
 			g1, gm1 := glu(0, 2, x0)
 			check(name+" GLU group", y, cat(g0, g1), cat(gm0, gm1))
+			// And its output quantized too, where the layout allows.
+			grp := Group{Arena: ab, Slots: []int{4, 0}, UpSlots: []int{2, 2}, X: qb, SharedX: true, Y: y, Rows: rows, Cols: cols, XQ: true}
+			yq := poisoned(t, d, int(XQBytes(2*rows)))
+			grp.YQ = yq
+			if !gluYQ(cfg, rows) {
+				b := d.Batch()
+				k.Q4KMatVecGroupWith(ctxT(t), b, cfg, grp)
+				if err := b.Submit(ctxT(t)); !errors.Is(err, gpu.ErrShape) {
+					t.Errorf("%dx%d %s: quantized output of rows that are not whole groups a workgroup: %v; want gpu.ErrShape", rows, cols, name, err)
+				}
+				continue
+			}
+			y2 := poisoned(t, d, 2*rows*4)
+			grp.Y = y2
+			run(t, d, func(b *gpu.Batch) error { return k.Q4KMatVecGroupWith(ctxT(t), b, cfg, grp) })
+			check(name+" GLU group, output quantized", y2, cat(g0, g1), cat(gm0, gm1))
+			checkYQ(name+" GLU group", y2, yq, 2*rows)
 		}
 		// One plain product of x1 (not grouped), every layout above.
 		w2b := upload(t, d, arena[2*per*144:3*per*144])
@@ -171,6 +208,15 @@ func TestQ4KXQ(t *testing.T) {
 		g2, gm2 := glu(4, 1, x0)
 		g0, gm0 := glu(1, 0, x0)
 		check("masked GLU", y, cat(g2, g0), cat(gm2, gm0))
+		if GLUQuantizesY(rows, cols, 2) {
+			yq := poisoned(t, d, int(XQBytes(2*rows)))
+			run(t, d, func(b *gpu.Batch) error {
+				return k.Q4KMatVecMasked(ctxT(t), b, Masked{Arena: ab, Slots: []int{1, 3, 4}, UpSlots: []int{0, 2, 1}, Experts: []int{0, 1, 2}, Sel: sel, K: 2, X: qb, SharedX: true, Y: y, Rows: rows, Cols: cols, XQ: true, YQ: yq})
+			})
+			check("masked GLU, output quantized", y, cat(g2, g0), cat(gm2, gm0))
+			checkYQ("masked GLU", y, yq, 2*rows)
+			yqs++
+		}
 		run(t, d, func(b *gpu.Batch) error {
 			return k.Q4KMatVecMasked(ctxT(t), b, Masked{Arena: ab, Slots: []int{1, 3, 4}, Experts: []int{0, 1, 2}, Sel: sel, K: 2, X: qb, Y: y, Rows: rows, Cols: cols, XQ: true})
 		})
@@ -192,6 +238,9 @@ func TestQ4KXQ(t *testing.T) {
 				t.Errorf("%dx%d: quantized x where it cannot be: %v; want gpu.ErrShape", rows, cols, err)
 			}
 		}
+	}
+	if yqs < 2 {
+		t.Fatalf("%d masked cases quantized their output", yqs)
 	}
 }
 

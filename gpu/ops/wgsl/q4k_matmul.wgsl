@@ -52,6 +52,10 @@
 // of x^2, both written by the dispatch that wrote x (accumulate's NORM);
 // the product is W (x * g), each row then scaled by 1 / sqrt(sum(part) /
 // cols + eps). Matrix-vector only.
+//
+// The QOUT flavors (q4k_matmul_glu_xq_yq, q4k_matmul_masked_glu_xq_yq)
+// also write the GLU output quantized (quantize_x.wgsl's form) into q:
+// the down products' x with no quantize dispatch between.
 
 struct Params {
   rows: u32,     // output rows
@@ -82,6 +86,10 @@ struct Params {
 //+MASKED @group(0) @binding(3) var<storage, read> sel: array<u32>;
 //+PART //-MASKED @group(0) @binding(3) var<storage, read> part: array<f32>;
 //+PART //+MASKED @group(0) @binding(4) var<storage, read> part: array<f32>;
+//+QOUT //-MASKED @group(0) @binding(3) var<storage, read_write> q: array<vec4<u32>>;
+//+QOUT //+MASKED @group(0) @binding(4) var<storage, read_write> q: array<vec4<u32>>;
+//+QOUT //#include quantize.inc
+//+QOUT var<workgroup> outv: array<f32, 256>; // the workgroup's output rows (GLU: at most 16 * 256 / 8 / 2)
 
 // xr is vec4 i of x as floats, xu as words: each flavor's x is read
 // through them, so that the code of the other flavor's path still
@@ -515,6 +523,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let g = red[r * WG + tid] * rs;
         let u = red[(r + HROWS) * WG + tid] * rs;
         y[ybase + row] = g / (1.0 + exp(-g)) * u;
+//+QOUT        outv[grp * HROWS + r] = g / (1.0 + exp(-g)) * u;
       }
     }
   } else if ((tid & (seg - 1u)) == 0u) {
@@ -534,4 +543,18 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       }
     }
   }
+//+QOUT  // QOUT (GLU, one token): the workgroup's output rows quantized too,
+//+QOUT  // as quantize_x.wgsl would (the down products' x), a thread a group
+//+QOUT  // of 16 rows; the Go side sees that a workgroup's rows are whole
+//+QOUT  // groups (rows a multiple of 16, rows a workgroup too).
+//+QOUT  workgroupBarrier();
+//+QOUT  let nout = (WG / 8u / p.spr) * HROWS;
+//+QOUT  let first = wg * nout;
+//+QOUT  if (tid < nout / 16u && first + 16u * tid < p.rows) {
+//+QOUT    let o = 16u * tid;
+//+QOUT    quantize(array<vec4<f32>, 4>(vec4<f32>(outv[o], outv[o + 1u], outv[o + 2u], outv[o + 3u]),
+//+QOUT      vec4<f32>(outv[o + 4u], outv[o + 5u], outv[o + 6u], outv[o + 7u]),
+//+QOUT      vec4<f32>(outv[o + 8u], outv[o + 9u], outv[o + 10u], outv[o + 11u]),
+//+QOUT      vec4<f32>(outv[o + 12u], outv[o + 13u], outv[o + 14u], outv[o + 15u])), (ybase + first) / 16u + tid);
+//+QOUT  }
 }
