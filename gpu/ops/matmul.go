@@ -298,7 +298,7 @@ type Group struct {
 // Q4KMatVecGroup records g with the configuration DefaultQ4KConfig picks
 // for its rows.
 func (k *Kernels) Q4KMatVecGroup(ctx context.Context, b *gpu.Batch, g Group) error {
-	return k.Q4KMatVecGroupWith(ctx, b, DefaultQ4KConfig(g.Rows*len(g.Slots), g.Cols, 1), g)
+	return k.Q4KMatVecGroupWith(ctx, b, groupConfig(g.Rows*len(g.Slots), g.Cols, g.UpSlots != nil && g.XQ), g)
 }
 
 // Q4KMatVecGroupWith is Q4KMatVecGroup with an explicit configuration.
@@ -403,7 +403,7 @@ func maskedLaunch(g groupCall) (Launch, error) {
 	if len(g.experts) != len(g.slots) || g.kSel <= 0 || g.kSel > 32 || g.yUpper < 0 || g.yUpper%4 != 0 {
 		return Launch{}, shapeErr("q4k_matmul_masked", "%d experts for %d slots, %d chosen (1..32), upper half at byte %d", len(g.experts), len(g.slots), g.kSel, g.yUpper)
 	}
-	return groupLaunch(DefaultQ4KConfig(g.rows*min(g.kSel, len(g.slots)), g.cols, 1), g)
+	return groupLaunch(groupConfig(g.rows*min(g.kSel, len(g.slots)), g.cols, g.upSlots != nil && g.xq), g)
 }
 
 // groupCall is the shape of one Q4KMatVecGroup or Q4KMatVecMasked
@@ -430,7 +430,23 @@ type groupCall struct {
 // configuration: each workgroup's output rows must be whole groups of
 // XQGroup.
 func GLUQuantizesY(rows, cols, k int) bool {
-	return gluYQ(DefaultQ4KConfig(rows*k, cols, 1), rows)
+	return gluYQ(groupConfig(rows*k, cols, true), rows)
+}
+
+// groupConfig is DefaultQ4KConfig for a group's or a masked dispatch's
+// products, rows of them in all, except for gate and up products of
+// quantized x (gluXQ) of long rows (16 blocks and more): 2 block slots
+// and 8 rows a thread (4 of gate, 4 of up). On an H200 (BenchmarkQ4KDecode
+// with RDRR_BENCH_SWEEP=1, gpu/BENCHMARKS.md, 2026-11-28, evening) the
+// masked Mixtral-shaped one took 47.1 us so against 52.9 with the
+// float kernel's choice (1 slot, 4 rows), whose arithmetic the
+// quantized x has made lighter.
+func groupConfig(rows, cols int, gluXQ bool) Q4KConfig {
+	cfg := DefaultQ4KConfig(rows, cols, 1)
+	if gluXQ && cfg.Pipeline && cfg.SPR == 1 && cols/256 >= 16 {
+		cfg.SPR, cfg.Rows = 2, 8
+	}
+	return cfg
 }
 
 func gluYQ(cfg Q4KConfig, rows int) bool {

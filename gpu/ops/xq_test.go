@@ -53,6 +53,13 @@ func TestQ4KXQ(t *testing.T) {
 	d, k := shared.d, shared.k
 	r := rng(t)
 	yqs := 0 // masked cases with their output quantized
+	// The Mixtral-shaped gate and up of quantized x take groupConfig's
+	// own layout (its kernel runs below as cfgs' last), which hands its
+	// output over quantized.
+	mix := groupConfig(2*14336, 4096, true)
+	if mix != (Q4KConfig{WG: 128, SPR: 2, Rows: 8, Pipeline: true}) || !GLUQuantizesY(14336, 4096, 2) {
+		t.Fatalf("gate and up of quantized x, 2 x 14336 x 4096: %+v, output quantized %v", mix, GLUQuantizesY(14336, 4096, 2))
+	}
 	for _, c := range []struct{ rows, cols int }{{37, 512}, {300, 4096}, {300, 2048}, {5, 256}, {64, 512}, {320, 2048}} {
 		rows, cols := c.rows, c.cols
 		per := rows * cols / 256
@@ -152,7 +159,7 @@ func TestQ4KXQ(t *testing.T) {
 				}
 			}
 		}
-		cfgs := []Q4KConfig{DefaultQ4KConfig(2*rows, cols, 1), DefaultQ4KConfig(8*7168, 2048, 1), {SPR: 1, Rows: 2}, {WG: 64, SPR: 2, Rows: 4, Pipeline: true}}
+		cfgs := []Q4KConfig{DefaultQ4KConfig(2*rows, cols, 1), DefaultQ4KConfig(8*7168, 2048, 1), {SPR: 1, Rows: 2}, {WG: 64, SPR: 2, Rows: 4, Pipeline: true}, mix}
 		for _, cfg := range cfgs {
 			name := fmt.Sprintf("%+v", cfg)
 			// Plain group: slots 3 and 1 of x0 and x1.
