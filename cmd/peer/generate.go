@@ -28,7 +28,7 @@ import (
 
 func generateCmd(a *app) *cobra.Command {
 	var warm, profileGPU, special bool
-	var prompt, tracePath, cpuProfile, goTrace, policy, engine, procedural string
+	var prompt, tracePath, cpuProfile, goTrace, policy, engine, procedural, activations string
 	var maxTokens int
 	var prefetch bool
 	hostRAM := autoBool{auto: true}
@@ -51,6 +51,9 @@ tokens. --profile-gpu times every dispatch on the GPU.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
+			if activations != "" && (engine != "gpu" || (activations != "q8" && activations != "f32")) {
+				return fmt.Errorf("generate: --activations %q: q8 or f32, with --engine gpu", activations)
+			}
 			prefetchLevel := tiers.VRAM
 			switch prefetchTo {
 			case "vram":
@@ -134,7 +137,7 @@ tokens. --profile-gpu times every dispatch on the GPU.`,
 				var step stepper
 				var closeEngine func()
 				if engine == "gpu" {
-					step, closeEngine, err = a.gpuEngine(ctx, st, m, &cfg, hostRAM.auto, int64(budgets[0]), len(promptToks)+maxTokens, prefetch, prefetchLevel, profileGPU)
+					step, closeEngine, err = a.gpuEngine(ctx, st, m, &cfg, hostRAM.auto, int64(budgets[0]), len(promptToks)+maxTokens, prefetch, prefetchLevel, profileGPU, activations)
 					if err != nil {
 						return err
 					}
@@ -268,6 +271,10 @@ tokens. --profile-gpu times every dispatch on the GPU.`,
 					res["profile"] = prof
 					res["stallSeconds"] = prof.PageWait.Seconds()
 				}
+				if act, ok := step.(interface{ Activations() string }); ok {
+					res["activations"] = act.Activations()
+					engineName += ", " + act.Activations() + " activations"
+				}
 				var gpuTimes map[string]time.Duration
 				if step != nil {
 					gpuTimes = step.GPUTimes()
@@ -334,6 +341,7 @@ tokens. --profile-gpu times every dispatch on the GPU.`,
 	f.StringVar(&engine, "engine", "ref", "decode engine: ref (float64 CPU reference) or gpu (wgpu kernels, experts paged into a VRAM arena of --vram bytes)")
 	f.Var(&hostRAM, "host-ram", "gpu engine: keep the RAM level's experts in pinned host memory the GPU copies from directly, so that an upload is one DMA copy with no memcpy into staging: auto (on when --vram does not hold every expert, so that experts are paged), true or false. Pinned memory slows the GPU's own work (on the H100 a resident Mixtral step 7.8 -> 9.5 ms with 24 GiB pinned) but paging faster (16 -> 21 tok/s at 25% in VRAM): tiers/BENCHMARKS.md")
 	f.Lookup("host-ram").NoOptDefVal = "true"
+	f.StringVar(&activations, "activations", "", "gpu engine: what the Q4_K products read: q8 (x quantized to 8 bits in groups of 16, two weights a 32-bit integer multiply-add; the default, faster) or f32 (float x: the exact arithmetic, which the float64 reference matches within 1e-3; RDRR_GPU_XQ=0 makes it the default)")
 	f.BoolVar(&prefetch, "prefetch", true, "gpu engine: prefetch each next layer's likely experts (its router on the current hidden state)")
 	f.StringVar(&prefetchTo, "prefetch-to", "ram", "gpu engine: the level prefetches promote to: vram (through ram: fetched and uploaded) or ram (fetched from disk or the swarm only; the GPU's queue stays the demand's)")
 	f.StringVar(&procedural, "procedural", "", "the manifest of a synthetic model to regenerate locally instead of reading a store (model argument: its CID or -)")
@@ -429,7 +437,9 @@ type stepper interface {
 // expert matrix (experts are paged: their uploads from pinned host memory
 // are one DMA copy each), and cleared when it does (nothing is paged, and
 // pinned memory only slows the GPU's work).
-func (a *app) gpuEngine(ctx context.Context, st *cas.Store, m *experts.Manifest, cfg *tiers.Config, autoHostRAM bool, vram int64, maxPos int, prefetch bool, prefetchTo tiers.Level, profileGPU bool) (stepper, func(), error) {
+//
+// activations, if not empty, is SetActivations's choice.
+func (a *app) gpuEngine(ctx context.Context, st *cas.Store, m *experts.Manifest, cfg *tiers.Config, autoHostRAM bool, vram int64, maxPos int, prefetch bool, prefetchTo tiers.Level, profileGPU bool, activations string) (stepper, func(), error) {
 	// The arena is one buffer and one storage binding: ask the device for
 	// buffers as large as the VRAM budget, within the 2 GiB that wgpu
 	// binds (larger budgets degrade, with a warning, in NewGPUArena).
@@ -474,6 +484,15 @@ func (a *app) gpuEngine(ctx context.Context, st *cas.Store, m *experts.Manifest,
 		d.Close()
 		return nil, nil, err
 	}
+	if activations != "" {
+		if err := g.SetActivations(ctx, activations); err != nil {
+			g.Close()
+			cache.Close()
+			arena.Release()
+			d.Close()
+			return nil, nil, fmt.Errorf("generate: --activations: %w", err)
+		}
+	}
 	if cfg.HostRAM {
 		cache.ForVRAM(g.ExpertKeys()) // a --warm of RAM makes them in host memory too
 	}
@@ -497,6 +516,7 @@ func (s gpuStepper) StopGPUProfile(ctx context.Context) (gpu.Profile, error) {
 }
 
 func (s gpuStepper) Cache() *tiers.Cache                  { return s.cache }
+func (s gpuStepper) Activations() string                  { return s.g.Activations() }
 func (s gpuStepper) Prefetched() (predicted, correct int) { return s.g.Predicted, s.g.Correct }
 func (s gpuStepper) Profile() *experts.StepProfile        { return &s.g.Profile }
 func (s gpuStepper) ExpertKeys() []tiers.Key              { return s.g.ExpertKeys() }

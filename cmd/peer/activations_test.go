@@ -1,0 +1,48 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"testing"
+)
+
+// --activations picks what the GPU engine's Q4_K products read and says
+// so in --json: f32 gives the float64 reference engine's greedy tokens
+// (the exact arithmetic), q8 (the default) runs the quantized products;
+// a value other than q8 or f32, or the flag without --engine gpu, is
+// refused.
+func TestGenerateActivations(t *testing.T) {
+	home := filepath.Join(t.TempDir(), "home")
+	dir := filepath.Join(t.TempDir(), "tiny")
+	mustRun(t, home, "synth", "-q", "--preset", "tiny-moe", "--procedural", "-o", dir)
+	manifest := filepath.Join(dir, "manifest.json")
+	gen := func(flags ...string) (string, []int) {
+		t.Helper()
+		args := append([]string{"generate", "-", "--procedural", manifest, "--prompt", "a", "--max-tokens", "6", "--json"}, flags...)
+		out := mustRun(t, home, args...)
+		var res struct {
+			Activations string `json:"activations"`
+			Tokens      []int  `json:"tokens"`
+		}
+		if err := json.Unmarshal([]byte(out), &res); err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+		return res.Activations, res.Tokens
+	}
+	_, ref := gen()
+	if a, toks := gen("--engine", "gpu", "--vram", "1GiB", "--activations", "f32"); a != "f32" || fmt.Sprint(toks) != fmt.Sprint(ref) {
+		t.Errorf("--activations f32: %q, tokens %v; want f32 and the reference's %v", a, toks, ref)
+	}
+	if a, toks := gen("--engine", "gpu", "--vram", "1GiB"); a != "q8" || len(toks) != 6 {
+		t.Errorf("default: %q, %d tokens; want q8 and 6", a, len(toks))
+	}
+	if a, _ := gen("--engine", "gpu", "--vram", "1GiB", "--activations", "q8"); a != "q8" {
+		t.Errorf("--activations q8: %q", a)
+	}
+	for _, bad := range [][]string{{"--engine", "gpu", "--activations", "f16"}, {"--activations", "f32"}} {
+		if _, err := run(t, home, append([]string{"generate", "-", "--procedural", manifest, "--prompt", "a"}, bad...)...); err == nil {
+			t.Errorf("%v was accepted", bad)
+		}
+	}
+}
