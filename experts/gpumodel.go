@@ -134,6 +134,13 @@ type GPUModel struct {
 	// noYQ has the gate and up products' output quantized by a dispatch
 	// of its own (RDRR_GPU_YQ=0, for measurements), not by the products.
 	noYQ bool
+	// accNorm defers the accumulates into x (after the o product, after
+	// the experts) to the norm of x that follows (pending): one dispatch,
+	// ops.AccumulateRMSNormXQ, where that norm hands its output over
+	// quantized; whatever else reads x first records the accumulate
+	// (flushAcc). With xq, unless RDRR_GPU_ACCNORM=0 (for measurements).
+	accNorm bool
+	pending pendingAcc
 	// pipeline has Generate record each step while the GPU runs the one
 	// before it (generatePipelined); RDRR_GPU_PIPELINE=0 turns it off,
 	// for measurements.
@@ -233,6 +240,7 @@ func NewGPUModel(ctx context.Context, m *Manifest, d *gpu.Device, cache *tiers.C
 	g.xq = os.Getenv("RDRR_GPU_XQ") != "0" && g.glu && !g.partNorm && m.Config.HiddenSize%ops.XQGroup == 0 && m.Config.ExpertFFN()%ops.XQGroup == 0
 	g.xqAttn = g.xq && os.Getenv("RDRR_GPU_XQ") != "experts"
 	g.noYQ = os.Getenv("RDRR_GPU_YQ") == "0"
+	g.accNorm = os.Getenv("RDRR_GPU_ACCNORM") != "0"
 	g.perSubmit = maskedPerSubmit
 	if n, err := strconv.Atoi(os.Getenv("RDRR_GPU_PER_SUBMIT")); err == nil && n > 0 {
 		g.perSubmit, g.perSubmitSet = n, true
@@ -371,6 +379,7 @@ func (g *GPUModel) ffn(ctx context.Context, b *gpu.Batch, prefix string, n int) 
 	g.k.Q4KMatVec(ctx, b, g.dense[prefix+"up_proj.weight"], B["xn"], up, n, h)
 	g.k.SwiGLU(ctx, b, gate, up, act, n)
 	g.k.Q4KMatVec(ctx, b, g.dense[prefix+"down_proj.weight"], act, B["dy"], h, n)
+	g.flushAcc(ctx, b)
 	g.k.Accumulate(ctx, b, B["dy"], B["ones"], B["x"], ops.AccumShape{Experts: 1, Dim: h})
 }
 
@@ -717,6 +726,7 @@ func (g *GPUModel) begin(ctx context.Context, token int, onGPU bool, hd head) (_
 		b = g.d.Batch()
 		return nil
 	}
+	g.pending = pendingAcc{} // a step that failed may have left one; the embedding writes x anew
 	g.k.Embed(ctx, b, g.dense["model.embed_tokens.weight"], tok, B["x"], ops.EmbedShape{Type: abi.Q4K, Tokens: 1, Dim: c.HiddenSize, Vocab: c.VocabSize})
 	g.embedNorm(ctx, b)
 	if err := section("embed"); err != nil {
@@ -1123,6 +1133,8 @@ func (g *GPUModel) compile(ctx context.Context) error {
 	B := g.buf
 	h, ffn, k := c.HiddenSize, c.ExpertFFN(), c.NumExpertsPerTok
 	b := g.d.Batch()
+	g.pending = pendingAcc{}
+	defer func() { g.pending = pendingAcc{} }() // the dry recording is dropped
 	g.k.Embed(ctx, b, g.dense["model.embed_tokens.weight"], B["tok"], B["x"], ops.EmbedShape{Type: abi.Q4K, Tokens: 1, Dim: h, Vocab: c.VocabSize})
 	g.embedNorm(ctx, b)
 	g.recordAttention(ctx, b, 0)
@@ -1240,7 +1252,7 @@ func (g *GPUModel) recordAttention(ctx context.Context, b *gpu.Batch, l int) {
 	norm := ops.NormShape{Rows: 1, Dim: h, Eps: float32(c.RMSNormEps)}
 	switch {
 	case xq:
-		g.k.RMSNormXQ(ctx, b, B["x"], g.dense[p+"input_layernorm.weight"], B["xn"], g.gateX(), norm)
+		g.normXQ(ctx, b, p+"input_layernorm.weight", norm)
 	case !normed:
 		g.normX(ctx, b, p+"input_layernorm.weight")
 	}
@@ -1276,7 +1288,7 @@ func (g *GPUModel) recordAttention(ctx context.Context, b *gpu.Batch, l int) {
 		attq := B["attq"].Sub(0, ops.XQBytes(nq*hd))
 		g.k.AttentionXQ(ctx, b, q, g.kc[l], g.vc[l], B["att"], attq, attn)
 		g.k.Q4KMatVecXQ(ctx, b, g.dense[p+"self_attn.o_proj.weight"], attq, B["o"], h, nq*hd)
-		g.k.Accumulate(ctx, b, B["o"], B["ones"], B["x"], ops.AccumShape{Experts: 1, Dim: h})
+		g.accumulate(ctx, b, B["o"], B["ones"], ops.AccumShape{Experts: 1, Dim: h})
 		return
 	}
 	g.k.Attention(ctx, b, q, g.kc[l], g.vc[l], B["att"], attn)
@@ -1289,6 +1301,7 @@ func (g *GPUModel) recordAttention(ctx context.Context, b *gpu.Batch, l int) {
 			g.k.Accumulate(ctx, b, B["o"], B["ones"], B["x"], ops.AccumShape{Experts: 1, Dim: h})
 		}
 	} else {
+		g.flushAcc(ctx, b)
 		g.k.Q4KMatVecAdd(ctx, b, g.dense[p+"self_attn.o_proj.weight"], B["att"], B["x"], h, nq*hd) // x += Wo att
 	}
 }
@@ -1309,10 +1322,49 @@ func (g *GPUModel) normFFN(ctx context.Context, b *gpu.Batch, l int) {
 	weight := fmt.Sprintf("model.layers.%d.post_attention_layernorm.weight", l)
 	c := &g.m.Config
 	if g.xq && c.IsMoE(l) {
-		g.k.RMSNormXQ(ctx, b, g.buf["x"], g.dense[weight], g.buf["xn"], g.gateX(), ops.NormShape{Rows: 1, Dim: c.HiddenSize, Eps: float32(c.RMSNormEps)})
+		g.normXQ(ctx, b, weight, ops.NormShape{Rows: 1, Dim: c.HiddenSize, Eps: float32(c.RMSNormEps)})
 		return
 	}
 	g.normX(ctx, b, weight)
+}
+
+// pendingAcc is an accumulate into x not recorded yet (see accNorm).
+type pendingAcc struct {
+	src, wts gpu.Region
+	shape    ops.AccumShape
+	set      bool
+}
+
+// accumulate records x += the weighted sum of a.Experts vectors of src
+// (ops.Accumulate), or with accNorm leaves it to the next norm of x.
+func (g *GPUModel) accumulate(ctx context.Context, b *gpu.Batch, src, wts gpu.Region, a ops.AccumShape) {
+	g.flushAcc(ctx, b)
+	if g.accNorm && g.xq {
+		g.pending = pendingAcc{src: src, wts: wts, shape: a, set: true}
+		return
+	}
+	g.k.Accumulate(ctx, b, src, wts, g.buf["x"], a)
+}
+
+// flushAcc records the pending accumulate, if any: before anything but
+// normXQ reads or writes x.
+func (g *GPUModel) flushAcc(ctx context.Context, b *gpu.Batch) {
+	if p := g.pending; p.set {
+		g.pending = pendingAcc{}
+		g.k.Accumulate(ctx, b, p.src, p.wts, g.buf["x"], p.shape)
+	}
+}
+
+// normXQ records xn = the RMSNorm of x with the dense weight named weight,
+// and xn quantized into xnq (ops.RMSNormXQ), adding the pending
+// accumulate into x first in the same dispatch (ops.AccumulateRMSNormXQ).
+func (g *GPUModel) normXQ(ctx context.Context, b *gpu.Batch, weight string, s ops.NormShape) {
+	if p := g.pending; p.set {
+		g.pending = pendingAcc{}
+		g.k.AccumulateRMSNormXQ(ctx, b, p.src, p.wts, g.buf["x"], g.dense[weight], g.buf["xn"], g.gateX(), p.shape, s.Eps)
+		return
+	}
+	g.k.RMSNormXQ(ctx, b, g.buf["x"], g.dense[weight], g.buf["xn"], g.gateX(), s)
 }
 
 // gateX is what the gate and up products read: xn, or with xq xnq.
@@ -1359,6 +1411,7 @@ func (g *GPUModel) gluYQ(n int) bool {
 
 // normX records xn = the RMSNorm of x with the dense weight named weight.
 func (g *GPUModel) normX(ctx context.Context, b *gpu.Batch, weight string) {
+	g.flushAcc(ctx, b)
 	c := &g.m.Config
 	g.k.RMSNorm(ctx, b, g.buf["x"], g.dense[weight], g.buf["xn"], ops.NormShape{Rows: 1, Dim: c.HiddenSize, Eps: float32(c.RMSNormEps)})
 }
@@ -1387,6 +1440,7 @@ func (g *GPUModel) recordChoice(ctx context.Context, b *gpu.Batch, l int) bool {
 		// Layer l+1's router on this hidden state, normalized as l+1
 		// will normalize its own: the guess of its experts.
 		q := fmt.Sprintf("model.layers.%d.", l+1)
+		g.flushAcc(ctx, b)
 		g.k.RMSNorm(ctx, b, B["x"], g.dense[q+"post_attention_layernorm.weight"], B["pxn"], ops.NormShape{Rows: 1, Dim: c.HiddenSize, Eps: float32(c.RMSNormEps)})
 		g.router(ctx, b, l+1, B["pxn"], B["plogits"], B["ids"].Sub(idsPredOff, uint64(k*4)), B["pw"], g.route(), false)
 	}
@@ -1515,7 +1569,7 @@ func (g *GPUModel) finishLayer(ctx context.Context, b *gpu.Batch, l int) {
 		g.k.AccumulateNorm(ctx, b, B["y"], B["w"], B["x"], g.dense[next], g.normed, ops.AccumShape{Experts: c.NumExpertsPerTok, Dim: c.HiddenSize})
 		return
 	}
-	g.k.Accumulate(ctx, b, B["y"], B["w"], B["x"], ops.AccumShape{Experts: c.NumExpertsPerTok, Dim: c.HiddenSize})
+	g.accumulate(ctx, b, B["y"], B["w"], ops.AccumShape{Experts: c.NumExpertsPerTok, Dim: c.HiddenSize})
 	if c.NumSharedExperts > 0 {
 		g.ffn(ctx, b, fmt.Sprintf("model.layers.%d.mlp.shared_experts.", l), c.ExpertFFN()*c.NumSharedExperts)
 	}

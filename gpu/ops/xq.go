@@ -57,3 +57,27 @@ func (k *Kernels) RMSNormXQ(ctx context.Context, b *gpu.Batch, x, w, y, q gpu.Re
 	l, err := RMSNormXQLaunch(s)
 	return k.launch(ctx, b, l, err, x, w, y, q)
 }
+
+// AccumulateRMSNormXQLaunch is the dispatch rule of AccumulateRMSNormXQ:
+// one workgroup, one row. Bindings: src, weights, x (read and written),
+// norm weight, y, q.
+func AccumulateRMSNormXQLaunch(a AccumShape, eps float32) (Launch, error) {
+	const name = "accumulate_rmsnorm_xq"
+	k, d, wOff := a.Experts, a.Dim, a.WeightOff
+	if k <= 0 || k > 16 || d <= 0 || d%XQGroup != 0 || wOff < 0 {
+		return Launch{}, shapeErr(name, "k %d (1..16), d %d (a positive multiple of %d), weight offset %d", k, d, XQGroup, wOff)
+	}
+	return Launch{Kernel: name, Groups: [3]uint32{1, 1, 1},
+		Params: gpu.Params{}.U32(1).U32(uint32(d)).F32(eps).U32(1).U32(uint32(k)).U32(uint32(wOff)),
+		Bindings: []Binding{{"src", uint64(k * d * 4)}, {"weights", uint64((wOff + k) * 4)}, {"x", uint64(d * 4)},
+			{"norm weight", uint64(d * 4)}, {"y", uint64(d * 4)}, {"q", XQBytes(d)}}}, nil
+}
+
+// AccumulateRMSNormXQ records Accumulate (x += the weighted sum of a.Experts
+// vectors of src) and then RMSNormXQ of the new x (y, and y quantized into
+// q) in one dispatch: the accumulate after a layer's products and the
+// norm after it. One row.
+func (k *Kernels) AccumulateRMSNormXQ(ctx context.Context, b *gpu.Batch, src, wts, x, w, y, q gpu.Region, a AccumShape, eps float32) error {
+	l, err := AccumulateRMSNormXQLaunch(a, eps)
+	return k.launch(ctx, b, l, err, src, wts, x, w, y, q)
+}

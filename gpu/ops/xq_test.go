@@ -346,3 +346,70 @@ func TestAttentionXQ(t *testing.T) {
 		t.Errorf("head dim 40: %v; want gpu.ErrShape", err)
 	}
 }
+
+// AccumulateRMSNormXQ is Accumulate and then RMSNormXQ of the new x, in
+// one dispatch: x, y and q as the two dispatches write them (within
+// float32 rounding, a multiply-add fused or not; q within a step).
+func TestAccumulateRMSNormXQ(t *testing.T) {
+	d, k := shared.d, shared.k
+	r := rng(t)
+	for _, c := range []struct{ experts, dim, woff int }{{2, 4096, 3}, {1, 256, 0}, {4, 7168, 1}} {
+		src := uploadF32(t, d, randF32(r, c.experts*c.dim, 1))
+		wts := uploadF32(t, d, randF32(r, c.woff+c.experts, 1))
+		x0 := randF32(r, c.dim, 1)
+		g := uploadF32(t, d, randF32(r, c.dim, 1))
+		a := AccumShape{Experts: c.experts, Dim: c.dim, WeightOff: c.woff}
+		s := NormShape{Rows: 1, Dim: c.dim, Eps: 1e-5}
+		// Two dispatches, then one.
+		xa, xb := uploadF32(t, d, x0), uploadF32(t, d, x0)
+		ya, yb := poisoned(t, d, c.dim*4), poisoned(t, d, c.dim*4)
+		qa, qb := poisoned(t, d, int(XQBytes(c.dim))), poisoned(t, d, int(XQBytes(c.dim)))
+		run(t, d, func(b *gpu.Batch) error {
+			if err := k.Accumulate(ctxT(t), b, src, wts, xa, a); err != nil {
+				return err
+			}
+			if err := k.RMSNormXQ(ctxT(t), b, xa, g, ya, qa, s); err != nil {
+				return err
+			}
+			return k.AccumulateRMSNormXQ(ctxT(t), b, src, wts, xb, g, yb, qb, a, 1e-5)
+		})
+		for _, v := range []struct {
+			what   string
+			want   gpu.Region
+			got    gpu.Region
+			n      int
+			relTol float64
+		}{{"x", xa, xb, c.dim, 1e-6}, {"y", ya, yb, c.dim, 1e-5}} {
+			want, got := readF32(t, d, v.want, v.n), readF32(t, d, v.got, v.n)
+			for i := range want {
+				if diff := math.Abs(float64(got[i] - want[i])); diff > v.relTol*(math.Abs(float64(want[i]))+1e-3) {
+					t.Fatalf("%+v: %s[%d] = %g; the two dispatches wrote %g", c, v.what, i, got[i], want[i])
+				}
+			}
+		}
+		rawA, rawB := make([]byte, XQBytes(c.dim)), make([]byte, XQBytes(c.dim))
+		if err := d.Read(ctxT(t), qa, rawA); err != nil {
+			t.Fatal(err)
+		}
+		if err := d.Read(ctxT(t), qb, rawB); err != nil {
+			t.Fatal(err)
+		}
+		y := readF32(t, d, yb, c.dim)
+		va, vb := unpackXQ(t, rawA, c.dim), unpackXQ(t, rawB, c.dim)
+		for i := range va {
+			step := 0.0
+			for _, v := range y[i/XQGroup*XQGroup : (i/XQGroup+1)*XQGroup] {
+				step = math.Max(step, math.Abs(float64(v))/127)
+			}
+			if math.Abs(va[i]-vb[i]) > step*1.0001 {
+				t.Fatalf("%+v: quantized y[%d] %g; the two dispatches wrote %g", c, i, vb[i], va[i])
+			}
+		}
+	}
+	b := d.Batch()
+	x := poisoned(t, d, 4096)
+	k.AccumulateRMSNormXQ(ctxT(t), b, x, x, x, x, x, x, AccumShape{Experts: 17, Dim: 256}, 1e-5)
+	if err := b.Submit(ctxT(t)); !errors.Is(err, gpu.ErrShape) {
+		t.Errorf("17 experts: %v; want gpu.ErrShape", err)
+	}
+}

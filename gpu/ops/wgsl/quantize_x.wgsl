@@ -10,6 +10,12 @@
 // over quantized as well: y = x / sqrt(mean(x^2) + eps) * w, one
 // workgroup a row of d values, each thread a group of 16 in turn; the
 // norm's output need not be read back by a dispatch of its own.
+//
+// The NORM ADD flavor (kernel accumulate_rmsnorm_xq) first adds the
+// residual: x += sum_j wts[woff + j] * src[j * d ..] for j < k (the
+// accumulate kernel's sum, in its order), writes x, and normalizes the
+// new x: the accumulate after a layer's o or expert products and the
+// norm that follows it in one dispatch (one row).
 
 struct Params {
 //-NORM  groups: u32,
@@ -18,13 +24,23 @@ struct Params {
 //+NORM  d: u32,
 //+NORM  eps: f32,
 //+NORM  gx: u32,
+//+ADD  k: u32,
+//+ADD  woff: u32,
+//+ADD  _p0: u32,
+//+ADD  _p1: u32,
 }
 
-@group(0) @binding(0) var<storage, read> x: array<vec4<f32>>;
+//-ADD @group(0) @binding(0) var<storage, read> x: array<vec4<f32>>;
 //-NORM @group(0) @binding(1) var<storage, read_write> q: array<vec4<u32>>;
-//+NORM @group(0) @binding(1) var<storage, read> w: array<vec4<f32>>;
-//+NORM @group(0) @binding(2) var<storage, read_write> y: array<vec4<f32>>;
-//+NORM @group(0) @binding(3) var<storage, read_write> q: array<vec4<u32>>;
+//+NORM //-ADD @group(0) @binding(1) var<storage, read> w: array<vec4<f32>>;
+//+NORM //-ADD @group(0) @binding(2) var<storage, read_write> y: array<vec4<f32>>;
+//+NORM //-ADD @group(0) @binding(3) var<storage, read_write> q: array<vec4<u32>>;
+//+ADD @group(0) @binding(0) var<storage, read> src: array<vec4<f32>>;
+//+ADD @group(0) @binding(1) var<storage, read> wts: array<f32>;
+//+ADD @group(0) @binding(2) var<storage, read_write> x: array<vec4<f32>>;
+//+ADD @group(0) @binding(3) var<storage, read> w: array<vec4<f32>>;
+//+ADD @group(0) @binding(4) var<storage, read_write> y: array<vec4<f32>>;
+//+ADD @group(0) @binding(5) var<storage, read_write> q: array<vec4<u32>>;
 @group(1) @binding(0) var<uniform> p: Params;
 
 //#include quantize.inc
@@ -51,10 +67,22 @@ struct Params {
 //+NORM   let base = row * groups; // in groups; x's vec4 at 4 * group
 //+NORM   var s = 0.0;
 //+NORM   for (var g = tid; g < groups; g += WG) {
-//+NORM     let a = x[4u * (base + g)];
-//+NORM     let b = x[4u * (base + g) + 1u];
-//+NORM     let c = x[4u * (base + g) + 2u];
-//+NORM     let e = x[4u * (base + g) + 3u];
+//+NORM     var a = x[4u * (base + g)];
+//+NORM     var b = x[4u * (base + g) + 1u];
+//+NORM     var c = x[4u * (base + g) + 2u];
+//+NORM     var e = x[4u * (base + g) + 3u];
+//+ADD     for (var j = 0u; j < min(p.k, 16u); j++) {
+//+ADD       let wj = wts[p.woff + j];
+//+ADD       let o = j * (p.d / 4u) + 4u * g;
+//+ADD       a += wj * src[o];
+//+ADD       b += wj * src[o + 1u];
+//+ADD       c += wj * src[o + 2u];
+//+ADD       e += wj * src[o + 3u];
+//+ADD     }
+//+ADD     x[4u * g] = a;
+//+ADD     x[4u * g + 1u] = b;
+//+ADD     x[4u * g + 2u] = c;
+//+ADD     x[4u * g + 3u] = e;
 //+NORM     s += dot(a, a) + dot(b, b) + dot(c, c) + dot(e, e);
 //+NORM   }
 //+NORM   red[tid] = s;
