@@ -138,7 +138,12 @@ type GPUModel struct {
 	// the experts) to the norm of x that follows (pending): one dispatch,
 	// ops.AccumulateRMSNormXQ, where that norm hands its output over
 	// quantized; whatever else reads x first records the accumulate
-	// (flushAcc). With xq, unless RDRR_GPU_ACCNORM=0 (for measurements).
+	// (flushAcc): 64 dispatches a Mixtral-shaped step fewer. With xq and
+	// RDRR_GPU_ACCNORM=1 only: built and tested on lavapipe, not yet
+	// timed on a GPU (the session that built it had no device time left;
+	// an earlier residual add folded into a norm was slower on the H100,
+	// its one workgroup loading the addends in turn, where this one's
+	// threads each load a group's addends at once).
 	accNorm bool
 	pending pendingAcc
 	// pipeline has Generate record each step while the GPU runs the one
@@ -240,7 +245,7 @@ func NewGPUModel(ctx context.Context, m *Manifest, d *gpu.Device, cache *tiers.C
 	g.xq = os.Getenv("RDRR_GPU_XQ") != "0" && g.glu && !g.partNorm && m.Config.HiddenSize%ops.XQGroup == 0 && m.Config.ExpertFFN()%ops.XQGroup == 0
 	g.xqAttn = g.xq && os.Getenv("RDRR_GPU_XQ") != "experts"
 	g.noYQ = os.Getenv("RDRR_GPU_YQ") == "0"
-	g.accNorm = os.Getenv("RDRR_GPU_ACCNORM") != "0"
+	g.accNorm = os.Getenv("RDRR_GPU_ACCNORM") == "1"
 	g.perSubmit = maskedPerSubmit
 	if n, err := strconv.Atoi(os.Getenv("RDRR_GPU_PER_SUBMIT")); err == nil && n > 0 {
 		g.perSubmit, g.perSubmitSet = n, true

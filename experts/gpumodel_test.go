@@ -58,6 +58,22 @@ func TestGPUModelMatchesReference(t *testing.T) {
 		testGPUModelMatches(t, "tiny-moe", 0, false)
 	})
 	t.Run("one arena buffer", func(t *testing.T) { long(t); testGPUModelMatches(t, "tiny-moe", 0, false) })
+	// The accumulates into x deferred to the norms after them (accNorm):
+	// resident, paged, and with a dense layer and shared experts.
+	t.Run("accumulate in the norm, resident", func(t *testing.T) {
+		t.Setenv("RDRR_GPU_ACCNORM", "1")
+		testGPUModelMatches(t, "tiny-moe", 0, true)
+	})
+	t.Run("accumulate in the norm, paged", func(t *testing.T) {
+		long(t)
+		t.Setenv("RDRR_GPU_ACCNORM", "1")
+		testGPUModelMatches(t, "tiny-moe", 0, false)
+	})
+	t.Run("accumulate in the norm, deepseek-style", func(t *testing.T) {
+		long(t)
+		t.Setenv("RDRR_GPU_ACCNORM", "1")
+		testGPUModelMatches(t, "tiny-deepseek", 0, false)
+	})
 	// Exact activations: the expert products of float x.
 	t.Run("exact, paged", func(t *testing.T) {
 		long(t)
@@ -111,6 +127,9 @@ func testGPUModelMatches(t *testing.T, preset string, maxBuf uint64, resident bo
 	}
 	if want := os.Getenv("RDRR_GPU_XQ") != "0" && g.glu && !g.partNorm; g.xq != want {
 		t.Fatalf("quantized x: %v, RDRR_GPU_XQ %q", g.xq, os.Getenv("RDRR_GPU_XQ"))
+	}
+	if want := os.Getenv("RDRR_GPU_ACCNORM") == "1"; g.accNorm != want {
+		t.Fatalf("accumulates in the norms: %v, RDRR_GPU_ACCNORM %q", g.accNorm, os.Getenv("RDRR_GPU_ACCNORM"))
 	}
 	// Tolerances (see TestGPUModelMatchesReference): of the logits, and
 	// of how near the reference's top two are where a token may differ.
