@@ -1196,7 +1196,7 @@ func (g *GPUModel) compile(ctx context.Context) error {
 				g.k.Q4KMatVecMasked(ctx, b, gm)
 				g.k.Q4KMatVecMasked(ctx, b, ops.Masked{Arena: buf, Slots: zeros, Experts: ids, Sel: B["ids"], K: k,
 					X: g.downX(ctx, b, 0, k, false), Y: B["y"], Rows: h, Cols: ffn, XQ: true})
-				if g.gluYQ(k) {
+				if g.gluYQ(min(k, m)) { // as maskedLaunch sizes it
 					gm.YQ = g.actq(0, k)
 					g.k.Q4KMatVecMasked(ctx, b, gm)
 				}
@@ -1344,7 +1344,7 @@ type pendingAcc struct {
 // (ops.Accumulate), or with accNorm leaves it to the next norm of x.
 func (g *GPUModel) accumulate(ctx context.Context, b *gpu.Batch, src, wts gpu.Region, a ops.AccumShape) {
 	g.flushAcc(ctx, b)
-	if g.accNorm && g.xq {
+	if g.accNorm && g.xq && a.Experts <= ops.MaxAccumNormExperts {
 		g.pending = pendingAcc{src: src, wts: wts, shape: a, set: true}
 		return
 	}

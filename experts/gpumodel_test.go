@@ -74,6 +74,19 @@ func TestGPUModelMatchesReference(t *testing.T) {
 		t.Setenv("RDRR_GPU_ACCNORM", "1")
 		testGPUModelMatches(t, "tiny-deepseek", 0, false)
 	})
+	// The experts' x alone quantized (RDRR_GPU_XQ=experts), and the gate
+	// and up products' output quantized by a dispatch of its own
+	// (RDRR_GPU_YQ=0).
+	t.Run("experts alone quantized", func(t *testing.T) {
+		long(t)
+		t.Setenv("RDRR_GPU_XQ", "experts")
+		testGPUModelMatches(t, "tiny-moe", 0, true)
+	})
+	t.Run("output quantized apart, resident", func(t *testing.T) {
+		long(t)
+		t.Setenv("RDRR_GPU_YQ", "0")
+		testGPUModelMatches(t, "tiny-moe", 0, true)
+	})
 	// Exact activations: the expert products of float x.
 	t.Run("exact, paged", func(t *testing.T) {
 		long(t)
@@ -154,7 +167,21 @@ func testGPUModelMatches(t *testing.T, preset string, maxBuf uint64, resident bo
 	if err != nil {
 		t.Fatal(err)
 	}
-	rm.QuantizedX = g.xq
+	rm.QuantizedX, rm.QuantizedQKV = g.xq, g.xqAttn
+	rm.QuantizedO = g.xqAttn && !g.fuseO && m.Config.HeadDimension()%16 == 0
+	// With quantized x, the reference of float x too: the GPU must be
+	// much nearer the reference that quantizes as it does than that one
+	// (a product left float, or quantized where the mirror does not, would
+	// not be).
+	var plain *RefModel
+	worstPlain := 0.0
+	if g.xq {
+		pcache, _ := tiers.New(tiers.Config{RAM: m.TotalSize, Disk: src})
+		defer pcache.Close()
+		if plain, err = NewRefModel(ctx, m, pcache); err != nil {
+			t.Fatal(err)
+		}
+	}
 	tok := int('T')
 	worst := 0.0
 	for step := 0; step < 32; step++ {
@@ -170,6 +197,15 @@ func testGPUModelMatches(t *testing.T, preset string, maxBuf uint64, resident bo
 		for _, v := range rl {
 			scale = math.Max(scale, math.Abs(v))
 		}
+		if plain != nil {
+			pl, err := plain.Step(ctx, tok)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range pl {
+				worstPlain = math.Max(worstPlain, math.Abs(float64(gl[i])-pl[i])/scale)
+			}
+		}
 		for i := range rl {
 			if diff := math.Abs(float64(gl[i])-rl[i]) / scale; diff > worst {
 				worst = diff
@@ -183,6 +219,9 @@ func testGPUModelMatches(t *testing.T, preset string, maxBuf uint64, resident bo
 			}
 		}
 		tok = rt
+	}
+	if plain != nil && worst > worstPlain/2 {
+		t.Fatalf("largest logit difference %.2e from the reference that quantizes as the GPU does, %.2e from the one of float x: not the arithmetic it mirrors", worst, worstPlain)
 	}
 	// Q4_K matvecs accumulate in float32 on the GPU; the reference is
 	// float64. Relative to the largest logit.

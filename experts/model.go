@@ -33,12 +33,13 @@ type RefModel struct {
 	Trace *tiers.TraceRecorder
 	// Routes counts how often each (layer, expert) was chosen.
 	Routes map[[2]int]int
-	// QuantizedX has the decoder layers' products (q k v, o and the
-	// routed experts') read their x as the GPU engine's quantized
-	// products do (ref.QuantizeX of the norms, of the attention's output
-	// and of SwiGLU's): the reference of that arithmetic, not of the
-	// model's. The LM head and the router read float x.
-	QuantizedX bool
+	// QuantizedX has the routed experts' products read their x as the
+	// GPU engine's quantized products do (ref.QuantizeX of the FFN's norm
+	// and of SwiGLU's output), QuantizedQKV the q k v products (of the
+	// attention's norm) and QuantizedO the o product (of the attention's
+	// output): the reference of that arithmetic, not of the model's. The
+	// LM head and the routers read float x.
+	QuantizedX, QuantizedQKV, QuantizedO bool
 }
 
 // NewRefModel reads m's dense tensors through cache (RAM level) and keeps
@@ -168,7 +169,7 @@ func (rm *RefModel) Step(ctx context.Context, token int) ([]float64, error) {
 	for l := 0; l < c.NumHiddenLayers; l++ {
 		p := fmt.Sprintf("model.layers.%d.", l)
 		xn := ref.RMSNorm(x, rm.w(p+"input_layernorm.weight"), 1, h, c.RMSNormEps)
-		if rm.QuantizedX {
+		if rm.QuantizedQKV {
 			xn = ref.QuantizeX(xn)
 		}
 		q := matvec(rm.w(p+"self_attn.q_proj.weight"), xn, nq*hd, h)
@@ -179,7 +180,7 @@ func (rm *RefModel) Step(ctx context.Context, token int) ([]float64, error) {
 		rm.k[l] = append(rm.k[l], k...)
 		rm.v[l] = append(rm.v[l], v...)
 		att := ref.Attention(q, rm.k[l], rm.v[l], nq, nkv, hd, rm.pos+1, 1/math.Sqrt(float64(hd)))
-		if rm.QuantizedX && hd%16 == 0 {
+		if rm.QuantizedO {
 			att = ref.QuantizeX(att)
 		}
 		o := matvec(rm.w(p+"self_attn.o_proj.weight"), att, h, nq*hd)

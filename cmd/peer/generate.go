@@ -451,7 +451,8 @@ func (a *app) gpuEngine(ctx context.Context, st *cas.Store, m *experts.Manifest,
 	if err != nil {
 		return nil, nil, fmt.Errorf("generate: no GPU (try --engine ref): %w", err)
 	}
-	if used, err := a.activeKernels(ctx, d, st); err != nil {
+	used, err := a.activeKernels(ctx, d, st)
+	if err != nil {
 		a.log.Warn("generate: some active kernel variants were not used (built-ins run instead)", "err", err)
 	} else if len(used) > 0 {
 		a.log.Info("generate: kernel variants active", "ops", used)
@@ -485,12 +486,21 @@ func (a *app) gpuEngine(ctx context.Context, st *cas.Store, m *experts.Manifest,
 		return nil, nil, err
 	}
 	if activations != "" {
-		if err := g.SetActivations(ctx, activations); err != nil {
+		if err = g.SetActivations(ctx, activations); err != nil {
 			g.Close()
 			cache.Close()
 			arena.Release()
 			d.Close()
 			return nil, nil, fmt.Errorf("generate: --activations: %w", err)
+		}
+	}
+	if g.Activations() == "q8" {
+		// A variant stands in for a built-in of the same bindings: the
+		// products of quantized x (their x a word array) have none.
+		for op := range used {
+			if strings.HasPrefix(op, "q4k") {
+				a.log.Info("generate: with q8 activations the q k v, o and expert products run kernels of quantized x, which no variant replaces; this variant runs for the LM head and dense layers (--activations f32: everywhere)", "op", op)
+			}
 		}
 	}
 	if cfg.HostRAM {

@@ -58,13 +58,16 @@ func (k *Kernels) RMSNormXQ(ctx context.Context, b *gpu.Batch, x, w, y, q gpu.Re
 	return k.launch(ctx, b, l, err, x, w, y, q)
 }
 
+// MaxAccumNormExperts bounds the vectors AccumulateRMSNormXQ adds.
+const MaxAccumNormExperts = 16
+
 // AccumulateRMSNormXQLaunch is the dispatch rule of AccumulateRMSNormXQ:
 // one workgroup, one row. Bindings: src, weights, x (read and written),
 // norm weight, y, q.
 func AccumulateRMSNormXQLaunch(a AccumShape, eps float32) (Launch, error) {
 	const name = "accumulate_rmsnorm_xq"
 	k, d, wOff := a.Experts, a.Dim, a.WeightOff
-	if k <= 0 || k > 16 || d <= 0 || d%XQGroup != 0 || wOff < 0 {
+	if k <= 0 || k > MaxAccumNormExperts || d <= 0 || d%XQGroup != 0 || wOff < 0 {
 		return Launch{}, shapeErr(name, "k %d (1..16), d %d (a positive multiple of %d), weight offset %d", k, d, XQGroup, wOff)
 	}
 	return Launch{Kernel: name, Groups: [3]uint32{1, 1, 1},
