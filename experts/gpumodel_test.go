@@ -61,6 +61,7 @@ func TestGPUModelMatchesReference(t *testing.T) {
 	// The accumulates into x deferred to the norms after them (accNorm):
 	// resident, paged, and with a dense layer and shared experts.
 	t.Run("accumulate in the norm, resident", func(t *testing.T) {
+		long(t)
 		t.Setenv("RDRR_GPU_ACCNORM", "1")
 		testGPUModelMatches(t, "tiny-moe", 0, true)
 	})
@@ -94,6 +95,7 @@ func TestGPUModelMatchesReference(t *testing.T) {
 		testGPUModelMatches(t, "tiny-moe", 0, false)
 	})
 	t.Run("exact, resident", func(t *testing.T) {
+		long(t)
 		t.Setenv("RDRR_GPU_XQ", "0")
 		testGPUModelMatches(t, "tiny-moe", 0, true)
 	})
