@@ -474,32 +474,38 @@ func (g *GPUModel) matrixKey(name string) tiers.Key {
 }
 
 // Activations names what the layers' Q4_K products read: "q8" (x
-// quantized, xq) or "f32".
+// quantized, xq, for every product of the layers), "q8-experts" (for the
+// experts' products only) or "f32".
 func (g *GPUModel) Activations() string {
-	if g.xq {
+	switch {
+	case g.xq && g.xqAttn:
 		return "q8"
+	case g.xq:
+		return "q8-experts"
 	}
 	return "f32"
 }
 
 // SetActivations has the layers' Q4_K products read x quantized ("q8":
 // 8-bit integers and a scale a group of 16 values, where the model's
-// forms allow it: GLU on, the norms not handed over) or as float32
-// ("f32": the exact arithmetic), and compiles what that needs. The
-// default is q8, or f32 with RDRR_GPU_XQ=0. Call it before generating.
+// forms allow it: GLU on, the norms not handed over; "q8-experts": the
+// experts' products only, q k v and o of float x) or as float32 ("f32":
+// the exact arithmetic), and compiles what that needs. The default is
+// q8 (RDRR_GPU_XQ=0: f32, =experts: q8-experts). Call it before
+// generating.
 func (g *GPUModel) SetActivations(ctx context.Context, a string) error {
 	c := &g.m.Config
 	switch a {
 	case "f32":
 		g.xq, g.xqAttn = false, false
-	case "q8":
+	case "q8", "q8-experts":
 		g.xq = g.glu && !g.partNorm && c.HiddenSize%ops.XQGroup == 0 && c.ExpertFFN()%ops.XQGroup == 0
-		g.xqAttn = g.xq
+		g.xqAttn = g.xq && a == "q8"
 		if !g.xq {
-			return fmt.Errorf("experts: q8 activations need the gate and up products together and no norm handed over (RDRR_GPU_GLU, RDRR_GPU_FUSE, RDRR_GPU_NORM)")
+			return fmt.Errorf("experts: %s activations need the gate and up products together and no norm handed over (RDRR_GPU_GLU, RDRR_GPU_FUSE, RDRR_GPU_NORM)", a)
 		}
 	default:
-		return fmt.Errorf("experts: activations %q (q8 or f32)", a)
+		return fmt.Errorf("experts: activations %q (q8, q8-experts or f32)", a)
 	}
 	return g.compile(ctx)
 }

@@ -222,6 +222,9 @@ func testGPUModelMatches(t *testing.T, preset string, maxBuf uint64, resident bo
 		}
 		tok = rt
 	}
+	if plain != nil {
+		t.Logf("quantized x: %.2e from the reference of float x", worstPlain)
+	}
 	if plain != nil && worst > worstPlain/2 {
 		t.Fatalf("largest logit difference %.2e from the reference that quantizes as the GPU does, %.2e from the one of float x: not the arithmetic it mirrors", worst, worstPlain)
 	}

@@ -9,7 +9,8 @@ import (
 
 // --activations picks what the GPU engine's Q4_K products read and says
 // so in --json: f32 gives the float64 reference engine's greedy tokens
-// (the exact arithmetic), q8 (the default) runs the quantized products;
+// (the exact arithmetic), q8 (the default) runs the quantized products,
+// q8-experts those of the experts only;
 // a value other than q8 or f32, or the flag without --engine gpu, is
 // refused.
 func TestGenerateActivations(t *testing.T) {
@@ -37,8 +38,10 @@ func TestGenerateActivations(t *testing.T) {
 	if a, toks := gen("--engine", "gpu", "--vram", "1GiB"); a != "q8" || len(toks) != 6 {
 		t.Errorf("default: %q, %d tokens; want q8 and 6", a, len(toks))
 	}
-	if a, _ := gen("--engine", "gpu", "--vram", "1GiB", "--activations", "q8"); a != "q8" {
-		t.Errorf("--activations q8: %q", a)
+	for _, want := range []string{"q8", "q8-experts"} {
+		if a, toks := gen("--engine", "gpu", "--vram", "1GiB", "--activations", want); a != want || len(toks) != 6 {
+			t.Errorf("--activations %s: %q, %d tokens", want, a, len(toks))
+		}
 	}
 	for _, bad := range [][]string{{"--engine", "gpu", "--activations", "f16"}, {"--activations", "f32"}} {
 		if _, err := run(t, home, append([]string{"generate", "-", "--procedural", manifest, "--prompt", "a"}, bad...)...); err == nil {
