@@ -120,8 +120,13 @@ type GPUModel struct {
 	// took 52 us against 71, the down products 27 against 38
 	// (gpu/BENCHMARKS.md, 2026-11-28, evening).
 	xq bool
-	// xqAttn is xq for the attention's products (q k v and o) too: on
-	// with xq unless RDRR_GPU_XQ=experts.
+	// xqAttn is xq for the attention's products (q k v and o) too: off
+	// unless RDRR_GPU_XQ=all or SetActivations("q8"). Their quantized
+	// input turns the router's choices on tiny-moe (8 and 15 changed
+	// counts of a layer's expert in 32 steps, for q k v and o) where the
+	// experts' does not (none): the logits then differ from the float
+	// model's by up to 0.29 of the largest against 0.016. On an H200 it
+	// made the step 3-6% faster (experts/BENCHMARKS.md).
 	xqAttn bool
 	// perSubmit is how many masked layers a step records before it
 	// submits them, unless it is recorded ahead (see begin):
@@ -243,7 +248,7 @@ func NewGPUModel(ctx context.Context, m *Manifest, d *gpu.Device, cache *tiers.C
 		g.partNorm = g.partNorm && m.Config.IsMoE(l)
 	}
 	g.xq = os.Getenv("RDRR_GPU_XQ") != "0" && g.glu && !g.partNorm && m.Config.HiddenSize%ops.XQGroup == 0 && m.Config.ExpertFFN()%ops.XQGroup == 0
-	g.xqAttn = g.xq && os.Getenv("RDRR_GPU_XQ") != "experts"
+	g.xqAttn = g.xq && os.Getenv("RDRR_GPU_XQ") == "all"
 	g.noYQ = os.Getenv("RDRR_GPU_YQ") == "0"
 	g.accNorm = os.Getenv("RDRR_GPU_ACCNORM") == "1"
 	g.perSubmit = maskedPerSubmit
@@ -491,8 +496,7 @@ func (g *GPUModel) Activations() string {
 // forms allow it: GLU on, the norms not handed over; "q8-experts": the
 // experts' products only, q k v and o of float x) or as float32 ("f32":
 // the exact arithmetic), and compiles what that needs. The default is
-// q8 (RDRR_GPU_XQ=0: f32, =experts: q8-experts). Call it before
-// generating.
+// q8-experts (RDRR_GPU_XQ=0: f32, =all: q8). Call it before generating.
 func (g *GPUModel) SetActivations(ctx context.Context, a string) error {
 	c := &g.m.Config
 	switch a {

@@ -341,7 +341,7 @@ tokens. --profile-gpu times every dispatch on the GPU.`,
 	f.StringVar(&engine, "engine", "ref", "decode engine: ref (float64 CPU reference) or gpu (wgpu kernels, experts paged into a VRAM arena of --vram bytes)")
 	f.Var(&hostRAM, "host-ram", "gpu engine: keep the RAM level's experts in pinned host memory the GPU copies from directly, so that an upload is one DMA copy with no memcpy into staging: auto (on when --vram does not hold every expert, so that experts are paged), true or false. Pinned memory slows the GPU's own work (on the H100 a resident Mixtral step 7.8 -> 9.5 ms with 24 GiB pinned) but paging faster (16 -> 21 tok/s at 25% in VRAM): tiers/BENCHMARKS.md")
 	f.Lookup("host-ram").NoOptDefVal = "true"
-	f.StringVar(&activations, "activations", "", "gpu engine: what the layers' Q4_K products read: q8 (x quantized to 8 bits in groups of 16, two weights a 32-bit integer multiply-add; the default, fastest), q8-experts (the experts' products only: nearer the model's own arithmetic, ~3% slower) or f32 (float x: the exact arithmetic, which the float64 reference matches within 1e-3; RDRR_GPU_XQ=0 makes it the default)")
+	f.StringVar(&activations, "activations", "", "gpu engine: what the layers' Q4_K products read: q8-experts (the default: the experts' x quantized to 8 bits in groups of 16, two weights a 32-bit integer multiply-add), q8 (q k v's and o's x too: 3-6% faster, but their rounding can turn a router's choice) or f32 (float x: the exact arithmetic, which the float64 reference matches within 1e-3; RDRR_GPU_XQ=0 makes it the default)")
 	f.BoolVar(&prefetch, "prefetch", true, "gpu engine: prefetch each next layer's likely experts (its router on the current hidden state)")
 	f.StringVar(&prefetchTo, "prefetch-to", "ram", "gpu engine: the level prefetches promote to: vram (through ram: fetched and uploaded) or ram (fetched from disk or the swarm only; the GPU's queue stays the demand's)")
 	f.StringVar(&procedural, "procedural", "", "the manifest of a synthetic model to regenerate locally instead of reading a store (model argument: its CID or -)")
@@ -494,12 +494,12 @@ func (a *app) gpuEngine(ctx context.Context, st *cas.Store, m *experts.Manifest,
 			return nil, nil, fmt.Errorf("generate: --activations: %w", err)
 		}
 	}
-	if g.Activations() == "q8" {
+	if g.Activations() != "f32" {
 		// A variant stands in for a built-in of the same bindings: the
 		// products of quantized x (their x a word array) have none.
 		for op := range used {
 			if strings.HasPrefix(op, "q4k") {
-				a.log.Info("generate: with q8 activations the q k v, o and expert products run kernels of quantized x, which no variant replaces; this variant runs for the LM head and dense layers (--activations f32: everywhere)", "op", op)
+				a.log.Info("generate: with quantized activations the expert products (and with q8 q k v and o) run kernels of quantized x, which no variant replaces; this variant runs for the others (--activations f32: everywhere)", "op", op)
 			}
 		}
 	}
