@@ -1212,8 +1212,22 @@ func (g *GPUModel) compile(ctx context.Context) error {
 				}
 			}
 			g.gluGroup(ctx, b, slots[0][:1], slots[1][:1], 0)
+			if g.xq {
+				// recordAt's down product of one missing expert, and the
+				// masked gate and up products apart (an expert's matrices
+				// in two arena buffers), of quantized x.
+				g.group(ctx, b, slots[2][:1], g.downX(ctx, b, 0, 1, false), true, true, B["y"], 0, h, ffn)
+				g.k.Q4KMatVecMasked(ctx, b, ops.Masked{Arena: buf, Slots: zeros, Experts: ids, Sel: B["ids"], K: k,
+					X: g.gateX(), SharedX: true, Y: B["gu"], YUpper: g.upOff(), Rows: ffn, Cols: h, XQ: true})
+			}
 		}
 		g.finishLayer(ctx, b, l) // and the shared experts, if any
+		if g.accNorm && g.xq {
+			// The accumulate and the norm after it in one dispatch
+			// (above, a dense layer before may have flushed it instead).
+			g.k.AccumulateRMSNormXQ(ctx, b, B["y"], B["w"], B["x"], g.dense["model.norm.weight"], B["xn"], g.gateX(),
+				ops.AccumShape{Experts: k, Dim: h}, float32(c.RMSNormEps))
+		}
 		break
 	}
 	logitsAt := B["out"].Sub(0, uint64(c.VocabSize*4))
@@ -1313,7 +1327,7 @@ func (g *GPUModel) recordAttention(ctx context.Context, b *gpu.Batch, l int) {
 			// x and the FFN's norm of it.
 			g.k.AccumulateNorm(ctx, b, B["o"], B["ones"], B["x"], g.dense[p+"post_attention_layernorm.weight"], g.normed, ops.AccumShape{Experts: 1, Dim: h})
 		} else {
-			g.k.Accumulate(ctx, b, B["o"], B["ones"], B["x"], ops.AccumShape{Experts: 1, Dim: h})
+			g.accumulate(ctx, b, B["o"], B["ones"], ops.AccumShape{Experts: 1, Dim: h})
 		}
 	} else {
 		g.flushAcc(ctx, b)

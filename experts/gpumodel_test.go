@@ -61,10 +61,18 @@ func TestGPUModelMatchesReference(t *testing.T) {
 	})
 	t.Run("one arena buffer", func(t *testing.T) { long(t); testGPUModelMatches(t, "tiny-moe", 0, false) })
 	// The accumulates into x deferred to the norms after them (accNorm):
-	// resident, paged, and with a dense layer and shared experts.
+	// resident, paged, and with a dense layer and shared experts; by
+	// default only o's goes into the FFN's norm (the attention's norm is
+	// a float one), with every product's x quantized the experts' too.
 	t.Run("accumulate in the norm, resident", func(t *testing.T) {
 		long(t)
 		t.Setenv("RDRR_GPU_ACCNORM", "1")
+		testGPUModelMatches(t, "tiny-moe", 0, true)
+	})
+	t.Run("accumulate in the norm, all quantized", func(t *testing.T) {
+		long(t)
+		t.Setenv("RDRR_GPU_ACCNORM", "1")
+		t.Setenv("RDRR_GPU_XQ", "all")
 		testGPUModelMatches(t, "tiny-moe", 0, true)
 	})
 	t.Run("accumulate in the norm, paged", func(t *testing.T) {
@@ -175,6 +183,7 @@ func testGPUModelMatches(t *testing.T, preset string, maxBuf uint64, resident bo
 		}
 	}
 	warm := gcache.Stats()[tiers.VRAM]
+	compiles := d.Stats().Compiles
 	rcache, _ := tiers.New(tiers.Config{RAM: m.TotalSize, Disk: src})
 	defer rcache.Close()
 	rm, err := NewRefModel(ctx, m, rcache)
@@ -236,6 +245,12 @@ func testGPUModelMatches(t *testing.T, preset string, maxBuf uint64, resident bo
 	}
 	if plain != nil {
 		t.Logf("quantized x: %.2e from the reference of float x", worstPlain)
+	}
+	// The load compiled every pipeline the steps use (compile's dry
+	// recording), with the arena in one buffer; over several, products of
+	// fewer experts a dispatch may take layouts of their own.
+	if n := d.Stats().Compiles - compiles; n > 0 && maxBuf == 0 {
+		t.Fatalf("%d pipelines compiled during the steps", n)
 	}
 	if plain != nil && worst > worstPlain/2 {
 		t.Fatalf("largest logit difference %.2e from the reference that quantizes as the GPU does, %.2e from the one of float x: not the arithmetic it mirrors", worst, worstPlain)
