@@ -143,7 +143,9 @@ type GPUModel struct {
 	// the experts) to the norm of x that follows (pending): one dispatch,
 	// ops.AccumulateRMSNormXQ, where that norm hands its output over
 	// quantized; whatever else reads x first records the accumulate
-	// (flushAcc): 64 dispatches a Mixtral-shaped step fewer. With xq and
+	// (flushAcc): o's into the FFN's norm (32 dispatches a Mixtral-shaped
+	// step fewer), and with xqAttn the experts' into the next
+	// attention's norm too (64). With xq and
 	// RDRR_GPU_ACCNORM=1 only: built and tested on lavapipe, not yet
 	// timed on a GPU (the session that built it had no device time left;
 	// an earlier residual add folded into a norm was slower on the H100,
