@@ -348,40 +348,61 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 
   for (var b = slot; b < p.nb; b += p.spr) {
     let xb = xbase + b * 64u + j * 16u + half * 4u; // this thread's first low x (vec4)
+    let gl = xbase + (b * 16u + 4u * j + half) * 3u; // XQ: its low group (vec4)
+    let bn = min(b + p.spr, p.nb - 1u);              // the next block (PIPE)
+    // Matrix-vector: x's values for the block (quantized with XQ) and the
+    // block's header and quant words of ROWS rows, loaded once and reused
+    // for ROWS rows. With PIPE the next block's loads are issued before
+    // this block's arithmetic (software pipelining: more bytes in flight
+    // per thread).
+    var xq: array<vec4<u32>, 6>;
+    var xs: array<vec4<f32>, 8>;
     if (XQ == 1u) {
-      // Quantized x (matrix-vector only; see load_xq): the thread's 16
-      // low and 16 high weights of each row in 16 integer multiply-adds.
-      let gl = xbase + (b * 16u + 4u * j + half) * 3u;
-      if (PIPE == 1u && b == slot) {
-        pre_xq = load_xq(gl);
-        for (var r = 0u; r < ROWS; r++) {
-          let blk = blkAt(wbase, wup, row0, r, b);
-          pre_h[r] = w[blk];
-          pre_q[r] = w[blk + 1u + c];
-        }
-      }
-      var xq: array<vec4<u32>, 6>;
-      var hs: array<vec4<u32>, ROWS>;
-      var qs: array<vec4<u32>, ROWS>;
       if (PIPE == 1u) {
-        xq = pre_xq;
-        hs = pre_h;
-        qs = pre_q;
-        let bn = min(b + p.spr, p.nb - 1u);
-        pre_xq = load_xq(xbase + (bn * 16u + 4u * j + half) * 3u);
-        for (var r = 0u; r < ROWS; r++) {
-          let blk = blkAt(wbase, wup, row0, r, bn);
-          pre_h[r] = w[blk];
-          pre_q[r] = w[blk + 1u + c];
+        if (b == slot) {
+          pre_xq = load_xq(gl);
         }
+        xq = pre_xq;
+        pre_xq = load_xq(xbase + (bn * 16u + 4u * j + half) * 3u);
       } else {
         xq = load_xq(gl);
-        for (var r = 0u; r < ROWS; r++) {
+      }
+    } else if (TOK == 1u) {
+      if (PIPE == 1u) {
+        if (b == slot) {
+          pre_x = load_x(xb);
+        }
+        xs = pre_x;
+        pre_x = load_x(xbase + bn * 64u + j * 16u + half * 4u);
+      } else {
+        xs = load_x(xb);
+      }
+    }
+    var hs: array<vec4<u32>, ROWS>;
+    var qs: array<vec4<u32>, ROWS>;
+    if (TOK == 1u) {
+      for (var r = 0u; r < ROWS; r++) {
+        if (PIPE == 1u) {
+          if (b == slot) {
+            let blk = blkAt(wbase, wup, row0, r, b);
+            pre_h[r] = w[blk];
+            pre_q[r] = w[blk + 1u + c];
+          }
+          hs[r] = pre_h[r];
+          qs[r] = pre_q[r];
+          let nblk = blkAt(wbase, wup, row0, r, bn);
+          pre_h[r] = w[nblk];
+          pre_q[r] = w[nblk + 1u + c];
+        } else {
           let blk = blkAt(wbase, wup, row0, r, b);
           hs[r] = w[blk];
           qs[r] = w[blk + 1u + c];
         }
       }
+    }
+    if (XQ == 1u) {
+      // Quantized x (matrix-vector only; see load_xq): the thread's 16
+      // low and 16 high weights of each row in 16 integer multiply-adds.
       // Each group's scale and the sum of its values; pairs' 256 sc1
       // and 256 m1 take the high group's 2^-8.
       let ml = bitcast<vec4<f32>>(xq[2]);
@@ -397,39 +418,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         acc[r] += dm.x * (sm.x * ml.x * pairsum(lo) + sm.y * mh.x * pairsum(hi)) - dm.y * (sm.z * ml.y + sm.w * mh.y);
       }
     } else if (TOK == 1u) {
-      // Matrix-vector: load the 32 x values once, reuse them for ROWS rows.
-      // With PIPE, the next block's loads are issued before this block's
-      // arithmetic (software pipelining: more bytes in flight per thread).
-      if (PIPE == 1u && b == slot) {
-        pre_x = load_x(xb);
-        for (var r = 0u; r < ROWS; r++) {
-          let blk = blkAt(wbase, wup, row0, r, b);
-          pre_h[r] = w[blk];
-          pre_q[r] = w[blk + 1u + c];
-        }
-      }
-      var xs: array<vec4<f32>, 8>;
-      var hs: array<vec4<u32>, ROWS>;
-      var qs: array<vec4<u32>, ROWS>;
-      if (PIPE == 1u) {
-        xs = pre_x;
-        hs = pre_h;
-        qs = pre_q;
-        let bn = min(b + p.spr, p.nb - 1u);
-        pre_x = load_x(xbase + bn * 64u + j * 16u + half * 4u);
-        for (var r = 0u; r < ROWS; r++) {
-          let blk = blkAt(wbase, wup, row0, r, bn);
-          pre_h[r] = w[blk];
-          pre_q[r] = w[blk + 1u + c];
-        }
-      } else {
-        xs = load_x(xb);
-        for (var r = 0u; r < ROWS; r++) {
-          let blk = blkAt(wbase, wup, row0, r, b);
-          hs[r] = w[blk];
-          qs[r] = w[blk + 1u + c];
-        }
-      }
       let sv = xs[0] + xs[1] + xs[2] + xs[3];
       let hv = xs[4] + xs[5] + xs[6] + xs[7];
       let xsum = vec2<f32>(sv.x + sv.y + sv.z + sv.w, hv.x + hv.y + hv.z + hv.w);
