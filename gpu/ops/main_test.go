@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/rdrr/peer/gpu"
+	"github.com/rdrr/peer/gpu/ref"
 )
 
 // The op tests share one device and one Kernels (compiling every
@@ -151,4 +152,31 @@ func nanCount(xs []float32) int {
 		}
 	}
 	return n
+}
+
+// q4kArena uploads nslots random rows x cols Q4_K matrices as one arena
+// (equal slots) and returns it, its bytes, and a function giving slot's
+// weights.
+func q4kArena(t *testing.T, d *gpu.Device, r *rand.Rand, nslots, rows, cols int) (*gpu.Buffer, []byte, func(slot int) []float64) {
+	t.Helper()
+	per := rows * cols / 256
+	arena := randQ4K(r, nslots*per)
+	return upload(t, d, arena), arena, func(slot int) []float64 {
+		w, err := ref.Q4K(arena[slot*per*144 : (slot+1)*per*144])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return w
+	}
+}
+
+// gluRef is silu(g) * u of two products (g, u and their magnitudes gm,
+// um from ref.MatMul), with the products' error carried through.
+func gluRef(g, gm, u, um []float64) (want, mag []float64) {
+	for i := range g {
+		s := 1 / (1 + math.Exp(-g[i]))
+		want = append(want, g[i]*s*u[i])
+		mag = append(mag, math.Abs(s*(1+g[i]*(1-s))*u[i])*gm[i]+math.Abs(g[i]*s)*um[i])
+	}
+	return want, mag
 }

@@ -275,17 +275,7 @@ func TestQ4KMatVecMaskedGLU(t *testing.T) {
 	// Two, four and eight rows a thread (the last for 2048-column rows).
 	for _, c := range []struct{ rows, cols int }{{37, 512}, {300, 4096}, {300, 2048}} {
 		rows, cols := c.rows, c.cols
-		per := rows * cols / 256
-		const nslots = 7
-		arena := randQ4K(r, nslots*per)
-		ab := upload(t, d, arena)
-		matrix := func(slot int) []float64 {
-			w, err := ref.Q4K(arena[slot*per*144 : (slot+1)*per*144])
-			if err != nil {
-				t.Fatal(err)
-			}
-			return w
-		}
+		ab, _, matrix := q4kArena(t, d, r, 7, rows, cols)
 		// Experts 0-2: gates at slots 5, 1, 3; ups at 0, 6, 2.
 		gates, ups := []int{5, 1, 3}, []int{0, 6, 2}
 		xs := randF32(r, cols, 1)
@@ -299,12 +289,8 @@ func TestQ4KMatVecMaskedGLU(t *testing.T) {
 		for _, e := range []int{2, 0} {
 			g, gm := ref.MatMul(matrix(gates[e]), ref.F32(xs), rows, cols, 1)
 			u, um := ref.MatMul(matrix(ups[e]), ref.F32(xs), rows, cols, 1)
-			for i := range g {
-				s := 1 / (1 + math.Exp(-g[i]))
-				want = append(want, g[i]*s*u[i])
-				// The products' error carried through silu(g) * u.
-				mag = append(mag, math.Abs(s*(1+g[i]*(1-s))*u[i])*gm[i]+math.Abs(g[i]*s)*um[i])
-			}
+			w, m := gluRef(g, gm, u, um)
+			want, mag = append(want, w...), append(mag, m...)
 		}
 		if err := ref.Compare(readF32(t, d, y, 2*rows), want, mag, ref.Tolerance(ref.OpMatMul)); err != nil {
 			t.Fatalf("%dx%d: %v", rows, cols, err)

@@ -44,6 +44,38 @@ func unpackXQ(t *testing.T, raw []byte, n int) []float64 {
 	return out
 }
 
+// readXQ reads n values in QuantizeX's form from q and returns what they
+// stand for (unpackXQ).
+func readXQ(t *testing.T, d *gpu.Device, q gpu.Region, n int) []float64 {
+	t.Helper()
+	raw := make([]byte, XQBytes(n))
+	if err := d.Read(ctxT(t), q, raw); err != nil {
+		t.Fatal(err)
+	}
+	return unpackXQ(t, raw, n)
+}
+
+// groupStep is the quantization step of value i's group of vals: its
+// largest magnitude / 127.
+func groupStep(vals []float32, i int) float64 {
+	step := 0.0
+	for _, v := range vals[i/XQGroup*XQGroup : (i/XQGroup+1)*XQGroup] {
+		step = math.Max(step, math.Abs(float64(v))/127)
+	}
+	return step
+}
+
+// withinStep fails unless got and want, two quantized forms of vals, are
+// at most one step of each value's group apart.
+func withinStep(t *testing.T, what string, vals []float32, got, want []float64) {
+	t.Helper()
+	for i := range got {
+		if math.Abs(got[i]-want[i]) > groupStep(vals, i)*1.0001 {
+			t.Fatalf("%s: value %d (%g) quantized to %g; want %g", what, i, vals[i], got[i], want[i])
+		}
+	}
+}
+
 // QuantizeX on the GPU gives ref.QuantizeX's values (one step off at
 // most, in the rare value where the GPU's division rounds otherwise), and
 // the _xq products of what it wrote equal float64 products of those values:
@@ -63,17 +95,8 @@ func TestQ4KXQ(t *testing.T) {
 	// 48 rows: a last workgroup of 32 output rows holds one group.
 	for _, c := range []struct{ rows, cols int }{{37, 512}, {300, 4096}, {300, 2048}, {5, 256}, {64, 512}, {320, 2048}, {48, 512}} {
 		rows, cols := c.rows, c.cols
+		ab, arena, matrix := q4kArena(t, d, r, 5, rows, cols)
 		per := rows * cols / 256
-		const nslots = 5
-		arena := randQ4K(r, nslots*per)
-		ab := upload(t, d, arena)
-		matrix := func(slot int) []float64 {
-			w, err := ref.Q4K(arena[slot*per*144 : (slot+1)*per*144])
-			if err != nil {
-				t.Fatal(err)
-			}
-			return w
-		}
 		// Two vectors of x, the second group of the first all zeros and one
 		// value of the third large (a group's scale from one value).
 		xs := randF32(r, 2*cols, 1)
@@ -87,25 +110,14 @@ func TestQ4KXQ(t *testing.T) {
 			}
 			return k.QuantizeX(ctxT(t), b, xb.Sub(uint64(cols*4), uint64(cols*4)), qb.Sub(XQBytes(cols), XQBytes(cols)), cols)
 		})
-		raw := make([]byte, 2*XQBytes(cols))
-		if err := d.Read(ctxT(t), qb, raw); err != nil {
-			t.Fatal(err)
-		}
-		xt := unpackXQ(t, raw, 2*cols)
+		xt := readXQ(t, d, qb, 2*cols)
 		want := ref.QuantizeX(ref.F32(xs))
+		withinStep(t, "x", xs, xt, want)
 		off := 0
 		for i := range xt {
-			step := 0.0
-			for _, v := range xs[i/XQGroup*XQGroup : (i/XQGroup+1)*XQGroup] {
-				step = math.Max(step, math.Abs(float64(v))/127)
-			}
 			// The scale itself may be a float32 step off (a GPU's division).
-			if math.Abs(xt[i]-want[i]) <= 1e-6*127*step {
-				continue
-			}
-			off++
-			if math.Abs(xt[i]-want[i]) > step*1.0001 {
-				t.Fatalf("x[%d] = %g quantized to %g; want %g", i, xs[i], xt[i], want[i])
+			if math.Abs(xt[i]-want[i]) > 1e-6*127*groupStep(xs, i) {
+				off++
 			}
 		}
 		if off > len(xt)/100 {
@@ -121,12 +133,7 @@ func TestQ4KXQ(t *testing.T) {
 		glu := func(gate, up int, x []float64) (want, mag []float64) {
 			g, gm := product(gate, x)
 			u, um := product(up, x)
-			for i := range g {
-				s := 1 / (1 + math.Exp(-g[i]))
-				want = append(want, g[i]*s*u[i])
-				mag = append(mag, math.Abs(s*(1+g[i]*(1-s))*u[i])*gm[i]+math.Abs(g[i]*s)*um[i])
-			}
-			return want, mag
+			return gluRef(g, gm, u, um)
 		}
 		cat := func(parts ...[]float64) []float64 {
 			var out []float64
@@ -275,21 +282,7 @@ func TestRMSNormXQ(t *testing.T) {
 		if err := ref.Compare(got, want, mag, ref.Tolerance(ref.OpRMSNorm)); err != nil {
 			t.Fatalf("%dx%d: %v", c.rows, c.dim, err)
 		}
-		raw := make([]byte, uint64(c.rows)*XQBytes(c.dim))
-		if err := d.Read(ctxT(t), q, raw); err != nil {
-			t.Fatal(err)
-		}
-		xt := unpackXQ(t, raw, c.rows*c.dim)
-		wq := ref.QuantizeX(ref.F32(got))
-		for i := range xt {
-			step := 0.0
-			for _, v := range got[i/XQGroup*XQGroup : (i/XQGroup+1)*XQGroup] {
-				step = math.Max(step, math.Abs(float64(v))/127)
-			}
-			if math.Abs(xt[i]-wq[i]) > step*1.0001 {
-				t.Fatalf("%dx%d: y[%d] = %g quantized to %g; want %g", c.rows, c.dim, i, got[i], xt[i], wq[i])
-			}
-		}
+		withinStep(t, fmt.Sprintf("%dx%d: y", c.rows, c.dim), got, readXQ(t, d, q, c.rows*c.dim), ref.QuantizeX(ref.F32(got)))
 	}
 	b := d.Batch()
 	x := poisoned(t, d, 40*4)
@@ -325,20 +318,7 @@ func TestAttentionXQ(t *testing.T) {
 				t.Fatalf("%+v: out[%d] = %g; Attention wrote %g", s, i, got[i], want[i])
 			}
 		}
-		raw := make([]byte, XQBytes(n))
-		if err := d.Read(ctxT(t), oq, raw); err != nil {
-			t.Fatal(err)
-		}
-		xt, wq := unpackXQ(t, raw, n), ref.QuantizeX(ref.F32(got))
-		for i := range xt {
-			step := 0.0
-			for _, v := range got[i/XQGroup*XQGroup : (i/XQGroup+1)*XQGroup] {
-				step = math.Max(step, math.Abs(float64(v))/127)
-			}
-			if math.Abs(xt[i]-wq[i]) > step*1.0001 {
-				t.Fatalf("%+v: out[%d] = %g quantized to %g; want %g", s, i, got[i], xt[i], wq[i])
-			}
-		}
+		withinStep(t, fmt.Sprintf("%+v: out", s), got, readXQ(t, d, oq, n), ref.QuantizeX(ref.F32(got)))
 	}
 	b := d.Batch()
 	x := poisoned(t, d, 4096)
@@ -388,24 +368,7 @@ func TestAccumulateRMSNormXQ(t *testing.T) {
 				}
 			}
 		}
-		rawA, rawB := make([]byte, XQBytes(c.dim)), make([]byte, XQBytes(c.dim))
-		if err := d.Read(ctxT(t), qa, rawA); err != nil {
-			t.Fatal(err)
-		}
-		if err := d.Read(ctxT(t), qb, rawB); err != nil {
-			t.Fatal(err)
-		}
-		y := readF32(t, d, yb, c.dim)
-		va, vb := unpackXQ(t, rawA, c.dim), unpackXQ(t, rawB, c.dim)
-		for i := range va {
-			step := 0.0
-			for _, v := range y[i/XQGroup*XQGroup : (i/XQGroup+1)*XQGroup] {
-				step = math.Max(step, math.Abs(float64(v))/127)
-			}
-			if math.Abs(va[i]-vb[i]) > step*1.0001 {
-				t.Fatalf("%+v: quantized y[%d] %g; the two dispatches wrote %g", c, i, vb[i], va[i])
-			}
-		}
+		withinStep(t, fmt.Sprintf("%+v: y, one dispatch against two", c), readF32(t, d, yb, c.dim), readXQ(t, d, qb, c.dim), readXQ(t, d, qa, c.dim))
 	}
 	b := d.Batch()
 	x := poisoned(t, d, 4096)
