@@ -3,7 +3,6 @@ package main
 import (
 	"encoding/json"
 	"fmt"
-	"path/filepath"
 	"testing"
 )
 
@@ -14,10 +13,7 @@ import (
 // a value other than q8 or f32, or the flag without --engine gpu, is
 // refused.
 func TestGenerateActivations(t *testing.T) {
-	home := filepath.Join(t.TempDir(), "home")
-	dir := filepath.Join(t.TempDir(), "tiny")
-	mustRun(t, home, "synth", "-q", "--preset", "tiny-moe", "--procedural", "-o", dir)
-	manifest := filepath.Join(dir, "manifest.json")
+	home, manifest := tinyProcedural(t)
 	gen := func(flags ...string) (string, []int) {
 		t.Helper()
 		args := append([]string{"generate", "-", "--procedural", manifest, "--prompt", "a", "--max-tokens", "6", "--json"}, flags...)

@@ -3,7 +3,6 @@ package main
 import (
 	"encoding/json"
 	"fmt"
-	"path/filepath"
 	"testing"
 )
 
@@ -11,12 +10,10 @@ import (
 // the VRAM budget does not hold every expert matrix (experts are paged),
 // and true or false override it; the tokens are the same either way.
 func TestGenerateHostRAMAuto(t *testing.T) {
-	home := filepath.Join(t.TempDir(), "home")
-	dir := filepath.Join(t.TempDir(), "tiny")
-	mustRun(t, home, "synth", "-q", "--preset", "tiny-moe", "--procedural", "-o", dir)
+	home, manifest := tinyProcedural(t)
 	gen := func(vram, hostRAM string) (bool, []int) {
 		t.Helper()
-		out := mustRun(t, home, "generate", "-", "--procedural", filepath.Join(dir, "manifest.json"), "--engine", "gpu",
+		out := mustRun(t, home, "generate", "-", "--procedural", manifest, "--engine", "gpu",
 			"--vram", vram, "--host-ram="+hostRAM, "--prompt", "a", "--max-tokens", "4", "--json")
 		var res struct {
 			HostRAM bool  `json:"hostRAM"`
@@ -42,7 +39,7 @@ func TestGenerateHostRAMAuto(t *testing.T) {
 			t.Errorf("--vram %s --host-ram=%s: tokens %v, want %v", c.vram, c.flag, toks, first)
 		}
 	}
-	if _, err := run(t, home, "generate", "-", "--procedural", filepath.Join(dir, "manifest.json"), "--host-ram=maybe"); err == nil {
+	if _, err := run(t, home, "generate", "-", "--procedural", manifest, "--host-ram=maybe"); err == nil {
 		t.Error("--host-ram=maybe was accepted")
 	}
 }

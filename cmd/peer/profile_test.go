@@ -11,11 +11,9 @@ import (
 // profiles itself) says so instead of failing in pprof, and writes no
 // file; without it, the flag writes its profile.
 func TestGenerateCPUProfileOnce(t *testing.T) {
-	home := filepath.Join(t.TempDir(), "home")
-	dir := filepath.Join(t.TempDir(), "tiny")
-	mustRun(t, home, "synth", "-q", "--preset", "tiny-moe", "--procedural", "-o", dir)
+	home, manifest := tinyProcedural(t)
 	prof := filepath.Join(t.TempDir(), "gen.prof")
-	args := []string{"generate", "-", "--procedural", filepath.Join(dir, "manifest.json"), "--prompt", "a", "--max-tokens", "1", "--cpuprofile", prof}
+	args := []string{"generate", "-", "--procedural", manifest, "--prompt", "a", "--max-tokens", "1", "--cpuprofile", prof}
 	t.Setenv(envCPUProfile, filepath.Join(t.TempDir(), "proc.prof"))
 	_, err := run(t, home, args...)
 	if err == nil || !strings.Contains(err.Error(), envCPUProfile) {
@@ -33,11 +31,9 @@ func TestGenerateCPUProfileOnce(t *testing.T) {
 
 // generate --go-trace writes a Go execution trace of the generation.
 func TestGenerateGoTrace(t *testing.T) {
-	home := filepath.Join(t.TempDir(), "home")
-	dir := filepath.Join(t.TempDir(), "tiny")
-	mustRun(t, home, "synth", "-q", "--preset", "tiny-moe", "--procedural", "-o", dir)
+	home, manifest := tinyProcedural(t)
 	tr := filepath.Join(t.TempDir(), "gen.trace")
-	mustRun(t, home, "generate", "-", "--procedural", filepath.Join(dir, "manifest.json"), "--prompt", "a", "--max-tokens", "1", "--go-trace", tr)
+	mustRun(t, home, "generate", "-", "--procedural", manifest, "--prompt", "a", "--max-tokens", "1", "--go-trace", tr)
 	b, err := os.ReadFile(tr)
 	if err != nil || !strings.HasPrefix(string(b), "go 1.") {
 		t.Fatalf("--go-trace wrote %d bytes (%v); want a Go trace (\"go 1.N trace\")", len(b), err)

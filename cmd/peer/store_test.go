@@ -26,6 +26,16 @@ func run(t *testing.T, home string, args ...string) (string, error) {
 	return out.String(), err
 }
 
+// tinyProcedural makes a home and a procedural tiny-moe model and
+// returns the home and the model's manifest path.
+func tinyProcedural(t *testing.T) (home, manifest string) {
+	t.Helper()
+	home = filepath.Join(t.TempDir(), "home")
+	dir := filepath.Join(t.TempDir(), "tiny")
+	mustRun(t, home, "synth", "-q", "--preset", "tiny-moe", "--procedural", "-o", dir)
+	return home, filepath.Join(dir, "manifest.json")
+}
+
 func mustRun(t *testing.T, home string, args ...string) string {
 	t.Helper()
 	out, err := run(t, home, args...)
