@@ -1,12 +1,10 @@
 package e2e
 
 import (
-	"encoding/json"
 	"io"
 	"net"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -44,27 +42,13 @@ func BenchmarkSwarm(b *testing.B) {
 	dir := b.TempDir()
 	path := writeRandomFile(b, dir, 99, size)
 	want := hashFile(b, path)
-	homes := make([]string, leechers+1) // homes[0] seeds
-	for i := range homes {
-		homes[i] = filepath.Join(dir, "h"+strconv.Itoa(i))
-		if out, err := exec.Command(peer, "--home", homes[i], "init").CombinedOutput(); err != nil {
-			b.Fatalf("peer init: %v %s", err, out)
-		}
+	names := make([]string, leechers+1) // homes[0] seeds
+	for i := range names {
+		names[i] = "h" + strconv.Itoa(i)
 	}
-	out, err := exec.Command(peer, "--home", homes[0], "add", "--json", "-q", path).Output()
-	if err != nil {
-		b.Fatalf("peer add: %v", err)
-	}
-	var added []struct{ CID string }
-	json.Unmarshal(out, &added)
-	if len(added) != 1 {
-		b.Fatalf("peer add printed %s", out)
-	}
-	cid := added[0].CID
-	c, err := cas.ParseCID(cid)
-	if err != nil {
-		b.Fatalf("peer add printed %s: %v", out, err)
-	}
+	homes := initHomes(b, peer, dir, names...)
+	c := peerAdd(b, peer, homes[0], path)
+	cid := c.String()
 	os.Remove(path)
 
 	tcp := measureTCPFanout(b, size, leechers)
