@@ -249,7 +249,7 @@ func NewGPUModel(ctx context.Context, m *Manifest, d *gpu.Device, cache *tiers.C
 	for l := range m.Config.NumHiddenLayers {
 		g.partNorm = g.partNorm && m.Config.IsMoE(l)
 	}
-	g.xq = os.Getenv("RDRR_GPU_XQ") != "0" && g.glu && !g.partNorm && m.Config.HiddenSize%ops.XQGroup == 0 && m.Config.ExpertFFN()%ops.XQGroup == 0
+	g.xq = os.Getenv("RDRR_GPU_XQ") != "0" && g.canXQ()
 	g.xqAttn = g.xq && os.Getenv("RDRR_GPU_XQ") == "all"
 	g.noYQ = os.Getenv("RDRR_GPU_YQ") == "0"
 	g.accNorm = os.Getenv("RDRR_GPU_ACCNORM") == "1"
@@ -493,6 +493,16 @@ func (g *GPUModel) Activations() string {
 	return "f32"
 }
 
+// ActivationModes are SetActivations' choices, the default first.
+var ActivationModes = []string{"q8-experts", "q8", "f32"}
+
+// canXQ reports whether the model's forms allow products of quantized x:
+// gate and up together, no norm handed over, whole groups of x.
+func (g *GPUModel) canXQ() bool {
+	c := &g.m.Config
+	return g.glu && !g.partNorm && c.HiddenSize%ops.XQGroup == 0 && c.ExpertFFN()%ops.XQGroup == 0
+}
+
 // SetActivations has the layers' Q4_K products read x quantized ("q8":
 // 8-bit integers and a scale a group of 16 values, where the model's
 // forms allow it: GLU on, the norms not handed over; "q8-experts": the
@@ -500,12 +510,11 @@ func (g *GPUModel) Activations() string {
 // the exact arithmetic), and compiles what that needs. The default is
 // q8-experts (RDRR_GPU_XQ=0: f32, =all: q8). Call it before generating.
 func (g *GPUModel) SetActivations(ctx context.Context, a string) error {
-	c := &g.m.Config
 	switch a {
 	case "f32":
 		g.xq, g.xqAttn = false, false
 	case "q8", "q8-experts":
-		g.xq = g.glu && !g.partNorm && c.HiddenSize%ops.XQGroup == 0 && c.ExpertFFN()%ops.XQGroup == 0
+		g.xq = g.canXQ()
 		g.xqAttn = g.xq && a == "q8"
 		if !g.xq {
 			return fmt.Errorf("experts: %s activations need the gate and up products together and no norm handed over (RDRR_GPU_GLU, RDRR_GPU_FUSE, RDRR_GPU_NORM)", a)

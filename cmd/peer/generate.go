@@ -51,8 +51,8 @@ tokens. --profile-gpu times every dispatch on the GPU.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
-			if activations != "" && (engine != "gpu" || (activations != "q8" && activations != "q8-experts" && activations != "f32")) {
-				return fmt.Errorf("generate: --activations %q: q8, q8-experts or f32, with --engine gpu", activations)
+			if activations != "" && (engine != "gpu" || !slices.Contains(experts.ActivationModes, activations)) {
+				return fmt.Errorf("generate: --activations %q: one of %s, with --engine gpu", activations, strings.Join(experts.ActivationModes, ", "))
 			}
 			prefetchLevel := tiers.VRAM
 			switch prefetchTo {
