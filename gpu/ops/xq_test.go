@@ -148,13 +148,17 @@ func TestQ4KXQ(t *testing.T) {
 				t.Fatalf("%dx%d, %s: %v", rows, cols, what, err)
 			}
 		}
+		// yqSlack is what checkYQ's buffers hold past the output: two
+		// groups, so that a write past the last row shows.
+		yqSlack := 2 * XQBytes(XQGroup)
 		// checkYQ checks that yq holds n values of y as QuantizeX writes
-		// them, byte for byte (the same quantize on the same floats).
+		// them, byte for byte (the same quantize on the same floats), and
+		// nothing past them.
 		checkYQ := func(what string, y, yq gpu.Region, n int) {
 			t.Helper()
-			want := poisoned(t, d, int(XQBytes(n)))
-			run(t, d, func(b *gpu.Batch) error { return k.QuantizeX(ctxT(t), b, y, want, n) })
-			a, b := make([]byte, XQBytes(n)), make([]byte, XQBytes(n))
+			want := poisoned(t, d, int(XQBytes(n)+yqSlack))
+			run(t, d, func(b *gpu.Batch) error { return k.QuantizeX(ctxT(t), b, y, want.Sub(0, XQBytes(n)), n) })
+			a, b := make([]byte, XQBytes(n)+yqSlack), make([]byte, XQBytes(n)+yqSlack)
 			if err := d.Read(ctxT(t), yq, a); err != nil {
 				t.Fatal(err)
 			}
@@ -163,7 +167,7 @@ func TestQ4KXQ(t *testing.T) {
 			}
 			for i := range a {
 				if a[i] != b[i] {
-					t.Fatalf("%dx%d, %s: quantized output byte %d is %#x; QuantizeX of the output wrote %#x", rows, cols, what, i, a[i], b[i])
+					t.Fatalf("%dx%d, %s: quantized output byte %d (of %d) is %#x; QuantizeX of the output wrote %#x", rows, cols, what, i, XQBytes(n), a[i], b[i])
 				}
 			}
 		}
@@ -187,7 +191,7 @@ func TestQ4KXQ(t *testing.T) {
 			check(name+" GLU group", y, cat(g0, g1), cat(gm0, gm1))
 			// And its output quantized too, where the layout allows.
 			grp := Group{Arena: ab, Slots: []int{4, 0}, UpSlots: []int{2, 2}, X: qb, SharedX: true, Y: y, Rows: rows, Cols: cols, XQ: true}
-			yq := poisoned(t, d, int(XQBytes(2*rows)))
+			yq := poisoned(t, d, int(XQBytes(2*rows)+yqSlack))
 			grp.YQ = yq
 			if !gluYQ(cfg, rows) {
 				b := d.Batch()
@@ -224,7 +228,7 @@ func TestQ4KXQ(t *testing.T) {
 		g0, gm0 := glu(1, 0, x0)
 		check("masked GLU", y, cat(g2, g0), cat(gm2, gm0))
 		if GLUQuantizesY(rows, cols, 2) {
-			yq := poisoned(t, d, int(XQBytes(2*rows)))
+			yq := poisoned(t, d, int(XQBytes(2*rows)+yqSlack))
 			run(t, d, func(b *gpu.Batch) error {
 				return k.Q4KMatVecMasked(ctxT(t), b, Masked{Arena: ab, Slots: []int{1, 3, 4}, UpSlots: []int{0, 2, 1}, Experts: []int{0, 1, 2}, Sel: sel, K: 2, X: qb, SharedX: true, Y: y, Rows: rows, Cols: cols, XQ: true, YQ: yq})
 			})
