@@ -295,15 +295,23 @@ fn load_xq(g: u32) -> array<vec4<u32>, 6> {
   return array<vec4<u32>, 6>(xu(g), xu(g + 1u), xu(g + 2u), xu(g + 6u), xu(g + 7u), xu(g + 8u));
 }
 
-// pairsum is the sum of the upper halves of four lanes of load_xq's
-// products (eight products, 16 weights), as a float. Bounds: the upper
-// halves add to at most 16 * 15 * 127 = 30480 in magnitude, the lower
-// (q0 v(4k+2) and its like) to at most 8 * 15 * 127 = 15240, so the
-// 32-bit sum is exact as a signed number and adding 2^15 before the
-// arithmetic shift rounds the lower halves away. Then the 1.5 * 2^23
-// trick (|h| < 2^22) makes it a float without a conversion instruction.
-fn pairsum(v: vec4<u32>) -> f32 {
-  let h = bitcast<i32>(v.x + v.y + v.z + v.w + 0x8000u) >> 16u;
+// pairsum is the sum of the upper halves of the products of the low
+// nibbles of q's bytes 0 and 2 with a (a group's first pair words) and
+// of its bytes 1 and 3 with b (its second): eight products, 16 weights,
+// as a float; q shifted right by 4 gives the high nibbles. One chain of
+// eight multiply-adds from the rounding's 2^15 (integer dot products),
+// no lane sums after: on an H200 the masked gate and up products took
+// 48.0 us against 49.1 with the lanes summed after, down 27.3 against
+// 27.7 (gpu/BENCHMARKS.md, 2026-11-28, night). Bounds: the upper halves add
+// to at most 16 * 15 * 127 = 30480 in magnitude, the lower (q0 v(4k+2)
+// and its like) to at most 8 * 15 * 127 = 15240, so the 32-bit sum is
+// exact as a signed number and the 2^15 before the arithmetic shift
+// rounds the lower halves away. Then the 1.5 * 2^23 trick (|h| < 2^22)
+// makes it a float without a conversion instruction.
+fn pairsum(q: vec4<u32>, a: vec4<u32>, b: vec4<u32>) -> f32 {
+  let M = vec4<u32>(0x000f000fu);
+  let s = 0x8000u + dot(q & M, a) + dot((q >> vec4<u32>(8u)) & M, b);
+  let h = bitcast<i32>(s) >> 16u;
   return bitcast<f32>(bitcast<u32>(h) + 0x4b400000u) - 12582912.0;
 }
 
@@ -407,15 +415,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       // and 256 m1 take the high group's 2^-8.
       let ml = bitcast<vec4<f32>>(xq[2]);
       let mh = bitcast<vec4<f32>>(xq[5]) * 0.00390625;
-      let M = vec4<u32>(0x000f000fu);
       for (var r = 0u; r < ROWS; r++) {
         let h = hs[r];
         let q = qs[r];
         let dm = unpack2x16float(h.x);
         let sm = pairs(h, sel);
-        let lo = (q & M) * xq[0] + ((q >> vec4<u32>(8u)) & M) * xq[1];
-        let hi = ((q >> vec4<u32>(4u)) & M) * xq[3] + ((q >> vec4<u32>(12u)) & M) * xq[4];
-        acc[r] += dm.x * (sm.x * ml.x * pairsum(lo) + sm.y * mh.x * pairsum(hi)) - dm.y * (sm.z * ml.y + sm.w * mh.y);
+        let lo = pairsum(q, xq[0], xq[1]);
+        let hi = pairsum(q >> vec4<u32>(4u), xq[3], xq[4]);
+        acc[r] += dm.x * (sm.x * ml.x * lo + sm.y * mh.x * hi) - dm.y * (sm.z * ml.y + sm.w * mh.y);
       }
     } else if (TOK == 1u) {
       let sv = xs[0] + xs[1] + xs[2] + xs[3];
