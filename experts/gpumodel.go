@@ -66,6 +66,9 @@ type GPUModel struct {
 	layerKeys [][]tiers.Key
 	// Profile is where the steps' wall time went.
 	Profile StepProfile
+	// onChoice, if not nil, is told each MoE layer's choice as the host
+	// learns it (tests: RefModel.Follow).
+	onChoice func(l int, ids []int)
 	// fuseO adds the o product into the residual in one dispatch (instead
 	// of a product and an Accumulate); fuseSwiGLU has the down products
 	// compute SwiGLU of the gate and up halves themselves (instead of a
@@ -1362,14 +1365,6 @@ func (g *GPUModel) normFFN(ctx context.Context, b *gpu.Batch, l int) {
 		g.normXQ(ctx, b, weight, ops.NormShape{Rows: 1, Dim: c.HiddenSize, Eps: float32(c.RMSNormEps)})
 		return
 	}
-	// A dense layer's FFN (DeepSeek's first ones) keeps o's accumulate
-	// apart. Fused, the rounding of its norm's sum moved tiny-deepseek
-	// with every product's x quantized into a router near-tie at the
-	// 32nd step of TestGPUModelMatchesReference (its logits 0.12 of the
-	// largest from the reference's, within 6e-3 for 30 steps): the test's
-	// reference does not follow the GPU's choice at a near-tie yet, and a
-	// model has a few dense layers at most.
-	g.flushAcc(ctx, b)
 	g.normX(ctx, b, weight)
 }
 
@@ -1821,6 +1816,7 @@ func releaseAll(ls []*tiers.Lease) []*tiers.Lease {
 // name; an id the manifest lacks is an error that names it.
 func (g *GPUModel) chosen(l int, ids []byte) ([]*Expert, error) {
 	out := make([]*Expert, 0, len(ids)/4)
+	idx := make([]int, 0, len(ids)/4)
 	for i := 0; i+4 <= len(ids); i += 4 {
 		e := int(binary.LittleEndian.Uint32(ids[i:]))
 		ex, ok := g.m.Expert(l, e)
@@ -1828,6 +1824,10 @@ func (g *GPUModel) chosen(l int, ids []byte) ([]*Expert, error) {
 			return nil, fmt.Errorf("experts: layer %d: the router chose expert %d, which the manifest lacks", l, e)
 		}
 		out = append(out, ex)
+		idx = append(idx, e)
+	}
+	if g.onChoice != nil {
+		g.onChoice(l, idx)
 	}
 	return out, nil
 }

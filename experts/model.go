@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/rdrr/peer/gpu/abi"
 	"github.com/rdrr/peer/gpu/ref"
@@ -40,6 +41,18 @@ type RefModel struct {
 	// output): the reference of that arithmetic, not of the model's. The
 	// LM head and the routers read float x.
 	QuantizedX, QuantizedQKV, QuantizedO bool
+	// Follow, if not nil, returns the experts another engine chose for
+	// MoE layer l at this step (nil: not known). Where that choice
+	// differs from the reference's in experts whose selection scores all
+	// lie within FollowTie (of the largest score's magnitude) of the
+	// reference's k-th, a near-tie that rounding may turn either way, the
+	// reference takes it and counts it in Followed; any other difference
+	// fails the step. The engine's arithmetic is then checked along its
+	// own path through such ties rather than diverging from the
+	// reference at the first one.
+	Follow    func(l int) []int
+	FollowTie float64
+	Followed  int
 }
 
 // NewRefModel reads m's dense tensors through cache (RAM level) and keeps
@@ -215,6 +228,41 @@ func (rm *RefModel) ffn(prefix string, x []float64, ffn int) []float64 {
 	return matvec(rm.w(prefix+"down_proj.weight"), ref.SwiGLU(g, u), h, ffn)
 }
 
+// sameSet reports whether a and b hold the same experts.
+func sameSet(a, b []int) bool {
+	return slices.Equal(slices.Sorted(slices.Values(a)), slices.Sorted(slices.Values(b)))
+}
+
+// nearTie returns nil if choices want and got (of the same length)
+// differ only in experts whose scores lie within tie times the largest
+// score magnitude of want's lowest score, the boundary of the choice.
+func nearTie(scores []float64, want, got []int, tie float64) error {
+	if len(want) != len(got) {
+		return fmt.Errorf("%d experts chosen, not %d", len(got), len(want))
+	}
+	scale, edge := 0.0, math.Inf(1)
+	for _, v := range scores {
+		scale = math.Max(scale, math.Abs(v))
+	}
+	for _, e := range want {
+		edge = math.Min(edge, scores[e])
+	}
+	for i, e := range got {
+		if e < 0 || e >= len(scores) || slices.Contains(got[:i], e) {
+			return fmt.Errorf("expert %d of %d, or twice", e, len(scores))
+		}
+		if d := math.Abs(scores[e] - edge); !slices.Contains(want, e) && d > tie*scale {
+			return fmt.Errorf("expert %d scores %g, %g from the choice's lowest (tie: %g)", e, scores[e], d, tie*scale)
+		}
+	}
+	for _, e := range want {
+		if d := math.Abs(scores[e] - edge); !slices.Contains(got, e) && d > tie*scale {
+			return fmt.Errorf("expert %d left out scores %g, %g from the choice's lowest (tie: %g)", e, scores[e], d, tie*scale)
+		}
+	}
+	return nil
+}
+
 // moe routes x to the layer's experts, runs each (paged through the
 // cache) and returns their weighted sum, plus the shared experts.
 func (rm *RefModel) moe(ctx context.Context, l int, x []float64) ([]float64, error) {
@@ -227,6 +275,15 @@ func (rm *RefModel) moe(ctx context.Context, l int, x []float64) ([]float64, err
 		route = ref.Route{Mode: abi.RouteSigmoidTopK, K: c.NumExpertsPerTok, Groups: c.NGroup, TopKGroup: c.TopKGroup}
 	}
 	ids, ws := ref.TopK(logits, 1, ne, route)
+	if rm.Follow != nil {
+		if got := rm.Follow(l); got != nil && !sameSet(got, ids) {
+			if err := nearTie(ref.RouteScores(logits, route), ids, got, rm.FollowTie); err != nil {
+				return nil, fmt.Errorf("experts: layer %d: the engine chose experts %v, the reference %v: %w", l, got, ids, err)
+			}
+			ids, ws = got, ref.RouteWeights(logits, got, route)
+			rm.Followed++
+		}
+	}
 	out := make([]float64, h)
 	ffn := c.ExpertFFN()
 	for i, e := range ids {

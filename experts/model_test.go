@@ -104,3 +104,29 @@ func TestRefModelDependsOnWeights(t *testing.T) {
 		t.Fatalf("two models of different seeds generated the same tokens %v", a)
 	}
 }
+
+// The reference follows another engine's choice of experts only through
+// near-ties: experts in one choice and not the other whose scores lie
+// within the tie of the reference's lowest chosen score.
+func TestNearTie(t *testing.T) {
+	scores := []float64{1.0, 0.5, 0.499, 0.2, -1.0}
+	for _, c := range []struct {
+		want, got []int
+		ok        bool
+	}{
+		{[]int{0, 1}, []int{0, 2}, true},  // 0.499 against the edge 0.5
+		{[]int{0, 1}, []int{2, 0}, true},  // and in another order
+		{[]int{0, 1}, []int{0, 3}, false}, // 0.2 is no tie
+		{[]int{0, 1}, []int{3, 4}, false},
+		{[]int{0, 1}, []int{1, 1}, false}, // an expert twice
+		{[]int{0, 1}, []int{0, 5}, false}, // no such expert
+		{[]int{0, 1}, []int{0}, false},
+	} {
+		if err := nearTie(scores, c.want, c.got, 0.01); (err == nil) != c.ok {
+			t.Errorf("nearTie(%v, %v): %v; want ok %v", c.want, c.got, err, c.ok)
+		}
+	}
+	if !sameSet([]int{2, 0}, []int{0, 2}) || sameSet([]int{3, 3}, []int{3, 7}) || sameSet([]int{1}, []int{1, 2}) {
+		t.Error("sameSet: sets compared wrongly")
+	}
+}

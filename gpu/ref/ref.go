@@ -223,19 +223,7 @@ type Route struct {
 func TopK(logits []float64, nTok, nExp int, r Route) (ids []int, w []float64) {
 	for t := 0; t < nTok; t++ {
 		l := logits[t*nExp : (t+1)*nExp]
-		sel := make([]float64, nExp)
-		base := make([]float64, nExp)
-		for e, v := range l {
-			if r.Mode == abi.RouteSigmoidTopK {
-				base[e] = 1 / (1 + math.Exp(-v))
-				sel[e] = base[e]
-				if r.Bias != nil {
-					sel[e] += r.Bias[e]
-				}
-			} else {
-				base[e], sel[e] = v, v
-			}
-		}
+		sel := RouteScores(l, r)
 		if r.Mode == abi.RouteSigmoidTopK && r.Groups > 1 {
 			gs := nExp / r.Groups
 			gscore := make([]float64, r.Groups)
@@ -256,34 +244,63 @@ func TopK(logits []float64, nTok, nExp int, r Route) (ids []int, w []float64) {
 			}
 		}
 		top := topIdx(sel, r.K)
-		ws := make([]float64, len(top))
-		if r.Mode == abi.RouteSigmoidTopK {
-			var sum float64
-			for _, e := range top {
-				sum += base[e]
-			}
-			scale := r.Scale
-			if scale == 0 {
-				scale = 1
-			}
-			for i, e := range top {
-				ws[i] = base[e] / sum * scale
-			}
-		} else {
-			m := base[top[0]]
-			var sum float64
-			for i, e := range top {
-				ws[i] = math.Exp(base[e] - m)
-				sum += ws[i]
-			}
-			for i := range ws {
-				ws[i] /= sum
-			}
-		}
 		ids = append(ids, top...)
-		w = append(w, ws...)
+		w = append(w, RouteWeights(l, top, r)...)
 	}
 	return ids, w
+}
+
+// RouteScores returns what routing selects one token's experts by (its
+// logits, nExp of them): the logits, or in sigmoid mode their sigmoids
+// plus the bias (before the group limit).
+func RouteScores(logits []float64, r Route) []float64 {
+	sel := make([]float64, len(logits))
+	for e, v := range logits {
+		sel[e] = v
+		if r.Mode == abi.RouteSigmoidTopK {
+			sel[e] = 1 / (1 + math.Exp(-v))
+			if r.Bias != nil {
+				sel[e] += r.Bias[e]
+			}
+		}
+	}
+	return sel
+}
+
+// RouteWeights returns the weights of the experts ids (best first) of
+// one token with logits: softmax over theirs, or in sigmoid mode their
+// sigmoids normalized and scaled. TopK's weights of its own choice; a
+// test gives it another choice to weigh.
+func RouteWeights(logits []float64, ids []int, r Route) []float64 {
+	ws := make([]float64, len(ids))
+	if r.Mode == abi.RouteSigmoidTopK {
+		var sum float64
+		for i, e := range ids {
+			ws[i] = 1 / (1 + math.Exp(-logits[e]))
+			sum += ws[i]
+		}
+		scale := r.Scale
+		if scale == 0 {
+			scale = 1
+		}
+		for i := range ws {
+			ws[i] = ws[i] / sum * scale
+		}
+		return ws
+	}
+	m := math.Inf(-1)
+	for _, e := range ids {
+		m = math.Max(m, logits[e])
+	}
+	var sum float64
+	for i, e := range ids {
+		ws[i] = math.Exp(logits[e] - m)
+		sum += ws[i]
+	}
+	for i := range ws {
+		ws[i] /= sum
+	}
+	return ws
 }
 
 // topIdx returns the indices of the k largest values, largest first, ties
