@@ -1387,7 +1387,7 @@ func (g *GPUModel) accumulate(ctx context.Context, b *gpu.Batch, src, wts gpu.Re
 }
 
 // flushAcc records the pending accumulate, if any: before anything but
-// normXQ reads or writes x.
+// a norm (normXQ, normX, which take it in) reads or writes x.
 func (g *GPUModel) flushAcc(ctx context.Context, b *gpu.Batch) {
 	if p := g.pending; p.set {
 		g.pending = pendingAcc{}
@@ -1451,9 +1451,11 @@ func (g *GPUModel) gluYQ(n int) bool {
 
 // normX records xn = the RMSNorm of x with the dense weight named weight,
 // adding the pending accumulate into x first in the same dispatch
-// (ops.AccumulateRMSNormXQ, whose quantized copy of xn in xnq nothing
-// reads: the next writer of x is an accumulate, whose norm writes xnq
-// anew before the experts read it).
+// (ops.AccumulateRMSNormXQ). Its quantized copy of xn goes to xnq, which
+// nothing reads before it is written again: every reader of xnq (a
+// layer's gate and up products, and with xqAttn its q k v product)
+// follows a normXQ of that layer. An accumulate is pending only with xq
+// (accumulate), so xnq is then another buffer than xn.
 func (g *GPUModel) normX(ctx context.Context, b *gpu.Batch, weight string) {
 	c := &g.m.Config
 	if p := g.pending; p.set {
@@ -1816,7 +1818,6 @@ func releaseAll(ls []*tiers.Lease) []*tiers.Lease {
 // name; an id the manifest lacks is an error that names it.
 func (g *GPUModel) chosen(l int, ids []byte) ([]*Expert, error) {
 	out := make([]*Expert, 0, len(ids)/4)
-	idx := make([]int, 0, len(ids)/4)
 	for i := 0; i+4 <= len(ids); i += 4 {
 		e := int(binary.LittleEndian.Uint32(ids[i:]))
 		ex, ok := g.m.Expert(l, e)
@@ -1824,9 +1825,12 @@ func (g *GPUModel) chosen(l int, ids []byte) ([]*Expert, error) {
 			return nil, fmt.Errorf("experts: layer %d: the router chose expert %d, which the manifest lacks", l, e)
 		}
 		out = append(out, ex)
-		idx = append(idx, e)
 	}
 	if g.onChoice != nil {
+		idx := make([]int, len(out))
+		for i, ex := range out {
+			idx[i] = ex.Index
+		}
 		g.onChoice(l, idx)
 	}
 	return out, nil

@@ -72,6 +72,12 @@ func TestGPUModelMatchesReference(t *testing.T) {
 		t.Setenv("RDRR_GPU_ACCNORM", "0")
 		testGPUModelMatches(t, "tiny-moe", 0, false)
 	})
+	t.Run("accumulates apart, all quantized, deepseek-style", func(t *testing.T) {
+		long(t)
+		t.Setenv("RDRR_GPU_ACCNORM", "0")
+		t.Setenv("RDRR_GPU_XQ", "all")
+		testGPUModelMatches(t, "tiny-deepseek", 0, false)
+	})
 	// Every product's x quantized, q k v's and o's too (RDRR_GPU_XQ=all),
 	// and the gate and up products' output quantized by a dispatch of its
 	// own (RDRR_GPU_YQ=0).
@@ -242,6 +248,9 @@ func testGPUModelMatches(t *testing.T, preset string, maxBuf uint64, resident bo
 		t.Logf("quantized x: %.2e from the reference of float x", worstPlain)
 	}
 	if rm.Followed > 0 {
+		// The reference of float x does not follow (its choices differ
+		// from the GPU's by more than rounding): past a followed tie it
+		// drifts further, and the check above is easier to pass.
 		t.Logf("the reference followed the GPU's choice through %d near-ties", rm.Followed)
 	}
 	// A near-tie is rare: many would say the router's input is off.

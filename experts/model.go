@@ -1,6 +1,7 @@
 package experts
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"fmt"
@@ -233,13 +234,18 @@ func sameSet(a, b []int) bool {
 	return slices.Equal(slices.Sorted(slices.Values(a)), slices.Sorted(slices.Values(b)))
 }
 
-// nearTie returns nil if choices want and got (of the same length)
-// differ only in experts whose scores lie within tie times the largest
-// score magnitude of want's lowest score, the boundary of the choice.
-func nearTie(scores []float64, want, got []int, tie float64) error {
+// nearTie returns nil if choices want and got (of the same length) of
+// routing r over one token's logits differ only in experts whose
+// selection scores (ref.RouteScores) lie within tie times the largest
+// score magnitude of want's lowest score, the boundary of the choice, or,
+// with a group limit, whose groups' scores (the sum of their two best)
+// lie within tie of the kept groups' boundary: a group kept in one
+// choice and not the other changes experts far from the boundary.
+func nearTie(logits []float64, r ref.Route, want, got []int, tie float64) error {
 	if len(want) != len(got) {
 		return fmt.Errorf("%d experts chosen, not %d", len(got), len(want))
 	}
+	scores := ref.RouteScores(logits, r)
 	scale, edge := 0.0, math.Inf(1)
 	for _, v := range scores {
 		scale = math.Max(scale, math.Abs(v))
@@ -247,17 +253,35 @@ func nearTie(scores []float64, want, got []int, tie float64) error {
 	for _, e := range want {
 		edge = math.Min(edge, scores[e])
 	}
+	groupTie := func(int) bool { return false }
+	if r.Mode == abi.RouteSigmoidTopK && r.Groups > 1 && r.TopKGroup < r.Groups {
+		gs := len(scores) / r.Groups
+		gscore := make([]float64, r.Groups)
+		gscale := 0.0
+		for g := range gscore {
+			top := slices.SortedFunc(slices.Values(scores[g*gs:(g+1)*gs]), func(a, b float64) int { return cmp.Compare(b, a) })
+			gscore[g] = top[0]
+			if len(top) > 1 {
+				gscore[g] += top[1]
+			}
+			gscale = math.Max(gscale, math.Abs(gscore[g]))
+		}
+		sorted := slices.SortedFunc(slices.Values(gscore), func(a, b float64) int { return cmp.Compare(b, a) })
+		gedge := sorted[r.TopKGroup-1] // the last group kept
+		groupTie = func(e int) bool { return math.Abs(gscore[e/gs]-gedge) <= tie*gscale }
+	}
+	near := func(e int) bool { return math.Abs(scores[e]-edge) <= tie*scale || groupTie(e) }
 	for i, e := range got {
 		if e < 0 || e >= len(scores) || slices.Contains(got[:i], e) {
 			return fmt.Errorf("expert %d of %d, or twice", e, len(scores))
 		}
-		if d := math.Abs(scores[e] - edge); !slices.Contains(want, e) && d > tie*scale {
-			return fmt.Errorf("expert %d scores %g, %g from the choice's lowest (tie: %g)", e, scores[e], d, tie*scale)
+		if !slices.Contains(want, e) && !near(e) {
+			return fmt.Errorf("expert %d scores %g, %g from the choice's lowest (tie: %g)", e, scores[e], math.Abs(scores[e]-edge), tie*scale)
 		}
 	}
 	for _, e := range want {
-		if d := math.Abs(scores[e] - edge); !slices.Contains(got, e) && d > tie*scale {
-			return fmt.Errorf("expert %d left out scores %g, %g from the choice's lowest (tie: %g)", e, scores[e], d, tie*scale)
+		if !slices.Contains(got, e) && !near(e) {
+			return fmt.Errorf("expert %d left out scores %g, %g from the choice's lowest (tie: %g)", e, scores[e], math.Abs(scores[e]-edge), tie*scale)
 		}
 	}
 	return nil
@@ -277,7 +301,7 @@ func (rm *RefModel) moe(ctx context.Context, l int, x []float64) ([]float64, err
 	ids, ws := ref.TopK(logits, 1, ne, route)
 	if rm.Follow != nil {
 		if got := rm.Follow(l); got != nil && !sameSet(got, ids) {
-			if err := nearTie(ref.RouteScores(logits, route), ids, got, rm.FollowTie); err != nil {
+			if err := nearTie(logits, route, ids, got, rm.FollowTie); err != nil {
 				return nil, fmt.Errorf("experts: layer %d: the engine chose experts %v, the reference %v: %w", l, got, ids, err)
 			}
 			ids, ws = got, ref.RouteWeights(logits, got, route)

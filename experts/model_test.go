@@ -2,10 +2,13 @@ package experts
 
 import (
 	"context"
+	"math"
 	"slices"
 	"sort"
 	"testing"
 
+	"github.com/rdrr/peer/gpu/abi"
+	"github.com/rdrr/peer/gpu/ref"
 	"github.com/rdrr/peer/tiers"
 )
 
@@ -107,9 +110,11 @@ func TestRefModelDependsOnWeights(t *testing.T) {
 
 // The reference follows another engine's choice of experts only through
 // near-ties: experts in one choice and not the other whose scores lie
-// within the tie of the reference's lowest chosen score.
+// within the tie of the reference's lowest chosen score, or, with a
+// group limit, whose groups are near the kept groups' boundary.
 func TestNearTie(t *testing.T) {
-	scores := []float64{1.0, 0.5, 0.499, 0.2, -1.0}
+	softmax := ref.Route{Mode: abi.RouteSoftmaxTopK, K: 2}
+	logits := []float64{1.0, 0.5, 0.499, 0.2, -1.0}
 	for _, c := range []struct {
 		want, got []int
 		ok        bool
@@ -122,9 +127,25 @@ func TestNearTie(t *testing.T) {
 		{[]int{0, 1}, []int{0, 5}, false}, // no such expert
 		{[]int{0, 1}, []int{0}, false},
 	} {
-		if err := nearTie(scores, c.want, c.got, 0.01); (err == nil) != c.ok {
+		if err := nearTie(logits, softmax, c.want, c.got, 0.01); (err == nil) != c.ok {
 			t.Errorf("nearTie(%v, %v): %v; want ok %v", c.want, c.got, err, c.ok)
 		}
+	}
+	// Two groups of two, one kept: group 0's two best sum to nearly
+	// group 1's, so a choice from either group is a near-tie; with group 1
+	// far behind, it is not.
+	grouped := ref.Route{Mode: abi.RouteSigmoidTopK, K: 2, Groups: 2, TopKGroup: 1}
+	inv := func(s float64) float64 { return math.Log(s / (1 - s)) } // the logit of sigmoid s
+	tied := []float64{inv(0.9), inv(0.5), inv(0.7), inv(0.7001)}
+	if ids, _ := ref.TopK(tied, 1, 4, grouped); !sameSet(ids, []int{2, 3}) {
+		t.Fatalf("the reference chose %v; want group 1's [2 3]", ids)
+	}
+	if err := nearTie(tied, grouped, []int{3, 2}, []int{0, 1}, 0.01); err != nil {
+		t.Errorf("groups near the boundary: %v", err)
+	}
+	apart := []float64{inv(0.9), inv(0.1), inv(0.7), inv(0.7)}
+	if err := nearTie(apart, grouped, []int{2, 3}, []int{0, 1}, 0.01); err == nil {
+		t.Error("a group far from the boundary taken for a near-tie")
 	}
 	if !sameSet([]int{2, 0}, []int{0, 2}) || sameSet([]int{3, 3}, []int{3, 7}) || sameSet([]int{1}, []int{1, 2}) {
 		t.Error("sameSet: sets compared wrongly")
