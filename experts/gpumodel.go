@@ -1166,6 +1166,7 @@ func (g *GPUModel) compile(ctx context.Context) error {
 	g.recordAttention(ctx, b, 0)
 	for l := 0; l < c.NumHiddenLayers; l++ {
 		if !c.IsMoE(l) {
+			g.normFFN(ctx, b, l) // as a step records it: with o's accumulate, pending from recordAttention
 			g.ffn(ctx, b, fmt.Sprintf("model.layers.%d.mlp.", l), c.IntermediateSize)
 			break
 		}
@@ -1232,13 +1233,7 @@ func (g *GPUModel) compile(ctx context.Context) error {
 					X: g.gateX(), SharedX: true, Y: B["gu"], YUpper: g.upOff(), Rows: ffn, Cols: h, XQ: true})
 			}
 		}
-		g.finishLayer(ctx, b, l) // and the shared experts, if any
-		if g.accNorm && g.xq {
-			// The accumulate and the norm after it in one dispatch
-			// (above, a dense layer before may have flushed it instead).
-			g.k.AccumulateRMSNormXQ(ctx, b, B["y"], B["w"], B["x"], g.dense["model.norm.weight"], B["xn"], g.gateX(),
-				ops.AccumShape{Experts: k, Dim: h}, float32(c.RMSNormEps))
-		}
+		g.finishLayer(ctx, b, l) // and the shared experts, if any; its accumulate pending for the LM head's norm
 		break
 	}
 	logitsAt := B["out"].Sub(0, uint64(c.VocabSize*4))
@@ -1323,7 +1318,7 @@ func (g *GPUModel) recordAttention(ctx context.Context, b *gpu.Batch, l int) {
 		g.k.Rope(ctx, b, ks, B["freqs"], ops.RopeShape{Tokens: 1, Heads: nkv, HeadDim: hd, RotDim: hd, Pos0: g.pos, Style: abi.RopeNeoX})
 	}
 	attn := ops.AttnShape{Heads: nq, KVHeads: nkv, HeadDim: hd, KVLen: g.pos + 1, Scale: float32(1 / math.Sqrt(float64(hd)))}
-	if g.xqAttn && !g.fuseO && hd%ops.XQGroup == 0 {
+	if g.quantizedO() {
 		// The o product of the attention's output quantized by its merge.
 		attq := B["attq"].Sub(0, ops.XQBytes(nq*hd))
 		g.k.AttentionXQ(ctx, b, q, g.kc[l], g.vc[l], B["att"], attq, attn)
@@ -1446,24 +1441,31 @@ func (g *GPUModel) actq(from, to int) gpu.Span {
 // (ops.GLUQuantizesY): with xq, where the shape allows it.
 func (g *GPUModel) gluYQ(n int) bool {
 	c := &g.m.Config
-	return g.xq && !g.partNorm && !g.noYQ && ops.GLUQuantizesY(c.ExpertFFN(), c.HiddenSize, n)
+	return g.xq && !g.noYQ && ops.GLUQuantizesY(c.ExpertFFN(), c.HiddenSize, n)
+}
+
+// quantizedO reports whether the o product reads the attention's output
+// quantized (by the attention's merge): with xqAttn, o not added into x
+// by its own product, and whole groups a head.
+func (g *GPUModel) quantizedO() bool {
+	return g.xqAttn && !g.fuseO && g.m.Config.HeadDimension()%ops.XQGroup == 0
 }
 
 // normX records xn = the RMSNorm of x with the dense weight named weight,
 // adding the pending accumulate into x first in the same dispatch
-// (ops.AccumulateRMSNormXQ). Its quantized copy of xn goes to xnq, which
+// (normXQ's ops.AccumulateRMSNormXQ). Its quantized copy of xn goes to xnq, which
 // nothing reads before it is written again: every reader of xnq (a
 // layer's gate and up products, and with xqAttn its q k v product)
 // follows a normXQ of that layer. An accumulate is pending only with xq
 // (accumulate), so xnq is then another buffer than xn.
 func (g *GPUModel) normX(ctx context.Context, b *gpu.Batch, weight string) {
 	c := &g.m.Config
-	if p := g.pending; p.set {
-		g.pending = pendingAcc{}
-		g.k.AccumulateRMSNormXQ(ctx, b, p.src, p.wts, g.buf["x"], g.dense[weight], g.buf["xn"], g.gateX(), p.shape, float32(c.RMSNormEps))
+	s := ops.NormShape{Rows: 1, Dim: c.HiddenSize, Eps: float32(c.RMSNormEps)}
+	if g.pending.set {
+		g.normXQ(ctx, b, weight, s)
 		return
 	}
-	g.k.RMSNorm(ctx, b, g.buf["x"], g.dense[weight], g.buf["xn"], ops.NormShape{Rows: 1, Dim: c.HiddenSize, Eps: float32(c.RMSNormEps)})
+	g.k.RMSNorm(ctx, b, g.buf["x"], g.dense[weight], g.buf["xn"], s)
 }
 
 // lmHead records the logits: the LM head of the final norm of x.

@@ -33,109 +33,75 @@ import (
 // With RDRR_GPU_XQ=0 (exact activations) every product is float32
 // against float64: 1e-3 (measured: below 5e-6).
 func TestGPUModelMatchesReference(t *testing.T) {
-	// -short (make test's run under the race detector) keeps one paged
-	// and one resident case: the concurrency is the same in all of them.
-	long := func(t *testing.T) {
-		if testing.Short() {
-			t.Skip("short: one paged and one resident case run")
-		}
-	}
-	t.Run("fused forms", func(t *testing.T) {
-		long(t)
+	// -short (make test's run under the race detector) keeps the cases
+	// marked short, one paged and one resident: the concurrency is the
+	// same in all of them. env is set for the case; heap keeps the RAM
+	// level in ordinary memory.
+	for _, c := range []struct {
+		name     string
+		env      []string // name, value, ...
+		preset   string
+		maxBuf   uint64
+		resident bool
+		short    bool
+		heap     bool
+	}{
 		// The o product adding into the residual and the down products
 		// reading SwiGLU themselves (off by default; see fuseO).
-		t.Setenv("RDRR_GPU_FUSE", "1")
-		testGPUModelMatches(t, "tiny-moe", 0, true)
-	})
-	// The norms handed from the accumulates to the products (partNorm,
-	// off by default), every expert resident and a quarter paged.
-	t.Run("norms handed over, resident", func(t *testing.T) {
-		long(t)
-		t.Setenv("RDRR_GPU_NORM", "1")
-		testGPUModelMatches(t, "tiny-moe", 0, true)
-	})
-	t.Run("norms handed over, paged", func(t *testing.T) {
-		long(t)
-		t.Setenv("RDRR_GPU_NORM", "1")
-		testGPUModelMatches(t, "tiny-moe", 0, false)
-	})
-	t.Run("one arena buffer", func(t *testing.T) { long(t); testGPUModelMatches(t, "tiny-moe", 0, false) })
-	// The accumulates into x as dispatches of their own (accNorm off:
-	// by default each goes into the norm of x after it).
-	t.Run("accumulates apart, resident", func(t *testing.T) {
-		long(t)
-		t.Setenv("RDRR_GPU_ACCNORM", "0")
-		testGPUModelMatches(t, "tiny-moe", 0, true)
-	})
-	t.Run("accumulates apart, paged", func(t *testing.T) {
-		long(t)
-		t.Setenv("RDRR_GPU_ACCNORM", "0")
-		testGPUModelMatches(t, "tiny-moe", 0, false)
-	})
-	t.Run("accumulates apart, all quantized, deepseek-style", func(t *testing.T) {
-		long(t)
-		t.Setenv("RDRR_GPU_ACCNORM", "0")
-		t.Setenv("RDRR_GPU_XQ", "all")
-		testGPUModelMatches(t, "tiny-deepseek", 0, false)
-	})
-	// Every product's x quantized, q k v's and o's too (RDRR_GPU_XQ=all),
-	// and the gate and up products' output quantized by a dispatch of its
-	// own (RDRR_GPU_YQ=0).
-	t.Run("all quantized, resident", func(t *testing.T) {
-		long(t)
-		t.Setenv("RDRR_GPU_XQ", "all")
-		testGPUModelMatches(t, "tiny-moe", 0, true)
-	})
-	t.Run("all quantized, paged", func(t *testing.T) {
-		long(t)
-		t.Setenv("RDRR_GPU_XQ", "all")
-		testGPUModelMatches(t, "tiny-moe", 0, false)
-	})
-	t.Run("all quantized, deepseek-style", func(t *testing.T) {
-		long(t)
-		t.Setenv("RDRR_GPU_XQ", "all")
-		testGPUModelMatches(t, "tiny-deepseek", 0, false)
-	})
-	t.Run("output quantized apart, resident", func(t *testing.T) {
-		long(t)
-		t.Setenv("RDRR_GPU_YQ", "0")
-		testGPUModelMatches(t, "tiny-moe", 0, true)
-	})
-	// Exact activations: the expert products of float x.
-	t.Run("exact, paged", func(t *testing.T) {
-		long(t)
-		t.Setenv("RDRR_GPU_XQ", "0")
-		testGPUModelMatches(t, "tiny-moe", 0, false)
-	})
-	t.Run("exact, resident", func(t *testing.T) {
-		long(t)
-		t.Setenv("RDRR_GPU_XQ", "0")
-		testGPUModelMatches(t, "tiny-moe", 0, true)
-	})
-	// Gate and up as separate products with a SwiGLU dispatch (the form
-	// before GLU, kept for measurements): paged, so that both the masked
-	// products of the resident experts and the paged ones' run in it.
-	t.Run("without GLU", func(t *testing.T) {
-		long(t)
-		t.Setenv("RDRR_GPU_GLU", "0")
-		testGPUModelMatches(t, "tiny-moe", 0, false)
-	})
-	t.Run("RAM in ordinary memory", func(t *testing.T) {
-		long(t)
-		heapRAM = true
-		defer func() { heapRAM = false }()
-		testGPUModelMatches(t, "tiny-moe", 0, false)
-	})
-	// 256 KiB buffers: 3 expert matrices per arena buffer, so a layer's
-	// experts are spread over buffers and run one by one.
-	t.Run("arena over several buffers", func(t *testing.T) { testGPUModelMatches(t, "tiny-moe", 256<<10, false) })
-	// A dense first layer, a shared expert, sigmoid group-limited top-4.
-	t.Run("deepseek-style", func(t *testing.T) { long(t); testGPUModelMatches(t, "tiny-deepseek", 0, false) })
-	// Every expert resident (warmed into VRAM first): every MoE layer runs
-	// masked, the router's choice staying on the GPU, one read-back a step.
-	t.Run("resident", func(t *testing.T) { long(t); testGPUModelMatches(t, "tiny-moe", 0, true) })
-	t.Run("resident, arena over several buffers", func(t *testing.T) { long(t); testGPUModelMatches(t, "tiny-moe", 256<<10, true) })
-	t.Run("resident deepseek-style", func(t *testing.T) { testGPUModelMatches(t, "tiny-deepseek", 0, true) })
+		{name: "fused forms", env: []string{"RDRR_GPU_FUSE", "1"}, preset: "tiny-moe", resident: true},
+		// The norms handed from the accumulates to the products
+		// (partNorm, off by default), every expert resident and a
+		// quarter paged.
+		{name: "norms handed over, resident", env: []string{"RDRR_GPU_NORM", "1"}, preset: "tiny-moe", resident: true},
+		{name: "norms handed over, paged", env: []string{"RDRR_GPU_NORM", "1"}, preset: "tiny-moe"},
+		{name: "one arena buffer", preset: "tiny-moe"},
+		// The accumulates into x as dispatches of their own (accNorm off:
+		// by default each goes into the norm of x after it).
+		{name: "accumulates apart, resident", env: []string{"RDRR_GPU_ACCNORM", "0"}, preset: "tiny-moe", resident: true},
+		{name: "accumulates apart, paged", env: []string{"RDRR_GPU_ACCNORM", "0"}, preset: "tiny-moe"},
+		{name: "accumulates apart, all quantized, deepseek-style", env: []string{"RDRR_GPU_ACCNORM", "0", "RDRR_GPU_XQ", "all"}, preset: "tiny-deepseek"},
+		// Every product's x quantized, q k v's and o's too
+		// (RDRR_GPU_XQ=all), and the gate and up products' output
+		// quantized by a dispatch of its own (RDRR_GPU_YQ=0).
+		{name: "all quantized, resident", env: []string{"RDRR_GPU_XQ", "all"}, preset: "tiny-moe", resident: true},
+		{name: "all quantized, paged", env: []string{"RDRR_GPU_XQ", "all"}, preset: "tiny-moe"},
+		{name: "all quantized, deepseek-style", env: []string{"RDRR_GPU_XQ", "all"}, preset: "tiny-deepseek"},
+		{name: "output quantized apart, resident", env: []string{"RDRR_GPU_YQ", "0"}, preset: "tiny-moe", resident: true},
+		// Exact activations: the expert products of float x.
+		{name: "exact, paged", env: []string{"RDRR_GPU_XQ", "0"}, preset: "tiny-moe"},
+		{name: "exact, resident", env: []string{"RDRR_GPU_XQ", "0"}, preset: "tiny-moe", resident: true},
+		// Gate and up as separate products with a SwiGLU dispatch (the
+		// form before GLU, kept for measurements): paged, so that both
+		// the masked products of the resident experts and the paged
+		// ones' run in it.
+		{name: "without GLU", env: []string{"RDRR_GPU_GLU", "0"}, preset: "tiny-moe"},
+		{name: "RAM in ordinary memory", preset: "tiny-moe", heap: true},
+		// 256 KiB buffers: 3 expert matrices per arena buffer, so a
+		// layer's experts are spread over buffers and run one by one.
+		{name: "arena over several buffers", preset: "tiny-moe", maxBuf: 256 << 10, short: true},
+		// A dense first layer, a shared expert, sigmoid group-limited top-4.
+		{name: "deepseek-style", preset: "tiny-deepseek"},
+		// Every expert resident (warmed into VRAM first): every MoE layer
+		// runs masked, the router's choice staying on the GPU, one
+		// read-back a step.
+		{name: "resident", preset: "tiny-moe", resident: true},
+		{name: "resident, arena over several buffers", preset: "tiny-moe", maxBuf: 256 << 10, resident: true},
+		{name: "resident deepseek-style", preset: "tiny-deepseek", resident: true, short: true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if testing.Short() && !c.short {
+				t.Skip("short: one paged and one resident case run")
+			}
+			for i := 0; i+1 < len(c.env); i += 2 {
+				t.Setenv(c.env[i], c.env[i+1])
+			}
+			if c.heap {
+				heapRAM = true
+				defer func() { heapRAM = false }()
+			}
+			testGPUModelMatches(t, c.preset, c.maxBuf, c.resident)
+		})
+	}
 }
 
 func testGPUModelMatches(t *testing.T, preset string, maxBuf uint64, resident bool) {
@@ -184,7 +150,7 @@ func testGPUModelMatches(t *testing.T, preset string, maxBuf uint64, resident bo
 		t.Fatal(err)
 	}
 	rm.QuantizedX, rm.QuantizedQKV = g.xq, g.xqAttn
-	rm.QuantizedO = g.xqAttn && !g.fuseO && m.Config.HeadDimension()%16 == 0
+	rm.QuantizedO = g.quantizedO()
 	// With quantized x, the reference of float x too: the GPU must be
 	// much nearer the reference that quantizes as it does than that one
 	// (a product left float, or quantized where the mirror does not, would

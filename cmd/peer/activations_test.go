@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"testing"
 )
@@ -16,15 +15,11 @@ func TestGenerateActivations(t *testing.T) {
 	home, manifest := tinyProcedural(t)
 	gen := func(flags ...string) (string, []int) {
 		t.Helper()
-		args := append([]string{"generate", "-", "--procedural", manifest, "--prompt", "a", "--max-tokens", "6", "--json"}, flags...)
-		out := mustRun(t, home, args...)
 		var res struct {
 			Activations string `json:"activations"`
 			Tokens      []int  `json:"tokens"`
 		}
-		if err := json.Unmarshal([]byte(out), &res); err != nil {
-			t.Fatalf("%v: %s", err, out)
-		}
+		mustRunJSON(t, home, &res, append([]string{"generate", "-", "--procedural", manifest, "--prompt", "a", "--max-tokens", "6", "--json"}, flags...)...)
 		return res.Activations, res.Tokens
 	}
 	_, ref := gen()

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"testing"
 )
@@ -13,15 +12,12 @@ func TestGenerateHostRAMAuto(t *testing.T) {
 	home, manifest := tinyProcedural(t)
 	gen := func(vram, hostRAM string) (bool, []int) {
 		t.Helper()
-		out := mustRun(t, home, "generate", "-", "--procedural", manifest, "--engine", "gpu",
-			"--vram", vram, "--host-ram="+hostRAM, "--prompt", "a", "--max-tokens", "4", "--json")
 		var res struct {
 			HostRAM bool  `json:"hostRAM"`
 			Tokens  []int `json:"tokens"`
 		}
-		if err := json.Unmarshal([]byte(out), &res); err != nil {
-			t.Fatalf("%v: %s", err, out)
-		}
+		mustRunJSON(t, home, &res, "generate", "-", "--procedural", manifest, "--engine", "gpu",
+			"--vram", vram, "--host-ram="+hostRAM, "--prompt", "a", "--max-tokens", "4", "--json")
 		return res.HostRAM, res.Tokens
 	}
 	var first []int

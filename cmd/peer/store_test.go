@@ -45,6 +45,16 @@ func mustRun(t *testing.T, home string, args ...string) string {
 	return out
 }
 
+// mustRunJSON runs peer with args (which ask for --json) and decodes
+// its output into v.
+func mustRunJSON(t *testing.T, home string, v any, args ...string) {
+	t.Helper()
+	out := mustRun(t, home, args...)
+	if err := json.Unmarshal([]byte(out), v); err != nil {
+		t.Fatalf("peer %s: %v: %s", strings.Join(args, " "), err, out)
+	}
+}
+
 func TestInitIsIdempotentAndKeepsKey(t *testing.T) {
 	home := filepath.Join(t.TempDir(), "home")
 	var first struct {
