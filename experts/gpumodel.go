@@ -403,6 +403,7 @@ func (g *GPUModel) ffn(ctx context.Context, b *gpu.Batch, prefix string, n int) 
 // With xq, x is quantized (ops.QuantizeX's form, ops.XQBytes(cols) a
 // vector).
 func (g *GPUModel) group(ctx context.Context, b *gpu.Batch, slots []int, x gpu.Region, shared, xq bool, y *gpu.Buffer, yOff uint64, rows, cols int) {
+	k := g.m.Config.NumExpertsPerTok // every expert product in the layout of k (ops.Group.K)
 	buf0, _ := g.arena.Locate(slots[0])
 	idx := make([]int, len(slots))
 	same := true
@@ -412,7 +413,7 @@ func (g *GPUModel) group(ctx context.Context, b *gpu.Batch, slots []int, x gpu.R
 		same = same && buf == buf0
 	}
 	if same {
-		g.k.Q4KMatVecGroup(ctx, b, ops.Group{Arena: buf0, Slots: idx, X: x, SharedX: shared, Y: y.Sub(yOff, uint64(len(slots)*rows*4)), Rows: rows, Cols: cols, XQ: xq})
+		g.k.Q4KMatVecGroup(ctx, b, ops.Group{Arena: buf0, Slots: idx, X: x, SharedX: shared, Y: y.Sub(yOff, uint64(len(slots)*rows*4)), Rows: rows, Cols: cols, XQ: xq, K: k})
 		return
 	}
 	xs := gpu.SpanOf(x)
@@ -426,7 +427,7 @@ func (g *GPUModel) group(ctx context.Context, b *gpu.Batch, slots []int, x gpu.R
 		if !shared {
 			xi = xs.Buffer().Sub(xs.Offset()+uint64(i)*xBytes, xBytes)
 		}
-		g.k.Q4KMatVecGroup(ctx, b, ops.Group{Arena: buf, Slots: []int{j}, X: xi, SharedX: true, Y: y.Sub(yOff+uint64(i*rows*4), uint64(rows*4)), Rows: rows, Cols: cols, XQ: xq})
+		g.k.Q4KMatVecGroup(ctx, b, ops.Group{Arena: buf, Slots: []int{j}, X: xi, SharedX: true, Y: y.Sub(yOff+uint64(i*rows*4), uint64(rows*4)), Rows: rows, Cols: cols, XQ: xq, K: k})
 	}
 }
 
@@ -1218,7 +1219,7 @@ func (g *GPUModel) compile(ctx context.Context) error {
 				g.k.Q4KMatVecMasked(ctx, b, gm)
 				g.k.Q4KMatVecMasked(ctx, b, ops.Masked{Arena: buf, Slots: zeros, Experts: ids, Sel: B["ids"], K: k,
 					X: g.downX(ctx, b, 0, k, false), Y: B["y"], Rows: h, Cols: ffn, XQ: true})
-				if g.gluYQ(min(k, m)) { // as maskedLaunch sizes it
+				if g.gluYQ() {
 					gm.YQ = g.actq(0, k)
 					g.k.Q4KMatVecMasked(ctx, b, gm)
 				}
@@ -1436,12 +1437,13 @@ func (g *GPUModel) actq(from, to int) gpu.Span {
 	return g.buf["actq"].Sub(uint64(from)*ops.XQBytes(ffn), uint64(to-from)*ops.XQBytes(ffn))
 }
 
-// gluYQ reports whether gate and up products of n experts (masked: n
-// chosen) hand their output to the down products quantized themselves
-// (ops.GLUQuantizesY): with xq, where the shape allows it.
-func (g *GPUModel) gluYQ(n int) bool {
+// gluYQ reports whether the experts' gate and up products hand their
+// output to the down products quantized themselves (ops.GLUQuantizesY,
+// for the layout of the k chosen that every dispatch of them takes): with
+// xq, where the shape allows it.
+func (g *GPUModel) gluYQ() bool {
 	c := &g.m.Config
-	return g.xq && !g.noYQ && ops.GLUQuantizesY(c.ExpertFFN(), c.HiddenSize, n)
+	return g.xq && !g.noYQ && ops.GLUQuantizesY(c.ExpertFFN(), c.HiddenSize, c.NumExpertsPerTok)
 }
 
 // quantizedO reports whether the o product reads the attention's output
@@ -1571,8 +1573,8 @@ func (g *GPUModel) gluGroup(ctx context.Context, b *gpu.Batch, gates, ups []int,
 		}
 	}
 	grp := ops.Group{Arena: buf0, Slots: gi, UpSlots: ui, X: g.gateX(), SharedX: true,
-		Y: g.buf["act"].Sub(uint64(at*ffn*4), uint64(len(gates)*ffn*4)), Rows: ffn, Cols: h, XQ: g.xq}
-	if g.gluYQ(len(gates)) {
+		Y: g.buf["act"].Sub(uint64(at*ffn*4), uint64(len(gates)*ffn*4)), Rows: ffn, Cols: h, XQ: g.xq, K: c.NumExpertsPerTok}
+	if g.gluYQ() {
 		grp.YQ = g.actq(at, at+len(gates))
 	}
 	g.k.Q4KMatVecGroup(ctx, b, grp)
@@ -1944,15 +1946,8 @@ func (g *GPUModel) recordGLU(ctx context.Context, b *gpu.Batch, experts []int, h
 		}
 		r.gates, r.ups, r.experts = append(r.gates, gi), append(r.ups, ui), append(r.experts, e)
 	}
-	// The output quantized only if every dispatch can (each one's
-	// layout follows its count of products).
 	k := c.NumExpertsPerTok
-	quantized = !normed
-	for _, buf := range order {
-		for i := 0; i < len(runs[buf].gates); i += ops.MaxGroup / 2 {
-			quantized = quantized && g.gluYQ(min(k, len(runs[buf].gates)-i, ops.MaxGroup/2))
-		}
-	}
+	quantized = !normed && g.gluYQ()
 	for _, buf := range order {
 		r := runs[buf]
 		for i := 0; i < len(r.gates); i += ops.MaxGroup / 2 {

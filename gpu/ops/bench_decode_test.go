@@ -237,7 +237,7 @@ func (m *meter) q4kMaskedSerial(b *testing.B, rows, cols, experts, kSel int, f m
 	if xq {
 		x, xBytes, g.xq = m.quantized(b, x, nx*cols), uint64(nx)*XQBytes(cols), true
 	}
-	c := groupConfig(rows*kSel, cols, g.upSlots != nil && g.xq)
+	c := groupConfig(rows*kSel, cols, g.xq)
 	if cfg != nil {
 		c = *cfg
 	}

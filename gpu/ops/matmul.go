@@ -293,12 +293,22 @@ type Group struct {
 	// (QuantizeX's form): the down products' x without a QuantizeX
 	// dispatch. GLUQuantizesY says which shapes can.
 	YQ gpu.Region
+	// K, if not zero, is how many products the configuration is chosen
+	// for (an MoE layer's chosen experts), instead of len(Slots): every
+	// dispatch of one Rows, Cols, XQ and K, and every Masked of that K,
+	// sums a row in the same order, so that an expert's product has the
+	// same bits whether it runs alone, in a group or masked.
+	K int
 }
 
-// Q4KMatVecGroup records g with the configuration DefaultQ4KConfig picks
-// for its rows.
+// Q4KMatVecGroup records g with the configuration groupConfig picks for
+// its rows (g.K products of them, or len(g.Slots)).
 func (k *Kernels) Q4KMatVecGroup(ctx context.Context, b *gpu.Batch, g Group) error {
-	return k.Q4KMatVecGroupWith(ctx, b, groupConfig(g.Rows*len(g.Slots), g.Cols, g.UpSlots != nil && g.XQ), g)
+	n := g.K
+	if n <= 0 {
+		n = len(g.Slots)
+	}
+	return k.Q4KMatVecGroupWith(ctx, b, groupConfig(g.Rows*n, g.Cols, g.XQ), g)
 }
 
 // Q4KMatVecGroupWith is Q4KMatVecGroup with an explicit configuration.
@@ -403,7 +413,10 @@ func maskedLaunch(g groupCall) (Launch, error) {
 	if len(g.experts) != len(g.slots) || g.kSel <= 0 || g.kSel > 32 || g.yUpper < 0 || g.yUpper%4 != 0 {
 		return Launch{}, shapeErr("q4k_matmul_masked", "%d experts for %d slots, %d chosen (1..32), upper half at byte %d", len(g.experts), len(g.slots), g.kSel, g.yUpper)
 	}
-	return groupLaunch(groupConfig(g.rows*min(g.kSel, len(g.slots)), g.cols, g.upSlots != nil && g.xq), g)
+	// Chosen for the K products the router chooses, however many of the
+	// layer's experts this dispatch holds: the rows' sums are then those
+	// of a Group of that K (Group.K).
+	return groupLaunch(groupConfig(g.rows*g.kSel, g.cols, g.xq), g)
 }
 
 // groupCall is the shape of one Q4KMatVecGroup or Q4KMatVecMasked
@@ -434,16 +447,19 @@ func GLUQuantizesY(rows, cols, k int) bool {
 }
 
 // groupConfig is DefaultQ4KConfig for a group's or a masked dispatch's
-// products, rows of them in all, except for gate and up products of
-// quantized x (gluXQ) of long rows (16 blocks and more): 2 block slots
-// and 8 rows a thread (4 of gate, 4 of up). On an H200 (BenchmarkQ4KDecode
-// with RDRR_BENCH_SWEEP=1, gpu/BENCHMARKS.md, 2026-11-28, evening) the
-// masked Mixtral-shaped one took 47.1 us so against 52.9 with the
-// float kernel's choice (1 slot, 4 rows), whose arithmetic the
-// quantized x has made lighter.
-func groupConfig(rows, cols int, gluXQ bool) Q4KConfig {
+// products, rows of them in all, except for products of quantized x (xq)
+// of long rows (16 blocks and more) where it gives one block slot: 2 block
+// slots and 8 rows a thread (GLU: 4 of gate, 4 of up). On an H200
+// (BenchmarkQ4KDecode with RDRR_BENCH_SWEEP=1, gpu/BENCHMARKS.md,
+// 2026-11-28, evening) the masked Mixtral-shaped gate and up took 47.1
+// us so against 52.9 with the float kernel's choice (1 slot, 4 rows),
+// whose arithmetic the quantized x has made lighter. A row's sum depends
+// only on the block slots (the order of its blocks and of the tree that
+// adds the slots' parts), so gate and up products run apart (their
+// matrices in different arena buffers) sum as the GLU ones do.
+func groupConfig(rows, cols int, xq bool) Q4KConfig {
 	cfg := DefaultQ4KConfig(rows, cols, 1)
-	if gluXQ && cfg.Pipeline && cfg.SPR == 1 && cols/256 >= 16 {
+	if xq && cfg.Pipeline && cfg.SPR == 1 && cols/256 >= 16 {
 		cfg.SPR, cfg.Rows = 2, 8
 	}
 	return cfg
