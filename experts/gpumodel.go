@@ -96,10 +96,13 @@ type GPUModel struct {
 	// ops.MaxRouterExperts experts) instead of a product and a Route
 	// (not with partNorm, whose router reads the norm handed over). On
 	// unless RDRR_GPU_ROUTER=0 (for measurements). The resident step on
-	// an H200 ran 1.9% faster with it (3 of 3 pairs); a paged step's
-	// choice and next-layer guess keep the two dispatches, as the paged
-	// step was not faster with them fused (2 of 2 pairs 1-3% slower,
-	// within its noise; experts/BENCHMARKS.md, 2026-11-28).
+	// an H200 ran 1.9% faster with it (3 of 3 pairs). A paged layer's
+	// choice takes the same form, so that its logits have the bits of a
+	// masked layer's (TestGPUModelPagedSameBits; fused there it was 1-3%
+	// slower in 2 of 2 pairs, within the paged step's noise,
+	// experts/BENCHMARKS.md, 2026-11-28); the next layer's guess keeps
+	// the two dispatches. With partNorm (opt-in) the masked router reads
+	// the norm handed over, and the two forms' bits differ.
 	fuseRouter bool
 	// glu runs an expert's gate and up products in one workgroup, which
 	// writes silu(gate) * up for the down products: the SwiGLU dispatch
@@ -1488,7 +1491,9 @@ func (g *GPUModel) lmHead(ctx context.Context, b *gpu.Batch, logits gpu.Region) 
 func (g *GPUModel) recordChoice(ctx context.Context, b *gpu.Batch, l int) bool {
 	c := &g.m.Config
 	B, k := g.buf, c.NumExpertsPerTok
-	g.router(ctx, b, l, B["xn"], B["rlogits"], B["ids"], B["w"], g.route(), false)
+	// Fused as a masked layer's (fuseRouter): the same logits' bits
+	// whether the layer runs masked or paged.
+	g.router(ctx, b, l, B["xn"], B["rlogits"], B["ids"], B["w"], g.route(), g.fuseRouter && !g.partNorm)
 	predict := g.Prefetch && l+1 < c.NumHiddenLayers && c.IsMoE(l+1)
 	if predict {
 		// Layer l+1's router on this hidden state, normalized as l+1

@@ -268,6 +268,64 @@ func testGPUModelMatches(t *testing.T, preset string, maxBuf uint64, resident bo
 	t.Logf("32 steps: worst logit difference %.2e of the largest; VRAM hit rate %.2f, %d evictions", worst, vr.HitRate, vr.Evictions)
 }
 
+// A paged step computes what the resident step does, bit for bit: the
+// same tokens give the same logits whichever experts were in VRAM (a
+// quarter of them here, every layer paged, against all of them, every
+// layer masked). Else which experts a cache happened to hold would change
+// the router's choices at near-ties, and the tokens after them: a
+// prompt's output would depend on the VRAM budget and on when prefetches
+// landed. Both runs are fed the resident run's greedy tokens.
+func TestGPUModelPagedSameBits(t *testing.T) {
+	for _, preset := range []string{"tiny-moe", "tiny-deepseek"} {
+		t.Run(preset, func(t *testing.T) {
+			if testing.Short() && preset != "tiny-moe" {
+				t.Skip("short: tiny-moe only")
+			}
+			d := openTestDevice(t, 0)
+			m, src := presetInStore(t, preset, 1)
+			ctx := context.Background()
+			steps := func(slots int, toks []int) (logits [][]float32, next []int) {
+				g, cache := testGPUModel(t, d, m, src, slots)
+				if slots == ExpertMatrices(m) {
+					if err := cache.Warm(ctx, g.ExpertKeys(), tiers.VRAM, 2, nil); err != nil {
+						t.Fatal(err)
+					}
+				}
+				tok := int('T')
+				for i := range 24 {
+					if toks != nil {
+						tok = toks[i]
+					}
+					next = append(next, tok)
+					l, err := g.Step(ctx, tok)
+					if err != nil {
+						t.Fatal(err)
+					}
+					logits = append(logits, l)
+					tok = argmax32(l)
+				}
+				if pr := g.Profile; slots == ExpertMatrices(m) && pr.Turns != 0 || slots < ExpertMatrices(m) && pr.Turns == 0 {
+					t.Fatalf("%d slots of %d: %d paged turns", slots, ExpertMatrices(m), pr.Turns)
+				}
+				return logits, next
+			}
+			resident, toks := steps(ExpertMatrices(m), nil)
+			paged, _ := steps(ExpertMatrices(m)/4, toks)
+			for i := range resident {
+				n := 0
+				for j := range resident[i] {
+					if math.Float32bits(resident[i][j]) != math.Float32bits(paged[i][j]) {
+						n++
+					}
+				}
+				if n > 0 {
+					t.Fatalf("step %d: %d of %d logits differ in their bits between the paged and the resident step", i, n, len(resident[i]))
+				}
+			}
+		})
+	}
+}
+
 // Next-layer prefetch, to VRAM or to RAM, changes no token, its guesses
 // are right more often than chance (top-2 of 8: 25%), and they reach the
 // level asked for.
