@@ -54,10 +54,18 @@ type GPUModel struct {
 	// faster in the medians, about the runs' spread, and VRAM's hit rate
 	// 0.85 against 0.76 (experts/BENCHMARKS.md).
 	PrefetchTo tiers.Level
+	// PrefetchSure, with PrefetchTo RAM, promotes a guessed expert to
+	// VRAM instead where the guess is sure: its routing score leads every
+	// expert not guessed by PrefetchSure or more (a softmax router's
+	// logits; a sigmoid router's sigmoids). 0: never.
+	PrefetchSure float64
 	// Predicted and Correct count next-layer predictions and those the
-	// router then really chose.
+	// router then really chose; Leads splits them by how far the guess
+	// led the experts not guessed (GuessLeads' bounds).
 	Predicted, Correct int
+	Leads              [len(GuessLeads) + 1]GuessCount
 	predicted          map[int][]*tiers.Prefetch // expert -> its matrices' prefetches
+	predictedLead      map[int]float64           // expert -> its guess's lead
 	// keys are the expert matrices' cache keys by tensor name, and
 	// layerKeys each MoE layer's (three an expert, in order; nil where the
 	// manifest lacks one): a resident step holds every matrix of every
@@ -330,7 +338,7 @@ func NewGPUModel(ctx context.Context, m *Manifest, d *gpu.Device, cache *tiers.C
 	sizes := map[string]int{
 		"dgate": wide * 4, "dup": wide * 4, "dact": wide * 4, "dy": h * 4,
 		"tok": 4, "x": h * 4, "xn": h * 4, "q": nq * hd * 4, "qkv": (nq + 2*nkv) * hd * 4, "att": nq * hd * 4, "o": h * 4,
-		"rlogits": c.Experts() * 4, "ids": idsPredOff + k*4, "w": k * 4, "gu": 2 * ((k*ffn*4 + 255) / 256 * 256),
+		"rlogits": c.Experts() * 4, "ids": idsGuessOff + c.Experts()*4, "w": k * 4, "gu": 2 * ((k*ffn*4 + 255) / 256 * 256),
 		"act": k * ffn * 4, "y": k * h * 4, "out": (c.VocabSize*4+255)/256*256 + 256 + c.NumHiddenLayers*256, "ones": 16, "sampled": 16, "freqs": hd / 2 * 4,
 		"pxn": h * 4, "plogits": c.Experts() * 4, "pw": k * 4, "xg": h * 4, "parts": ops.AccumParts(h) * 4,
 		"xnq": int(ops.XQBytes(h)) + 16, "actq": k*int(ops.XQBytes(ffn)) + 16, "attq": int(ops.XQBytes(nq*hd)) + 16,
@@ -370,9 +378,61 @@ func NewGPUModel(ctx context.Context, m *Manifest, d *gpu.Device, cache *tiers.C
 }
 
 // idsPredOff is where, in the ids buffer, the next layer's predicted
-// experts go after this layer's chosen ones: one read-back brings both.
-// 256 is WebGPU's largest minStorageBufferOffsetAlignment.
-const idsPredOff = 256
+// experts go after this layer's chosen ones, and idsGuessOff where the
+// guess's router logits go (copied there): one read-back brings them
+// all. 256 is WebGPU's largest minStorageBufferOffsetAlignment.
+const (
+	idsPredOff  = 256
+	idsGuessOff = 512 // idsPredOff and room for k <= 64 ids
+)
+
+// GuessLeads are the upper bounds of the buckets that GPUModel.Leads
+// counts the next layer's guesses in, by how far a guessed expert's
+// routing score led the experts not guessed; the last bucket is above
+// them.
+var GuessLeads = [...]float64{0.25, 0.5, 1, 1.5, 2, 3, 4}
+
+// A GuessCount is the guesses of one bucket, and how many were right.
+type GuessCount struct {
+	Guesses int `json:"guesses"`
+	Right   int `json:"right"`
+}
+
+// guessLead returns each guessed expert's lead (ids, u32) over the best
+// expert not guessed, in the routing scores of logits (f32, one per
+// expert).
+func (g *GPUModel) guessLead(ids, logits []byte) map[int]float64 {
+	c := &g.m.Config
+	n := c.Experts()
+	if len(logits) < 4*n {
+		return nil
+	}
+	score := make([]float64, n)
+	for e := range score {
+		v := float64(math.Float32frombits(binary.LittleEndian.Uint32(logits[4*e:])))
+		if c.ScoringFunc == "sigmoid" {
+			v = 1 / (1 + math.Exp(-v))
+		}
+		score[e] = v
+	}
+	guessed := map[int]bool{}
+	for i := 0; i+4 <= len(ids); i += 4 {
+		if e := int(binary.LittleEndian.Uint32(ids[i:])); e < n {
+			guessed[e] = true
+		}
+	}
+	best := math.Inf(-1) // of the experts not guessed
+	for e, v := range score {
+		if !guessed[e] && v > best {
+			best = v
+		}
+	}
+	out := make(map[int]float64, len(guessed))
+	for e := range guessed {
+		out[e] = score[e] - best
+	}
+	return out
+}
 
 // route is the router's shape: Mixtral softmax over the top-k, or
 // DeepSeek-V3 sigmoid with group-limited selection.
@@ -446,8 +506,11 @@ func (g *GPUModel) score(ids []byte) {
 	}
 	for e, ps := range g.predicted {
 		g.Predicted++
+		lb := &g.Leads[leadBucket(g.predictedLead[e])]
+		lb.Guesses++
 		if chosen[e] {
 			g.Correct++
+			lb.Right++
 			continue // the demand uses (or waits for) what was prefetched
 		}
 		for _, p := range ps {
@@ -457,18 +520,34 @@ func (g *GPUModel) score(ids []byte) {
 	g.predicted = nil
 }
 
-// prefetch asks the cache to bring layer l's predicted experts to
-// PrefetchTo.
-func (g *GPUModel) prefetch(l int, ids []byte) {
+// leadBucket is the index in GPUModel.Leads of a guess's lead.
+func leadBucket(lead float64) int {
+	for i, b := range GuessLeads {
+		if lead < b {
+			return i
+		}
+	}
+	return len(GuessLeads)
+}
+
+// prefetch asks the cache to bring layer l's predicted experts (ids) to
+// PrefetchTo, or to VRAM those whose lead in the guess's router logits
+// reaches PrefetchSure.
+func (g *GPUModel) prefetch(l int, ids, logits []byte) {
 	g.predicted = map[int][]*tiers.Prefetch{}
+	g.predictedLead = g.guessLead(ids, logits)
 	for i := 0; i+4 <= len(ids); i += 4 {
 		e := int(binary.LittleEndian.Uint32(ids[i:]))
 		ex, ok := g.m.Expert(l, e)
 		if !ok {
 			continue
 		}
+		to := g.PrefetchTo
+		if to == tiers.RAM && g.PrefetchSure > 0 && g.predictedLead[e] >= g.PrefetchSure {
+			to = tiers.VRAM
+		}
 		for _, name := range ex.Tensors {
-			g.predicted[e] = append(g.predicted[e], g.cache.Prefetch(g.matrixKey(name), g.PrefetchTo, 1))
+			g.predicted[e] = append(g.predicted[e], g.cache.Prefetch(g.matrixKey(name), to, 1))
 		}
 	}
 }
@@ -875,7 +954,7 @@ func (g *GPUModel) begin(ctx context.Context, token int, onGPU bool, hd head) (_
 		// read-back): page them into VRAM slots.
 		n := k * 4
 		if predict {
-			n = idsPredOff + k*4
+			n = idsGuessOff + c.Experts()*4
 		}
 		rd, err := g.d.StartRead(B["ids"].Sub(0, uint64(n)), n)
 		if err != nil {
@@ -1035,7 +1114,7 @@ func (g *GPUModel) begin(ctx context.Context, token int, onGPU bool, hd head) (_
 		// took the lock that this layer's gets needed).
 		g.score(idb)
 		if predict {
-			g.prefetch(l+1, both[idsPredOff:])
+			g.prefetch(l+1, both[idsPredOff:idsPredOff+k*4], both[idsGuessOff:])
 		}
 		b = g.d.Batch()
 	}
@@ -1502,6 +1581,11 @@ func (g *GPUModel) recordChoice(ctx context.Context, b *gpu.Batch, l int) bool {
 		g.flushAcc(ctx, b)
 		g.k.RMSNorm(ctx, b, B["x"], g.dense[q+"post_attention_layernorm.weight"], B["pxn"], ops.NormShape{Rows: 1, Dim: c.HiddenSize, Eps: float32(c.RMSNormEps)})
 		g.router(ctx, b, l+1, B["pxn"], B["plogits"], B["ids"].Sub(idsPredOff, uint64(k*4)), B["pw"], g.route(), false)
+		// Its logits beside it, read back with it: how sure the guess is.
+		n := uint64(c.Experts() * 4)
+		if err := b.Copy(B["ids"].Sub(idsGuessOff, n), B["plogits"].Sub(0, n)); err != nil {
+			b.Fail(err)
+		}
 	}
 	return predict
 }

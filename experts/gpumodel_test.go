@@ -359,7 +359,33 @@ func TestGPUModelPrefetch(t *testing.T) {
 				t.Fatalf("prefetch to %v: %d prefetches queued at %v", to, queued, l)
 			}
 		}
-		t.Logf("next-layer prefetch to %v: %d of %d guesses right (%.2f)", to, g.Correct, g.Predicted, acc)
+		// Leads splits the guesses, each guessed expert leading the others.
+		var sum GuessCount
+		for _, c := range g.Leads {
+			sum.Guesses += c.Guesses
+			sum.Right += c.Right
+		}
+		if sum.Guesses != g.Predicted || sum.Right != g.Correct {
+			t.Fatalf("%v: guesses by lead add to %+v; %d guesses, %d right", to, sum, g.Predicted, g.Correct)
+		}
+		t.Logf("next-layer prefetch to %v: %d of %d guesses right (%.2f), by lead %v", to, g.Correct, g.Predicted, acc, g.Leads)
+	}
+	// To RAM, and the sure guesses to VRAM: every guess with PrefetchSure
+	// at the least lead there is, none at a lead no router logit reaches.
+	for _, sure := range []float64{1e-30, 1e9} {
+		g, cache := testGPUModel(t, d, m, src, 3*len(m.Experts)/4)
+		g.Prefetch, g.PrefetchTo, g.PrefetchSure = true, tiers.RAM, sure
+		toks, err := g.Generate(ctx, ByteTokens("The swarm is"), 16, Sampling{}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(plain, toks) {
+			t.Fatalf("sure guesses (%g) to VRAM: tokens %v; without prefetch %v", sure, toks, plain)
+		}
+		st := cache.Stats()
+		if q := st[tiers.VRAM].PrefetchQueued; (sure < 1) != (q > 0) || st[tiers.RAM].PrefetchQueued == 0 && sure > 1 {
+			t.Fatalf("PrefetchSure %g: %d prefetches queued at VRAM, %d at RAM", sure, q, st[tiers.RAM].PrefetchQueued)
+		}
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"io"
 	"io/fs"
 	"maps"
+	"math"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -33,6 +34,7 @@ func generateCmd(a *app) *cobra.Command {
 	var prefetch bool
 	hostRAM := autoBool{auto: true}
 	var prefetchTo string
+	var prefetchSure float64
 	var s experts.Sampling
 	var budgets [3]byteSize
 	var nf netFlags
@@ -61,6 +63,9 @@ tokens. --profile-gpu times every dispatch on the GPU.`,
 				prefetchLevel = tiers.RAM
 			default:
 				return fmt.Errorf("--prefetch-to %q: want ram or vram", prefetchTo)
+			}
+			if prefetchSure < 0 || math.IsNaN(prefetchSure) || math.IsInf(prefetchSure, 0) {
+				return fmt.Errorf("--prefetch-sure %v: want a lead of 0 (never) or more", prefetchSure)
 			}
 			if _, err := tiers.NewPolicy(policy); err != nil {
 				return fmt.Errorf("--policy: %w", err) // before the model loads
@@ -137,7 +142,7 @@ tokens. --profile-gpu times every dispatch on the GPU.`,
 				var step stepper
 				var closeEngine func()
 				if engine == "gpu" {
-					step, closeEngine, err = a.gpuEngine(ctx, st, m, &cfg, hostRAM.auto, int64(budgets[0]), len(promptToks)+maxTokens, prefetch, prefetchLevel, profileGPU, activations)
+					step, closeEngine, err = a.gpuEngine(ctx, st, m, &cfg, hostRAM.auto, int64(budgets[0]), len(promptToks)+maxTokens, prefetch, prefetchLevel, prefetchSure, profileGPU, activations)
 					if err != nil {
 						return err
 					}
@@ -271,6 +276,19 @@ tokens. --profile-gpu times every dispatch on the GPU.`,
 					res["profile"] = prof
 					res["stallSeconds"] = prof.PageWait.Seconds()
 				}
+				var leads []experts.GuessCount
+				if ls, ok := step.(interface{ Leads() []experts.GuessCount }); ok && predicted > 0 {
+					leads = ls.Leads()
+					var byLead []map[string]any
+					for i, c := range leads {
+						b := map[string]any{"guesses": c.Guesses, "right": c.Right}
+						if i < len(experts.GuessLeads) {
+							b["below"] = experts.GuessLeads[i]
+						}
+						byLead = append(byLead, b)
+					}
+					res["prefetchByLead"] = byLead
+				}
 				if act, ok := step.(interface{ Activations() string }); ok {
 					res["activations"] = act.Activations()
 					engineName += ", " + act.Activations() + " activations"
@@ -293,6 +311,21 @@ tokens. --profile-gpu times every dispatch on the GPU.`,
 					}
 					if predicted > 0 {
 						fmt.Fprintf(w, "  next-layer prefetch: %d of %d guesses right (%.2f)\n", correct, predicted, float64(correct)/float64(predicted))
+						if len(leads) > 0 {
+							fmt.Fprintf(w, "    by the guess's lead over the experts not guessed (router scores):")
+							for i, c := range leads {
+								if c.Guesses == 0 {
+									continue
+								}
+								if i < len(experts.GuessLeads) {
+									fmt.Fprintf(w, " <%g", experts.GuessLeads[i])
+								} else {
+									fmt.Fprintf(w, " >=%g", experts.GuessLeads[i-1])
+								}
+								fmt.Fprintf(w, " %d/%d", c.Right, c.Guesses)
+							}
+							fmt.Fprintln(w)
+						}
 					}
 					if len(gpuTimes) > 0 && prof != nil && prof.Steps > 0 {
 						fmt.Fprintf(w, "  GPU time per step (--profile-gpu):")
@@ -343,6 +376,7 @@ tokens. --profile-gpu times every dispatch on the GPU.`,
 	f.Lookup("host-ram").NoOptDefVal = "true"
 	f.StringVar(&activations, "activations", "", "gpu engine: what the layers' Q4_K products read: q8-experts (the default: the experts' x quantized to 8 bits in groups of 16, two weights a 32-bit integer multiply-add), q8 (q k v's and o's x too: 3-6% faster, but their rounding can turn a router's choice) or f32 (float x: the exact arithmetic, which the float64 reference matches within 1e-3; RDRR_GPU_XQ=0 makes it the default)")
 	f.BoolVar(&prefetch, "prefetch", true, "gpu engine: prefetch each next layer's likely experts (its router on the current hidden state)")
+	f.Float64Var(&prefetchSure, "prefetch-sure", 0, "gpu engine, with --prefetch-to ram: prefetch a guessed expert into VRAM instead when its router score leads every expert not guessed by this much or more (softmax routers: a logit difference); 0: never")
 	f.StringVar(&prefetchTo, "prefetch-to", "ram", "gpu engine: the level prefetches promote to: vram (through ram: fetched and uploaded) or ram (fetched from disk or the swarm only; the GPU's queue stays the demand's)")
 	f.StringVar(&procedural, "procedural", "", "the manifest of a synthetic model to regenerate locally instead of reading a store (model argument: its CID or -)")
 	budgetFlags(cmd, &budgets)
@@ -439,7 +473,7 @@ type stepper interface {
 // pinned memory only slows the GPU's work).
 //
 // activations, if not empty, is SetActivations's choice.
-func (a *app) gpuEngine(ctx context.Context, st *cas.Store, m *experts.Manifest, cfg *tiers.Config, autoHostRAM bool, vram int64, maxPos int, prefetch bool, prefetchTo tiers.Level, profileGPU bool, activations string) (stepper, func(), error) {
+func (a *app) gpuEngine(ctx context.Context, st *cas.Store, m *experts.Manifest, cfg *tiers.Config, autoHostRAM bool, vram int64, maxPos int, prefetch bool, prefetchTo tiers.Level, prefetchSure float64, profileGPU bool, activations string) (stepper, func(), error) {
 	// The arena is one buffer and one storage binding: ask the device for
 	// buffers as large as the VRAM budget, within the 2 GiB that wgpu
 	// binds (larger budgets degrade, with a warning, in NewGPUArena).
@@ -507,7 +541,7 @@ func (a *app) gpuEngine(ctx context.Context, st *cas.Store, m *experts.Manifest,
 		cache.ForVRAM(g.ExpertKeys()) // a --warm of RAM makes them in host memory too
 	}
 	g.Trace = cfg.Trace
-	g.Prefetch, g.PrefetchTo = prefetch, prefetchTo
+	g.Prefetch, g.PrefetchTo, g.PrefetchSure = prefetch, prefetchTo, prefetchSure
 	// With timestamps the dispatches are timed as they run; without, each
 	// part of a layer is waited for (GPUModel.ProfileGPU).
 	g.ProfileGPU = profileGPU && !d.Info().TimestampQuery
@@ -528,6 +562,7 @@ func (s gpuStepper) StopGPUProfile(ctx context.Context) (gpu.Profile, error) {
 func (s gpuStepper) Cache() *tiers.Cache                  { return s.cache }
 func (s gpuStepper) Activations() string                  { return s.g.Activations() }
 func (s gpuStepper) Prefetched() (predicted, correct int) { return s.g.Predicted, s.g.Correct }
+func (s gpuStepper) Leads() []experts.GuessCount          { return s.g.Leads[:] }
 func (s gpuStepper) Profile() *experts.StepProfile        { return &s.g.Profile }
 func (s gpuStepper) ExpertKeys() []tiers.Key              { return s.g.ExpertKeys() }
 func (s gpuStepper) GPUTimes() map[string]time.Duration   { return s.g.GPUTimes }
