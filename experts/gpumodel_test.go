@@ -3,6 +3,7 @@ package experts
 import (
 	"cmp"
 	"context"
+	"encoding/binary"
 	"math"
 	"os"
 	"slices"
@@ -745,4 +746,50 @@ func accesses(tr *tiers.Trace) []access {
 	}
 	slices.SortFunc(out, cmpAccess)
 	return out
+}
+
+// A guess's lead is its routing score less the best score of the experts
+// not guessed: logits for a softmax router, sigmoids for a sigmoid one; a
+// short read-back or an id past the experts guesses nothing.
+func TestGuessLead(t *testing.T) {
+	f32s := func(vs ...float32) []byte {
+		var b []byte
+		for _, v := range vs {
+			b = binary.LittleEndian.AppendUint32(b, math.Float32bits(v))
+		}
+		return b
+	}
+	ids := func(es ...uint32) []byte {
+		var b []byte
+		for _, e := range es {
+			b = binary.LittleEndian.AppendUint32(b, e)
+		}
+		return b
+	}
+	logits := f32s(2, -1, 0.5, 3)
+	g := &GPUModel{m: &Manifest{Config: Config{NumExperts: 4}}}
+	got := g.guessLead(ids(3, 0), logits)
+	if len(got) != 2 || math.Abs(got[3]-2.5) > 1e-6 || math.Abs(got[0]-1.5) > 1e-6 {
+		t.Fatalf("softmax: leads %v; want expert 3 by 2.5, expert 0 by 1.5", got)
+	}
+	if got := g.guessLead(ids(3, 9), logits); len(got) != 1 || math.Abs(got[3]-1) > 1e-6 {
+		t.Fatalf("an id past the experts: leads %v; want expert 3 by 1 (over expert 0)", got)
+	}
+	if got := g.guessLead(ids(3, 0), logits[:8]); got != nil {
+		t.Fatalf("logits of 2 of 4 experts: leads %v; want none", got)
+	}
+	g.m.Config.ScoringFunc = "sigmoid"
+	sig := func(v float64) float64 { return 1 / (1 + math.Exp(-v)) }
+	got = g.guessLead(ids(3, 0), logits)
+	if math.Abs(got[3]-(sig(3)-sig(0.5))) > 1e-6 || math.Abs(got[0]-(sig(2)-sig(0.5))) > 1e-6 {
+		t.Fatalf("sigmoid: leads %v", got)
+	}
+	for _, c := range []struct {
+		lead float64
+		want int
+	}{{-1, 0}, {0, 0}, {0.25, 1}, {0.9, 2}, {3.99, 6}, {4, 7}, {100, 7}} {
+		if b := leadBucket(c.lead); b != c.want {
+			t.Errorf("leadBucket(%g) = %d; want %d", c.lead, b, c.want)
+		}
+	}
 }
