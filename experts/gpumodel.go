@@ -109,8 +109,9 @@ type GPUModel struct {
 	// masked layer's (TestGPUModelPagedSameBits; fused there it was 1-3%
 	// slower in 2 of 2 pairs, within the paged step's noise,
 	// experts/BENCHMARKS.md, 2026-11-28); the next layer's guess keeps
-	// the two dispatches. With partNorm (opt-in) the masked router reads
-	// the norm handed over, and the two forms' bits differ.
+	// the two dispatches. With partNorm (opt-in) a masked layer's router
+	// and gate and up products read the norm handed over and a paged
+	// layer's do not: the two forms' bits differ there.
 	fuseRouter bool
 	// glu runs an expert's gate and up products in one workgroup, which
 	// writes silu(gate) * up for the down products: the SwiGLU dispatch
@@ -1260,8 +1261,8 @@ func (g *GPUModel) compile(ctx context.Context) error {
 		}
 		p := fmt.Sprintf("model.layers.%d.", l)
 		g.normFFN(ctx, b, l)
-		g.router(ctx, b, l, B["xn"], B["rlogits"], B["ids"], B["w"], g.route(), g.fuseRouter && !g.partNorm) // masked layers'
-		g.router(ctx, b, l, B["xn"], B["rlogits"], B["ids"], B["w"], g.route(), false)                       // paged layers'
+		g.router(ctx, b, l, B["xn"], B["rlogits"], B["ids"], B["w"], g.route(), g.fuseRouter && !g.partNorm) // layers' choices
+		g.router(ctx, b, l, B["xn"], B["rlogits"], B["ids"], B["w"], g.route(), false)                       // the next layer's guess
 		var slots [3][]int
 		for j := range slots {
 			slots[j] = make([]int, k)
@@ -1309,9 +1310,10 @@ func (g *GPUModel) compile(ctx context.Context) error {
 			g.gluGroup(ctx, b, slots[0][:1], slots[1][:1], 0)
 			if g.xq {
 				// recordAt's down product of one missing expert, and the
-				// masked gate and up products apart (an expert's matrices
-				// in two arena buffers), of quantized x.
+				// gate and up products apart (an expert's matrices in two
+				// arena buffers), grouped and masked, of quantized x.
 				g.group(ctx, b, slots[2][:1], g.downX(ctx, b, 0, 1, false), true, true, B["y"], 0, h, ffn)
+				g.group(ctx, b, slots[0][:1], g.gateX(), true, true, B["gu"], 0, ffn, h)
 				g.k.Q4KMatVecMasked(ctx, b, ops.Masked{Arena: buf, Slots: zeros, Experts: ids, Sel: B["ids"], K: k,
 					X: g.gateX(), SharedX: true, Y: B["gu"], YUpper: g.upOff(), Rows: ffn, Cols: h, XQ: true})
 			}
