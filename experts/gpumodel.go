@@ -15,6 +15,7 @@ import (
 	"github.com/rdrr/peer/gpu"
 	"github.com/rdrr/peer/gpu/abi"
 	"github.com/rdrr/peer/gpu/ops"
+	"github.com/rdrr/peer/gpu/ref"
 	"github.com/rdrr/peer/tiers"
 )
 
@@ -64,8 +65,7 @@ type GPUModel struct {
 	// led the experts not guessed (GuessLeads' bounds).
 	Predicted, Correct int
 	Leads              [len(GuessLeads) + 1]GuessCount
-	predicted          map[int][]*tiers.Prefetch // expert -> its matrices' prefetches
-	predictedLead      map[int]float64           // expert -> its guess's lead
+	predicted          map[int]guess // the next layer's guesses, by expert
 	// keys are the expert matrices' cache keys by tensor name, and
 	// layerKeys each MoE layer's (three an expert, in order; nil where the
 	// manifest lacks one): a resident step holds every matrix of every
@@ -393,6 +393,13 @@ const (
 // them.
 var GuessLeads = [...]float64{0.25, 0.5, 1, 1.5, 2, 3, 4}
 
+// A guess is a guessed expert of the next layer: its matrices'
+// prefetches and its lead (guessLead).
+type guess struct {
+	prefetches []*tiers.Prefetch
+	lead       float64
+}
+
 // A GuessCount is the guesses of one bucket, and how many were right.
 type GuessCount struct {
 	Guesses int `json:"guesses"`
@@ -408,14 +415,11 @@ func (g *GPUModel) guessLead(ids, logits []byte) map[int]float64 {
 	if len(logits) < 4*n {
 		return nil
 	}
-	score := make([]float64, n)
-	for e := range score {
-		v := float64(math.Float32frombits(binary.LittleEndian.Uint32(logits[4*e:])))
-		if c.ScoringFunc == "sigmoid" {
-			v = 1 / (1 + math.Exp(-v))
-		}
-		score[e] = v
+	raw := make([]float64, n)
+	for e := range raw {
+		raw[e] = float64(math.Float32frombits(binary.LittleEndian.Uint32(logits[4*e:])))
 	}
+	score := ref.RouteScores(raw, c.refRoute())
 	guessed := map[int]bool{}
 	for i := 0; i+4 <= len(ids); i += 4 {
 		if e := int(binary.LittleEndian.Uint32(ids[i:])); e < n {
@@ -505,16 +509,16 @@ func (g *GPUModel) score(ids []byte) {
 	for i := 0; i+4 <= len(ids); i += 4 {
 		chosen[int(binary.LittleEndian.Uint32(ids[i:]))] = true
 	}
-	for e, ps := range g.predicted {
+	for e, gs := range g.predicted {
 		g.Predicted++
-		lb := &g.Leads[leadBucket(g.predictedLead[e])]
+		lb := &g.Leads[leadBucket(gs.lead)]
 		lb.Guesses++
 		if chosen[e] {
 			g.Correct++
 			lb.Right++
 			continue // the demand uses (or waits for) what was prefetched
 		}
-		for _, p := range ps {
+		for _, p := range gs.prefetches {
 			p.Cancel() // a wrong guess: queued ones never run, loading ones keep nothing
 		}
 	}
@@ -535,8 +539,8 @@ func leadBucket(lead float64) int {
 // PrefetchTo, or to VRAM those whose lead in the guess's router logits
 // reaches PrefetchSure.
 func (g *GPUModel) prefetch(l int, ids, logits []byte) {
-	g.predicted = map[int][]*tiers.Prefetch{}
-	g.predictedLead = g.guessLead(ids, logits)
+	g.predicted = map[int]guess{}
+	leads := g.guessLead(ids, logits)
 	for i := 0; i+4 <= len(ids); i += 4 {
 		e := int(binary.LittleEndian.Uint32(ids[i:]))
 		ex, ok := g.m.Expert(l, e)
@@ -544,12 +548,14 @@ func (g *GPUModel) prefetch(l int, ids, logits []byte) {
 			continue
 		}
 		to := g.PrefetchTo
-		if to == tiers.RAM && g.PrefetchSure > 0 && g.predictedLead[e] >= g.PrefetchSure {
+		if to == tiers.RAM && g.PrefetchSure > 0 && leads[e] >= g.PrefetchSure {
 			to = tiers.VRAM
 		}
+		gs := guess{lead: leads[e]}
 		for _, name := range ex.Tensors {
-			g.predicted[e] = append(g.predicted[e], g.cache.Prefetch(g.matrixKey(name), to, 1))
+			gs.prefetches = append(gs.prefetches, g.cache.Prefetch(g.matrixKey(name), to, 1))
 		}
+		g.predicted[e] = gs
 	}
 }
 

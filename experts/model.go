@@ -229,6 +229,16 @@ func (rm *RefModel) ffn(prefix string, x []float64, ffn int) []float64 {
 	return matvec(rm.w(prefix+"down_proj.weight"), ref.SwiGLU(g, u), h, ffn)
 }
 
+// refRoute is the routing of c's MoE layers as the reference runs it:
+// Mixtral's softmax over the top-k, or DeepSeek-V3's sigmoid with the
+// group limit.
+func (c *Config) refRoute() ref.Route {
+	if c.ScoringFunc == "sigmoid" {
+		return ref.Route{Mode: abi.RouteSigmoidTopK, K: c.NumExpertsPerTok, Groups: c.NGroup, TopKGroup: c.TopKGroup}
+	}
+	return ref.Route{Mode: abi.RouteSoftmaxTopK, K: c.NumExpertsPerTok}
+}
+
 // sameSet reports whether a and b hold the same experts.
 func sameSet(a, b []int) bool {
 	return slices.Equal(slices.Sorted(slices.Values(a)), slices.Sorted(slices.Values(b)))
@@ -256,15 +266,10 @@ func nearTie(logits []float64, r ref.Route, want, got []int, tie float64) error 
 	groupTie := func(int) bool { return false }
 	if r.Mode == abi.RouteSigmoidTopK && r.Groups > 1 && r.TopKGroup < r.Groups {
 		gs := len(scores) / r.Groups
-		gscore := make([]float64, r.Groups)
+		gscore := ref.GroupScores(scores, r.Groups)
 		gscale := 0.0
-		for g := range gscore {
-			top := slices.SortedFunc(slices.Values(scores[g*gs:(g+1)*gs]), func(a, b float64) int { return cmp.Compare(b, a) })
-			gscore[g] = top[0]
-			if len(top) > 1 {
-				gscore[g] += top[1]
-			}
-			gscale = math.Max(gscale, math.Abs(gscore[g]))
+		for _, v := range gscore {
+			gscale = math.Max(gscale, math.Abs(v))
 		}
 		sorted := slices.SortedFunc(slices.Values(gscore), func(a, b float64) int { return cmp.Compare(b, a) })
 		gedge := sorted[r.TopKGroup-1] // the last group kept
@@ -294,10 +299,7 @@ func (rm *RefModel) moe(ctx context.Context, l int, x []float64) ([]float64, err
 	h, ne := c.HiddenSize, c.Experts()
 	p := fmt.Sprintf("model.layers.%d.mlp.", l)
 	logits := matvec(rm.w(p+"gate.weight"), x, ne, h)
-	route := ref.Route{Mode: abi.RouteSoftmaxTopK, K: c.NumExpertsPerTok}
-	if c.ScoringFunc == "sigmoid" {
-		route = ref.Route{Mode: abi.RouteSigmoidTopK, K: c.NumExpertsPerTok, Groups: c.NGroup, TopKGroup: c.TopKGroup}
-	}
+	route := c.refRoute()
 	ids, ws := ref.TopK(logits, 1, ne, route)
 	if rm.Follow != nil {
 		if got := rm.Follow(l); got != nil && !sameSet(got, ids) {

@@ -226,15 +226,8 @@ func TopK(logits []float64, nTok, nExp int, r Route) (ids []int, w []float64) {
 		sel := RouteScores(l, r)
 		if r.Mode == abi.RouteSigmoidTopK && r.Groups > 1 {
 			gs := nExp / r.Groups
-			gscore := make([]float64, r.Groups)
-			for g := range gscore {
-				top := topIdx(sel[g*gs:(g+1)*gs], 2)
-				for _, i := range top {
-					gscore[g] += sel[g*gs+i]
-				}
-			}
 			keep := map[int]bool{}
-			for _, g := range topIdx(gscore, r.TopKGroup) {
+			for _, g := range topIdx(GroupScores(sel, r.Groups), r.TopKGroup) {
 				keep[g] = true
 			}
 			for e := range sel {
@@ -265,6 +258,20 @@ func RouteScores(logits []float64, r Route) []float64 {
 		}
 	}
 	return sel
+}
+
+// GroupScores returns the score of each of groups equal groups of
+// experts under a group limit: the sum of its two best selection scores
+// (sel, RouteScores'), by which the groups kept are chosen.
+func GroupScores(sel []float64, groups int) []float64 {
+	gs := len(sel) / groups
+	gscore := make([]float64, groups)
+	for g := range gscore {
+		for _, i := range topIdx(sel[g*gs:(g+1)*gs], 2) {
+			gscore[g] += sel[g*gs+i]
+		}
+	}
+	return gscore
 }
 
 // RouteWeights returns the weights of the experts ids (best first) of
