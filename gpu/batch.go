@@ -555,7 +555,15 @@ func (b *Batch) encodeCmdsLocked(out *Encoded, arena *Buffer) error {
 	}
 	defer enc.Release()
 	var timed *timedEncoder
-	if d.prof != nil {
+	var whole *timedCopy // the batch timed as a whole (StartSubmitProfile)
+	if d.prof != nil && d.prof.submits {
+		whole = d.beginTimed(enc, kernelKey{kernel: "batch", batch: true})
+		defer func() { // unless the encoded batch took its query set
+			if whole != nil {
+				whole.qs.Release()
+			}
+		}()
+	} else if d.prof != nil {
 		n := 0
 		for _, c := range b.cmds {
 			if c.pipe != nil {
@@ -634,6 +642,10 @@ func (b *Batch) encodeCmdsLocked(out *Encoded, arena *Buffer) error {
 	}
 	if err := endPass(); err != nil {
 		return err
+	}
+	if whole != nil {
+		out.prof = whole.end(d, enc) // which releases the query set if it fails
+		whole = nil
 	}
 	if timed != nil {
 		prof, err := timed.finish(d, enc)

@@ -75,6 +75,7 @@ type KernelTime struct {
 
 // profiler is the state of a running profile; guarded by Device.mu.
 type profiler struct {
+	submits bool // time each batch as a whole (StartSubmitProfile)
 	pending []profiled
 	prof    Profile
 	byKey   map[kernelKey]int // index into prof.Kernels
@@ -85,6 +86,7 @@ type kernelKey struct {
 	kernel string
 	groups [3]uint32
 	copy   bool // a copy timed between two empty passes
+	batch  bool // a whole batch timed between two empty passes (StartSubmitProfile)
 }
 
 // timedSpan is one timed dispatch or copy on the GPU's clock.
@@ -109,11 +111,17 @@ type profiled struct {
 // the resolve of the two timestamps around the copy, and registers them
 // with the profile once the caller has submitted (done). Callers hold d.mu.
 type timedCopy struct {
-	qs   *wgpu.QuerySet
-	kind string
+	qs  *wgpu.QuerySet
+	key kernelKey
 }
 
 func (d *Device) beginTimedCopy(enc *wgpu.CommandEncoder, kind string) *timedCopy {
+	return d.beginTimed(enc, kernelKey{kernel: kind, copy: true})
+}
+
+// beginTimed is beginTimedCopy for what k names: a copy, or a batch's
+// dispatches (StartSubmitProfile).
+func (d *Device) beginTimed(enc *wgpu.CommandEncoder, k kernelKey) *timedCopy {
 	if d.prof == nil || !d.timestamps || len(d.prof.pending) >= maxProfiledBatches {
 		return nil
 	}
@@ -128,7 +136,7 @@ func (d *Device) beginTimedCopy(enc *wgpu.CommandEncoder, kind string) *timedCop
 	}
 	p.End()
 	p.Release()
-	return &timedCopy{qs: qs, kind: kind}
+	return &timedCopy{qs: qs, key: k}
 }
 
 // end encodes the pass after the copy and resolves the copy's start (the
@@ -154,13 +162,25 @@ func (t *timedCopy) end(d *Device, enc *wgpu.CommandEncoder) *profiled {
 		t.qs.Release()
 		return nil
 	}
-	return &profiled{qs: t.qs, times: times, kernels: []kernelKey{{kernel: t.kind, copy: true}}}
+	return &profiled{qs: t.qs, times: times, kernels: []kernelKey{t.key}}
 }
 
 // StartProfile starts timing every dispatch submitted from now on (see
 // Profile). The device must have been opened with Options.Profile on an
 // adapter with the timestamp-query feature.
-func (d *Device) StartProfile() error {
+func (d *Device) StartProfile() error { return d.startProfile(false) }
+
+// StartSubmitProfile is StartProfile timing each submitted batch as a
+// whole (from an empty timed pass before its first command to one after
+// its last) instead of each dispatch in a pass of its own: two empty
+// passes a submission, so that the GPU's idle time between submissions
+// (Profile.Idle, IdleBefore "batch") is what a normal step has, with
+// little of the per-dispatch profile's cost to the host. Kernels then
+// lists "batch" (Busy is the batches' time, Dispatches their count) and
+// the copies.
+func (d *Device) StartSubmitProfile() error { return d.startProfile(true) }
+
+func (d *Device) startProfile(submits bool) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if err := d.usable(); err != nil {
@@ -172,6 +192,7 @@ func (d *Device) StartProfile() error {
 	if d.prof == nil {
 		d.prof = &profiler{byKey: map[kernelKey]int{}}
 	}
+	d.prof.submits = submits
 	return nil
 }
 
@@ -241,7 +262,11 @@ func (p *profiler) add(ctx context.Context, d *Device, b profiled) error {
 		last = max(last, end)
 		dt := time.Duration(end - start)
 		kind := "dispatch"
-		if k.copy {
+		if k.batch {
+			p.prof.Busy += dt
+			p.prof.Dispatches++
+			kind = k.kernel
+		} else if k.copy {
 			p.prof.Copies += dt
 			kind = k.kernel
 		} else {

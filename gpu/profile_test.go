@@ -199,3 +199,55 @@ func TestProfileIdle(t *testing.T) {
 		t.Fatalf("busy %v + copies %v + idle %v do not fit the window %v", prof.Busy, prof.Copies, prof.Idle, prof.Window)
 	}
 }
+
+// TestSubmitProfile checks the profile of whole submissions: each batch
+// is one "batch" entry (three dispatches in it, not timed apart), a batch
+// submitted after the host slept shows that wait as idle before "batch",
+// and the batches' times fit between the spin's own work and the window.
+func TestSubmitProfile(t *testing.T) {
+	d, p, out := profiledSpin(t)
+	ctx := ctxT(t)
+	spin := func() {
+		b := d.Batch()
+		for range 3 {
+			if err := b.Dispatch(p, [3]uint32{4, 1, 1}, Params{}.U32(2000).U32(4), out); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := b.Submit(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := d.StartSubmitProfile(); err != nil {
+		t.Fatal(err)
+	}
+	spin()
+	if err := d.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	const nap = 30 * time.Millisecond
+	time.Sleep(nap)
+	spin()
+	prof, err := d.StopProfile(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("profile %+v", prof)
+	if prof.Submits != 2 || prof.Dispatches != 2 || len(prof.Kernels) != 1 || prof.Kernels[0].Kernel != "batch" || prof.Kernels[0].Count != 2 {
+		t.Fatalf("%d submits, %d timed, kernels %+v; want 2 batches timed whole", prof.Submits, prof.Dispatches, prof.Kernels)
+	}
+	if prof.IdleBefore["batch"] < nap {
+		t.Fatalf("idle before the second batch %v; the host slept %v before submitting it", prof.IdleBefore["batch"], nap)
+	}
+	if prof.Busy <= 0 || prof.Busy+prof.Idle > prof.Window+prof.Window/100 {
+		t.Fatalf("busy %v + idle %v do not fit the window %v", prof.Busy, prof.Idle, prof.Window)
+	}
+	// A per-dispatch profile after it times dispatches again.
+	if err := d.StartProfile(); err != nil {
+		t.Fatal(err)
+	}
+	spin()
+	if prof, err = d.StopProfile(ctx); err != nil || prof.Dispatches != 3 {
+		t.Fatalf("per-dispatch profile after a submit profile: %+v, %v; want 3 dispatches", prof, err)
+	}
+}

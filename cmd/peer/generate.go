@@ -28,7 +28,7 @@ import (
 )
 
 func generateCmd(a *app) *cobra.Command {
-	var warm, profileGPU, special bool
+	var warm, profileGPU, profileSubmits, special bool
 	var prompt, tracePath, cpuProfile, goTrace, policy, engine, procedural, activations string
 	var maxTokens int
 	var prefetch bool
@@ -142,7 +142,7 @@ tokens. --profile-gpu times every dispatch on the GPU.`,
 				var step stepper
 				var closeEngine func()
 				if engine == "gpu" {
-					step, closeEngine, err = a.gpuEngine(ctx, st, m, &cfg, hostRAM.auto, int64(budgets[0]), len(promptToks)+maxTokens, prefetch, prefetchLevel, prefetchSure, profileGPU, activations)
+					step, closeEngine, err = a.gpuEngine(ctx, st, m, &cfg, hostRAM.auto, int64(budgets[0]), len(promptToks)+maxTokens, prefetch, prefetchLevel, prefetchSure, profileGPU, profileSubmits, activations)
 					if err != nil {
 						return err
 					}
@@ -190,8 +190,14 @@ tokens. --profile-gpu times every dispatch on the GPU.`,
 					defer stop()
 				}
 				gpuProfile := false
-				if profileGPU && step != nil {
-					if err := step.StartGPUProfile(); err != nil {
+				if profileSubmits && step != nil {
+					if err := step.StartGPUProfile(true); err != nil {
+						a.log.Warn("generate: --profile-submits: no GPU timestamps", "err", err)
+					} else {
+						gpuProfile = true
+					}
+				} else if profileGPU && step != nil {
+					if err := step.StartGPUProfile(false); err != nil {
 						a.log.Warn("generate: --profile-gpu: no GPU timestamps; timing each part of a layer by waiting for it instead", "err", err)
 					} else {
 						gpuProfile = true
@@ -367,6 +373,7 @@ tokens. --profile-gpu times every dispatch on the GPU.`,
 	f.Uint64Var(&s.Seed, "seed", 1, "sampling seed")
 	f.StringVar(&policy, "policy", "cycle", "eviction policy: lru, lfu, cost (GreedyDual-Size-Frequency) or cycle (learns the layer cycle; tiers/BENCHMARKS.md)")
 	f.BoolVar(&warm, "warm", false, "gpu engine: before timing, load every expert into RAM, and into VRAM when --vram holds them all (the stats are then those of the timed run)")
+	f.BoolVar(&profileSubmits, "profile-submits", false, "gpu engine: time each submission on the GPU as a whole (two empty timed passes each) and print the GPU's idle time between them and what ended each wait, with little of --profile-gpu's cost to the host")
 	f.BoolVar(&profileGPU, "profile-gpu", false, "gpu engine: time every dispatch on the GPU (timestamp queries, each dispatch in a pass of its own) and print where the steps' GPU time goes; without timestamps, wait for the GPU after each part of a resident layer instead (much slower)")
 	f.StringVar(&cpuProfile, "cpuprofile", "", "write a Go CPU profile of the generation (not the load) here")
 	f.StringVar(&goTrace, "go-trace", "", "write a Go execution trace of the generation (not the load) here (go tool trace: where the host waits, goroutine wake-ups)")
@@ -460,7 +467,7 @@ type stepper interface {
 	Profile() *experts.StepProfile
 	ExpertKeys() []tiers.Key
 	GPUTimes() map[string]time.Duration
-	StartGPUProfile() error
+	StartGPUProfile(submits bool) error
 	StopGPUProfile(ctx context.Context) (gpu.Profile, error)
 	Generate(ctx context.Context, prompt []int, n int, s experts.Sampling, emit func(int)) ([]int, error)
 }
@@ -473,14 +480,14 @@ type stepper interface {
 // pinned memory only slows the GPU's work).
 //
 // activations, if not empty, is SetActivations's choice.
-func (a *app) gpuEngine(ctx context.Context, st *cas.Store, m *experts.Manifest, cfg *tiers.Config, autoHostRAM bool, vram int64, maxPos int, prefetch bool, prefetchTo tiers.Level, prefetchSure float64, profileGPU bool, activations string) (stepper, func(), error) {
+func (a *app) gpuEngine(ctx context.Context, st *cas.Store, m *experts.Manifest, cfg *tiers.Config, autoHostRAM bool, vram int64, maxPos int, prefetch bool, prefetchTo tiers.Level, prefetchSure float64, profileGPU, profileSubmits bool, activations string) (stepper, func(), error) {
 	// The arena is one buffer and one storage binding: ask the device for
 	// buffers as large as the VRAM budget, within the 2 GiB that wgpu
 	// binds (larger budgets degrade, with a warning, in NewGPUArena).
 	maxBuf := uint64(min(max(vram, 256<<20), 2<<30-4))
-	d, err := gpu.Open(ctx, gpu.Options{Logger: a.log, MaxBufferSize: maxBuf, MaxStorageBinding: maxBuf, Profile: profileGPU})
+	d, err := gpu.Open(ctx, gpu.Options{Logger: a.log, MaxBufferSize: maxBuf, MaxStorageBinding: maxBuf, Profile: profileGPU || profileSubmits})
 	if err != nil {
-		d, err = gpu.Open(ctx, gpu.Options{Logger: a.log, Profile: profileGPU}) // the adapter offers less
+		d, err = gpu.Open(ctx, gpu.Options{Logger: a.log, Profile: profileGPU || profileSubmits}) // the adapter offers less
 	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("generate: no GPU (try --engine ref): %w", err)
@@ -544,7 +551,7 @@ func (a *app) gpuEngine(ctx context.Context, st *cas.Store, m *experts.Manifest,
 	g.Prefetch, g.PrefetchTo, g.PrefetchSure = prefetch, prefetchTo, prefetchSure
 	// With timestamps the dispatches are timed as they run; without, each
 	// part of a layer is waited for (GPUModel.ProfileGPU).
-	g.ProfileGPU = profileGPU && !d.Info().TimestampQuery
+	g.ProfileGPU = profileGPU && !profileSubmits && !d.Info().TimestampQuery
 	return gpuStepper{g, cache, d}, func() { g.Close(); cache.Close(); arena.Release(); d.Close() }, nil
 }
 
@@ -554,7 +561,12 @@ type gpuStepper struct {
 	d     *gpu.Device
 }
 
-func (s gpuStepper) StartGPUProfile() error { return s.d.StartProfile() }
+func (s gpuStepper) StartGPUProfile(submits bool) error {
+	if submits {
+		return s.d.StartSubmitProfile()
+	}
+	return s.d.StartProfile()
+}
 func (s gpuStepper) StopGPUProfile(ctx context.Context) (gpu.Profile, error) {
 	return s.d.StopProfile(ctx)
 }
@@ -627,8 +639,13 @@ func (a *app) activeKernels(ctx context.Context, d *gpu.Device, st *cas.Store) (
 // end, per submission) and the kernels that took most of it.
 func printGPUProfile(w io.Writer, p *gpu.Profile, steps int) {
 	per := func(d time.Duration) time.Duration { return d / time.Duration(steps) }
-	fmt.Fprintf(w, "  GPU time per step (--profile-gpu, timestamps): busy %s, span %s, %.0f dispatches in %.0f submits",
-		per(p.Busy).Round(time.Microsecond), per(p.Span).Round(time.Microsecond), float64(p.Dispatches)/float64(steps), float64(p.Submits)/float64(steps))
+	if slices.ContainsFunc(p.Kernels, func(k gpu.KernelTime) bool { return k.Kernel == "batch" }) {
+		fmt.Fprintf(w, "  GPU time per step (--profile-submits, timestamps): batches %s in %.0f submits",
+			per(p.Busy).Round(time.Microsecond), float64(p.Submits)/float64(steps))
+	} else {
+		fmt.Fprintf(w, "  GPU time per step (--profile-gpu, timestamps): busy %s, span %s, %.0f dispatches in %.0f submits",
+			per(p.Busy).Round(time.Microsecond), per(p.Span).Round(time.Microsecond), float64(p.Dispatches)/float64(steps), float64(p.Submits)/float64(steps))
+	}
 	if p.Untimed > 0 {
 		fmt.Fprintf(w, " (%d untimed)", p.Untimed)
 	}
