@@ -62,7 +62,10 @@ type Profile struct {
 	Window     time.Duration            `json:"windowNs"`
 	Idle       time.Duration            `json:"idleNs"`
 	IdleBefore map[string]time.Duration `json:"idleBeforeNs,omitempty"`
-	Kernels    []KernelTime             `json:"kernels"` // most time first
+	// IdleBetween splits Idle by the work before and after each wait, as
+	// "before > after" (the work before: the span that reached furthest).
+	IdleBetween map[string]time.Duration `json:"idleBetweenNs,omitempty"`
+	Kernels     []KernelTime             `json:"kernels"` // most time first
 }
 
 // KernelTime is the time of one kernel at one grid.
@@ -232,14 +235,18 @@ func (p *profiler) idle() {
 	}
 	sort.Slice(p.spans, func(i, j int) bool { return p.spans[i].start < p.spans[j].start })
 	p.prof.IdleBefore = map[string]time.Duration{}
-	reach := p.spans[0].end
+	p.prof.IdleBetween = map[string]time.Duration{}
+	reach, last := p.spans[0].end, p.spans[0].kind
 	for _, s := range p.spans[1:] {
 		if s.start > reach {
 			gap := time.Duration(s.start - reach)
 			p.prof.Idle += gap
 			p.prof.IdleBefore[s.kind] += gap
+			p.prof.IdleBetween[last+" > "+s.kind] += gap
 		}
-		reach = max(reach, s.end)
+		if s.end > reach {
+			reach, last = s.end, s.kind
+		}
 	}
 	p.prof.Window = time.Duration(reach - p.spans[0].start)
 }

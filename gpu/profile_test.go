@@ -192,8 +192,8 @@ func TestProfileIdle(t *testing.T) {
 	if reads != 1 || prof.Copies <= 0 || prof.Dispatches != 2 || prof.Submits != 2 {
 		t.Fatalf("%d read-backs timed (copies %v), %d dispatches in %d submits; want 1 (> 0), 2 in 2", reads, prof.Copies, prof.Dispatches, prof.Submits)
 	}
-	if prof.IdleBefore["read back"] < nap {
-		t.Fatalf("idle before the read-back %v; the host slept %v before submitting it", prof.IdleBefore["read back"], nap)
+	if prof.IdleBefore["read back"] < nap || prof.IdleBetween["dispatch > read back"] != prof.IdleBefore["read back"] {
+		t.Fatalf("idle before the read-back %v (after a dispatch %v); the host slept %v before submitting it", prof.IdleBefore["read back"], prof.IdleBetween["dispatch > read back"], nap)
 	}
 	if prof.Idle > prof.Window || prof.Busy+prof.Copies+prof.Idle > prof.Window+prof.Window/100 {
 		t.Fatalf("busy %v + copies %v + idle %v do not fit the window %v", prof.Busy, prof.Copies, prof.Idle, prof.Window)
@@ -236,8 +236,8 @@ func TestSubmitProfile(t *testing.T) {
 	if prof.Submits != 2 || prof.Dispatches != 2 || len(prof.Kernels) != 1 || prof.Kernels[0].Kernel != "batch" || prof.Kernels[0].Count != 2 {
 		t.Fatalf("%d submits, %d timed, kernels %+v; want 2 batches timed whole", prof.Submits, prof.Dispatches, prof.Kernels)
 	}
-	if prof.IdleBefore["batch"] < nap {
-		t.Fatalf("idle before the second batch %v; the host slept %v before submitting it", prof.IdleBefore["batch"], nap)
+	if prof.IdleBefore["batch"] < nap || prof.IdleBetween["batch > batch"] != prof.IdleBefore["batch"] {
+		t.Fatalf("idle before the second batch %v (after a batch %v); the host slept %v before submitting it", prof.IdleBefore["batch"], prof.IdleBetween["batch > batch"], nap)
 	}
 	if prof.Busy <= 0 || prof.Busy+prof.Idle > prof.Window+prof.Window/100 {
 		t.Fatalf("busy %v + idle %v do not fit the window %v", prof.Busy, prof.Idle, prof.Window)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -657,6 +658,12 @@ func printGPUProfile(w io.Writer, p *gpu.Profile, steps int) {
 		}
 		fmt.Fprintf(w, "    copies %s; GPU idle %s of %s (%.0f%%), waiting before: %s\n", per(p.Copies).Round(time.Microsecond),
 			per(p.Idle).Round(time.Microsecond), per(p.Window).Round(time.Microsecond), 100*float64(p.Idle)/float64(p.Window), strings.Join(before, ", "))
+		pairs := slices.SortedFunc(maps.Keys(p.IdleBetween), func(a, b string) int { return cmp.Compare(p.IdleBetween[b], p.IdleBetween[a]) })
+		var between []string
+		for _, k := range pairs[:min(len(pairs), 6)] {
+			between = append(between, fmt.Sprintf("%s %s", k, per(p.IdleBetween[k]).Round(time.Microsecond)))
+		}
+		fmt.Fprintf(w, "    idle between: %s\n", strings.Join(between, ", "))
 	}
 	for i, k := range p.Kernels {
 		if i == 20 {
