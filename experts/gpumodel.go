@@ -215,6 +215,11 @@ type TurnProfile struct {
 	Turn     time.Duration `json:"turnNs"`
 	TurnsHit int           `json:"turnsHit"`
 	TurnHit  time.Duration `json:"turnHitNs"`
+	// FirstCopy sums, over the turns that paged a matrix in, the time
+	// from the turn's start to the return of the first get that loaded
+	// one (its copy submitted): how long the GPU waits for its first
+	// copy, less whatever the layer's resident experts ran meanwhile.
+	FirstCopy time.Duration `json:"firstCopyNs"`
 	// Early counts the layers that came with their fixed part (attention,
 	// router) encoded early, while the GPU copied an earlier layer's
 	// misses.
@@ -223,7 +228,7 @@ type TurnProfile struct {
 
 // minus returns p less q.
 func (p TurnProfile) minus(q TurnProfile) TurnProfile {
-	return TurnProfile{p.Turns - q.Turns, p.Turn - q.Turn, p.TurnsHit - q.TurnsHit, p.TurnHit - q.TurnHit, p.Early - q.Early}
+	return TurnProfile{p.Turns - q.Turns, p.Turn - q.Turn, p.TurnsHit - q.TurnsHit, p.TurnHit - q.TurnHit, p.FirstCopy - q.FirstCopy, p.Early - q.Early}
 }
 
 // ProfileGPU, set on a GPUModel, makes each step submit and wait after
@@ -1038,15 +1043,22 @@ func (g *GPUModel) begin(ctx context.Context, token int, onGPU bool, hd head) (_
 		}
 		got := make([]*tiers.Lease, len(wants))
 		errs := make([]error, len(wants))
+		at := make([]time.Duration, len(wants)) // when each loaded get returned
 		var wg sync.WaitGroup
 		for i, w := range wants {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
 				got[i], errs[i] = g.cache.Get(ctx, g.matrixKey(w.name), tiers.VRAM)
+				if got[i] != nil && got[i].Loaded {
+					at[i] = time.Since(turn)
+				}
 			}()
 		}
 		wg.Wait()
+		if first := slices.DeleteFunc(at, func(d time.Duration) bool { return d == 0 }); len(first) > 0 {
+			pr.FirstCopy += slices.Min(first)
+		}
 		var leases []*tiers.Lease
 		loads := 0 // matrices paged in: their copies run before the next choice (slack)
 		for i, w := range wants {

@@ -352,8 +352,8 @@ tokens. --profile-gpu times every dispatch on the GPU.`,
 							avg := func(d time.Duration, n int) string {
 								return (d / time.Duration(max(n, 1))).Round(time.Microsecond).String()
 							}
-							fmt.Fprintf(w, "  host's turn after a paged layer's choice: %s a layer over %d layers a step (%s over the %d with every chosen expert resident, %s over the others); %d layers a step encoded early\n",
-								avg(prof.Turn, prof.Turns), prof.Turns/prof.Steps, avg(prof.TurnHit, prof.TurnsHit), prof.TurnsHit/prof.Steps, avg(prof.Turn-prof.TurnHit, prof.Turns-prof.TurnsHit), prof.Early/prof.Steps)
+							fmt.Fprintf(w, "  host's turn after a paged layer's choice: %s a layer over %d layers a step (%s over the %d with every chosen expert resident, %s over the others, their first copy submitted %s into it); %d layers a step encoded early\n",
+								avg(prof.Turn, prof.Turns), prof.Turns/prof.Steps, avg(prof.TurnHit, prof.TurnsHit), prof.TurnsHit/prof.Steps, avg(prof.Turn-prof.TurnHit, prof.Turns-prof.TurnsHit), avg(prof.FirstCopy, prof.Turns-prof.TurnsHit), prof.Early/prof.Steps)
 						}
 					}
 					for _, s := range stats {
