@@ -276,6 +276,11 @@ func NewGPUModel(ctx context.Context, m *Manifest, d *gpu.Device, cache *tiers.C
 	}
 	g.groupExperts()
 	g.expertKeys()
+	for _, ex := range m.Experts {
+		for _, name := range ex.Tensors {
+			cache.SetGroup(g.keys[name], ex.Layer) // the forecast policy's walk
+		}
+	}
 	rm := &RefModel{m: m, cache: cache}
 	inExpert := map[string]bool{}
 	for _, e := range m.Experts {
@@ -795,6 +800,12 @@ func (g *GPUModel) begin(ctx context.Context, token int, onGPU bool, hd head) (_
 	if g.pos >= g.MaxPos {
 		return nil, fmt.Errorf("experts: position %d: the KV cache holds %d", g.pos, g.MaxPos)
 	}
+	switch {
+	case !onGPU:
+		g.cache.BeginStep(token)
+	case g.settling == nil:
+		g.cache.BeginStep(-1) // its token stays on the GPU
+	} // else settle tells the cache, with the token it collects
 	B := g.buf
 	pr := &g.Profile
 	run := &stepRun{hd: hd, start: time.Now()}
@@ -2203,6 +2214,7 @@ func (g *GPUModel) settle(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	g.cache.BeginStep(tok) // the step being recorded embeds it
 	if tk := g.m.Tokenizer; tk != nil && tok == tk.EOS {
 		return errStopped
 	}

@@ -761,3 +761,46 @@ func (c *Cache) Touch(k Key, level Level) bool {
 	lv.touchLocked(id, e.size, c.now, true)
 	return true
 }
+
+// SetGroup tells the cache that k is used at place group of each step's
+// walk over the model (its layer), for the policies that use it
+// (GroupPolicy: forecast) and the trace. Negative groups and groups past
+// MaxTraceGroup are ignored.
+func (c *Cache) SetGroup(k Key, group int) {
+	if group < 0 || group > MaxTraceGroup || k.check() != nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.close {
+		return
+	}
+	id := c.idLocked(k)
+	for _, lv := range c.lv {
+		if gp, ok := lv.policy.(GroupPolicy); ok {
+			gp.SetGroup(id, group)
+		}
+	}
+	if c.cfg.Trace != nil {
+		c.cfg.Trace.group(id, group)
+	}
+}
+
+// BeginStep tells the cache that a decode step begins and which token it
+// embeds (negative: unknown), for the policies that use it (StepPolicy:
+// forecast) and the trace. The accesses after it are the step's.
+func (c *Cache) BeginStep(token int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.close {
+		return
+	}
+	for _, lv := range c.lv {
+		if sp, ok := lv.policy.(StepPolicy); ok {
+			sp.BeginStep(token)
+		}
+	}
+	if c.cfg.Trace != nil && token >= 0 {
+		c.cfg.Trace.step(token)
+	}
+}

@@ -620,8 +620,12 @@ func TestTraceRecorder(t *testing.T) {
 			rec := &TraceRecorder{}
 			c, _ := New(Config{RAM: 2 * keyLen, Disk: DiskSource{w.st}, Trace: rec, Now: fakeNow(), Policy: policy})
 			defer c.Close()
+			for i, k := range w.keys {
+				c.SetGroup(k, i%2)
+			}
 			for tok, i := range []int{0, 1, 0, 2, 1, 0} {
 				rec.SetToken(tok)
+				c.BeginStep(100 + i%2)
 				l, err := c.Get(context.Background(), w.keys[i], RAM)
 				if err != nil {
 					t.Fatal(err)
@@ -629,8 +633,8 @@ func TestTraceRecorder(t *testing.T) {
 				l.Release()
 			}
 			tr := rec.Trace()
-			if len(tr.Keys) != 3 || len(tr.Accesses) != 6 || tr.Accesses[5].Token != 5 {
-				t.Fatalf("trace: %d keys, %d accesses", len(tr.Keys), len(tr.Accesses))
+			if len(tr.Keys) != 4 || len(tr.Accesses) != 6 || tr.Accesses[5].Token != 5 || tr.Keys[3].Group != 1 || tr.Tokens[3] != 100 || len(tr.Tokens) != 6 {
+				t.Fatalf("trace: %d keys (groups %+v), %d accesses, tokens %v", len(tr.Keys), tr.Keys, len(tr.Accesses), tr.Tokens)
 			}
 			sim := Simulate(tr, mustPolicy(policy), 2*keyLen)
 			if got := c.Stats()[RAM]; sim.Hits != int(got.Hits) || sim.Misses != int(got.Misses) {

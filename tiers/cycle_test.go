@@ -79,7 +79,7 @@ func TestCycleOrder(t *testing.T) {
 func cyclic(n, rounds int) *Trace {
 	tr := &Trace{}
 	for i := 0; i < n; i++ {
-		tr.Keys = append(tr.Keys, TraceKey{1, "k"})
+		tr.Keys = append(tr.Keys, TraceKey{1, "k", -1})
 	}
 	for r := 0; r < rounds; r++ {
 		for i := 0; i < n; i++ {
@@ -105,7 +105,8 @@ func TestCycleBeatsLRUOnACycle(t *testing.T) {
 }
 
 // On the Mixtral-shaped synthetic trace, at 10% and 50% of the experts,
-// the cycle policy hits more often than every other policy.
+// the cycle policy hits more often than the policies that do not know the
+// walk (lru, lfu, cost; forecast has tests of its own).
 func TestCycleOnMixtralShape(t *testing.T) {
 	tr, err := SyntheticMoETrace(DefaultMoETrace)
 	if err != nil {
@@ -120,7 +121,7 @@ func TestCycleOnMixtralShape(t *testing.T) {
 			}
 		}
 		for _, r := range rs[i+1 : i+1+len(PolicyNames)] {
-			if r.Policy != "cycle" && r.HitRate >= cyc.HitRate {
+			if r.Policy != "cycle" && r.Policy != "forecast" && r.HitRate >= cyc.HitRate {
 				var buf bytes.Buffer
 				PrintReport(&buf, tr, rs)
 				t.Fatalf("%s hits %.3f >= cycle's %.3f\n%s", r.Policy, r.HitRate, cyc.HitRate, buf.String())

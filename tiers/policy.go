@@ -20,8 +20,21 @@ type Policy interface {
 	Score(id int) float64
 }
 
+// A GroupPolicy is told each key's place in the pager's walk over a
+// model (its layer): Cache.SetGroup, and a trace's key groups.
+type GroupPolicy interface {
+	SetGroup(id, group int)
+}
+
+// A StepPolicy is told when a decode step begins and which token it
+// embeds (negative: unknown): Cache.BeginStep, and a trace's steps.
+type StepPolicy interface {
+	BeginStep(token int)
+}
+
 // NewPolicy returns the policy called name: lru, lfu, cost (with a
-// refetch cost of 1 per byte for every key) or cycle (an AgingPolicy).
+// refetch cost of 1 per byte for every key), cycle or forecast (both
+// AgingPolicies).
 func NewPolicy(name string) (Policy, error) {
 	switch name {
 	case "lru":
@@ -32,12 +45,14 @@ func NewPolicy(name string) (Policy, error) {
 		return NewCostAware(nil), nil
 	case "cycle":
 		return NewCycle(), nil
+	case "forecast":
+		return NewForecast(), nil
 	}
-	return nil, fmt.Errorf("unknown policy %q (want lru, lfu, cost or cycle)", name)
+	return nil, fmt.Errorf("unknown policy %q (want lru, lfu, cost, cycle or forecast)", name)
 }
 
 // PolicyNames lists the policies NewPolicy knows.
-var PolicyNames = []string{"lru", "lfu", "cost", "cycle"}
+var PolicyNames = []string{"lru", "lfu", "cost", "cycle", "forecast"}
 
 // LRU evicts the entry used longest ago.
 type LRU struct{ last map[int]int64 }

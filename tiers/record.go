@@ -2,6 +2,7 @@ package tiers
 
 import (
 	"fmt"
+	"maps"
 	"sync"
 )
 
@@ -25,9 +26,29 @@ func (r *TraceRecorder) key(id int, k Key) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for len(r.trace.Keys) <= id {
-		r.trace.Keys = append(r.trace.Keys, TraceKey{})
+		r.trace.Keys = append(r.trace.Keys, TraceKey{Group: -1})
 	}
-	r.trace.Keys[id] = TraceKey{Size: k.Len, Label: fmt.Sprintf("%s:%d+%d", k.Blob, k.Off, k.Len)}
+	r.trace.Keys[id] = TraceKey{Size: k.Len, Label: fmt.Sprintf("%s:%d+%d", k.Blob, k.Off, k.Len), Group: r.trace.Keys[id].Group}
+}
+
+// group records key id's group (Cache.SetGroup).
+func (r *TraceRecorder) group(id, group int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for len(r.trace.Keys) <= id {
+		r.trace.Keys = append(r.trace.Keys, TraceKey{Group: -1})
+	}
+	r.trace.Keys[id].Group = group
+}
+
+// step records the token that the current step embeds (Cache.BeginStep).
+func (r *TraceRecorder) step(token int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.trace.Tokens == nil {
+		r.trace.Tokens = map[int]int{}
+	}
+	r.trace.Tokens[r.token] = token
 }
 
 func (r *TraceRecorder) access(id int, prefetch bool) {
@@ -40,5 +61,5 @@ func (r *TraceRecorder) access(id int, prefetch bool) {
 func (r *TraceRecorder) Trace() *Trace {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return &Trace{Keys: append([]TraceKey(nil), r.trace.Keys...), Accesses: append([]Access(nil), r.trace.Accesses...)}
+	return &Trace{Keys: append([]TraceKey(nil), r.trace.Keys...), Accesses: append([]Access(nil), r.trace.Accesses...), Tokens: maps.Clone(r.trace.Tokens)}
 }

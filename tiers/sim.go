@@ -64,7 +64,25 @@ func Simulate(t *Trace, p Policy, budget int64) SimResult {
 		heap.Push(&h, heapItem{p.Score(id), id, ver[id]})
 	}
 	isIn := func(id int) bool { return in[id] }
+	if gp, ok := p.(GroupPolicy); ok {
+		for id, k := range t.Keys {
+			if k.Group >= 0 {
+				gp.SetGroup(id, k.Group)
+			}
+		}
+	}
+	sp, _ := p.(StepPolicy)
+	step := -1
 	for now, a := range t.Accesses {
+		if sp != nil && a.Token != step {
+			// A step begins: with its token where the trace has one.
+			step = a.Token
+			tok, ok := t.Tokens[step]
+			if !ok {
+				tok = -1
+			}
+			sp.BeginStep(tok)
+		}
 		k := t.Keys[a.Key]
 		if in[a.Key] {
 			if !a.Prefetch {
@@ -171,7 +189,7 @@ func Belady(t *Trace, budget int64) SimResult {
 // policies and Belady's MIN are compared on (MIN ignores prefetches, so a
 // policy replayed with them would be credited for the prefetcher's work).
 func (t *Trace) DemandOnly() *Trace {
-	out := &Trace{Keys: t.Keys}
+	out := &Trace{Keys: t.Keys, Tokens: t.Tokens}
 	for _, a := range t.Accesses {
 		if !a.Prefetch {
 			out.Accesses = append(out.Accesses, a)

@@ -10,7 +10,7 @@ import (
 
 // LRU on a sequence whose answer is known by hand.
 func TestSimulateLRUKnown(t *testing.T) {
-	tr := &Trace{Keys: []TraceKey{{1, "a"}, {1, "b"}, {1, "c"}}}
+	tr := &Trace{Keys: []TraceKey{{1, "a", -1}, {1, "b", -1}, {1, "c", -1}}}
 	for _, k := range []int{0, 1, 0, 2, 1, 0} { // a b a c b a, 2 slots
 		tr.Accesses = append(tr.Accesses, Access{Key: k})
 	}
@@ -33,7 +33,7 @@ func TestBeladyIsAnUpperBound(t *testing.T) {
 		n := 2 + r.IntN(20)
 		tr := &Trace{}
 		for i := 0; i < n; i++ {
-			tr.Keys = append(tr.Keys, TraceKey{10, "k"})
+			tr.Keys = append(tr.Keys, TraceKey{10, "k", -1})
 		}
 		for i := 0; i < 300; i++ {
 			tr.Accesses = append(tr.Accesses, Access{Key: int(float64(n) * r.Float64() * r.Float64())})

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -17,13 +19,18 @@ import (
 type Trace struct {
 	Keys     []TraceKey
 	Accesses []Access
+	// Tokens maps a step (Access.Token) to the token it embeds, where the
+	// pager said (Cache.BeginStep).
+	Tokens map[int]int
 }
 
 // TraceKey is one key of a trace: its size and a label (for MoE traces,
-// "L<layer>E<expert>"; for cache keys, "<cid>:<off>+<len>").
+// "L<layer>E<expert>"; for cache keys, "<cid>:<off>+<len>"), and its
+// group (the layer whose walk uses it; -1: none).
 type TraceKey struct {
 	Size  int64
 	Label string
+	Group int
 }
 
 // Access is one access: a demand (the pager needs the key now) or a
@@ -38,6 +45,8 @@ type Access struct {
 const (
 	MaxTraceKeys     = 1 << 24
 	MaxTraceAccesses = 1 << 28
+	MaxTraceGroup    = 1<<20 - 1
+	MaxTraceToken    = 1<<31 - 1
 )
 
 const traceMagic = "# rdrr-trace/1"
@@ -47,7 +56,14 @@ func (t *Trace) Write(w io.Writer) error {
 	bw := bufio.NewWriter(w)
 	fmt.Fprintln(bw, traceMagic)
 	for i, k := range t.Keys {
-		fmt.Fprintf(bw, "k %d %d %s\n", i, k.Size, k.Label)
+		if k.Group >= 0 {
+			fmt.Fprintf(bw, "k %d %d %s %d\n", i, k.Size, k.Label, k.Group)
+		} else {
+			fmt.Fprintf(bw, "k %d %d %s\n", i, k.Size, k.Label)
+		}
+	}
+	for _, step := range slices.Sorted(maps.Keys(t.Tokens)) {
+		fmt.Fprintf(bw, "t %d %d\n", step, t.Tokens[step])
 	}
 	for _, a := range t.Accesses {
 		op := 'a'
@@ -77,18 +93,42 @@ func ReadTrace(r io.Reader) (*Trace, error) {
 		bad := func(why string) error { return fmt.Errorf("trace line %d: %s", line, why) }
 		switch f[0] {
 		case "k":
-			if len(f) != 4 {
-				return nil, bad("want k <id> <size> <label>")
+			if len(f) != 4 && len(f) != 5 {
+				return nil, bad("want k <id> <size> <label> [<group>]")
 			}
 			id, err1 := strconv.Atoi(f[1])
 			size, err2 := strconv.ParseInt(f[2], 10, 64)
 			if err1 != nil || err2 != nil || id != len(t.Keys) || size <= 0 || size > 1<<40 {
 				return nil, bad("key ids must count up from 0 and sizes be 1 to 2^40")
 			}
+			group := -1
+			if len(f) == 5 {
+				g, err := strconv.Atoi(f[4])
+				if err != nil || g < 0 || g > MaxTraceGroup {
+					return nil, bad(fmt.Sprintf("a group is 0 to %d", MaxTraceGroup))
+				}
+				group = g
+			}
 			if len(t.Keys) >= MaxTraceKeys {
 				return nil, bad("too many keys")
 			}
-			t.Keys = append(t.Keys, TraceKey{size, f[3]})
+			t.Keys = append(t.Keys, TraceKey{size, f[3], group})
+		case "t":
+			if len(f) != 3 {
+				return nil, bad("want t <step> <token>")
+			}
+			step, err1 := strconv.Atoi(f[1])
+			tok, err2 := strconv.Atoi(f[2])
+			if err1 != nil || err2 != nil || step < 0 || tok < 0 || tok > MaxTraceToken {
+				return nil, bad(fmt.Sprintf("a step is 0 or more and a token 0 to %d", MaxTraceToken))
+			}
+			if t.Tokens == nil {
+				t.Tokens = map[int]int{}
+			}
+			if _, dup := t.Tokens[step]; !dup && len(t.Tokens) >= MaxTraceAccesses {
+				return nil, bad("too many steps")
+			}
+			t.Tokens[step] = tok
 		case "a", "p":
 			if len(f) != 3 {
 				return nil, bad("want a|p <token> <key>")
@@ -146,7 +186,7 @@ func SyntheticMoETrace(p MoETraceParams) (*Trace, error) {
 	t := &Trace{}
 	for l := 0; l < p.Layers; l++ {
 		for e := 0; e < p.Experts; e++ {
-			t.Keys = append(t.Keys, TraceKey{p.ExpertBytes, fmt.Sprintf("L%dE%d", l, e)})
+			t.Keys = append(t.Keys, TraceKey{p.ExpertBytes, fmt.Sprintf("L%dE%d", l, e), l})
 		}
 	}
 	// Popularity: weight 1/(rank+1)^skew over a random ranking per layer.

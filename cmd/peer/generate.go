@@ -68,6 +68,14 @@ tokens. --profile-gpu times every dispatch on the GPU.`,
 			if prefetchSure < 0 || math.IsNaN(prefetchSure) || math.IsInf(prefetchSure, 0) {
 				return fmt.Errorf("--prefetch-sure %v: want a lead of 0 (never) or more", prefetchSure)
 			}
+			if policy == "" {
+				// The GPU pager tells the cache each matrix's layer and each
+				// step's token, which forecast learns from (tiers/BENCHMARKS.md).
+				policy = "cycle"
+				if engine == "gpu" {
+					policy = "forecast"
+				}
+			}
 			if _, err := tiers.NewPolicy(policy); err != nil {
 				return fmt.Errorf("--policy: %w", err) // before the model loads
 			}
@@ -372,7 +380,7 @@ tokens. --profile-gpu times every dispatch on the GPU.`,
 	f.Float64Var(&s.Temperature, "temperature", 0, "sampling temperature (0: greedy)")
 	f.Float64Var(&s.TopP, "top-p", 1, "nucleus sampling mass")
 	f.Uint64Var(&s.Seed, "seed", 1, "sampling seed")
-	f.StringVar(&policy, "policy", "cycle", "eviction policy: lru, lfu, cost (GreedyDual-Size-Frequency) or cycle (learns the layer cycle; tiers/BENCHMARKS.md)")
+	f.StringVar(&policy, "policy", "", "eviction policy: lru, lfu, cost (GreedyDual-Size-Frequency), cycle (learns the layer cycle) or forecast (learns each layer's experts from recency and the step's token); default forecast with --engine gpu, else cycle (tiers/BENCHMARKS.md)")
 	f.BoolVar(&warm, "warm", false, "gpu engine: before timing, load every expert into RAM, and into VRAM when --vram holds them all (the stats are then those of the timed run)")
 	f.BoolVar(&profileSubmits, "profile-submits", false, "gpu engine: time each submission on the GPU as a whole (two empty timed passes each) and print the GPU's idle time between them and what ended each wait, with little of --profile-gpu's cost to the host")
 	f.BoolVar(&profileGPU, "profile-gpu", false, "gpu engine: time every dispatch on the GPU (timestamp queries, each dispatch in a pass of its own) and print where the steps' GPU time goes; without timestamps, wait for the GPU after each part of a resident layer instead (much slower)")

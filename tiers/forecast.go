@@ -1,0 +1,308 @@
+package tiers
+
+// Forecast is an eviction policy for a pager that walks a model's layers
+// in order once per decode step and knows, for each key, its place in
+// that walk (its group: the layer, SetGroup) and, for each step, the
+// token it embeds (BeginStep). It evicts the entry whose next use it
+// expects furthest away, as Belady's MIN would with the future known:
+//
+//	E = d + (1 - q) * G / max(q, q')
+//
+// where G is the number of groups (a step's walk) and d the distance in
+// groups to the entry's next turn: in this step if its group is still
+// ahead, q then the chance that this turn uses it; else in the next step,
+// q = q'. q' is the chance that a step whose token is not known yet uses
+// it. Both are learned, not configured: tables of use rates by what the
+// policy knows of a key at a step's start (whether it was used in each of
+// the last two steps, how often since its first use, and for q whether
+// the last step that embedded the same token used it), counted at each
+// step's end over every key seen. Routing in MoE models follows the
+// token as well as recency (the same token tends to choose the same
+// experts, and consecutive tokens share many), and the tables weigh each
+// by what it has predicted in this run; a key the step's token does not
+// want keeps the chance that a later step's does (the max). Among equal
+// expectations the least used goes first, then the least recently used.
+//
+// Keys without a group (never given one) are evicted first, least
+// recently used first: without groups Forecast is LRU. Before any
+// BeginStep every access is of one step.
+//
+// Bounds: one record per key seen (ids are dense), and the token memory
+// keeps the keys used by the last step of at most MaxTokenMemory tokens,
+// forgetting the oldest. A step's end costs a pass over every key seen
+// (learning), a victim a scan of the entries held.
+type Forecast struct {
+	keys   []forecastKey
+	held   []int32 // ids held, unordered
+	groups int     // G: the largest group seen, plus one
+	step   int32   // current step (0 before the first BeginStep)
+	group  int     // group of the last access (the walk's position)
+	token  int     // token of the current step; -1 unknown
+	used   []int32 // ids used in the current step
+	// memory: for each token, the ids its last step used (bounded).
+	memory map[int][]int32
+	order  []int // tokens in memory, oldest first
+	inTok  []bool
+	hasTok bool // the current step's token has a memory (inTok is its set)
+	counts [forecastCells][2]float64
+	// next counts the same cells with the token left out (its memory
+	// "none"), over every step: a key whose turn this step is done is
+	// next used in a step whose token is not known yet.
+	next [forecastCells][2]float64
+	feat []uint8 // per key: its cell at the current step's start
+}
+
+// MaxTokenMemory bounds the tokens whose last step Forecast remembers.
+const MaxTokenMemory = 4096
+
+// forecastCells: used in the last step (2) x used in the one before (2) x
+// how often it was used of late (forecastRates) x the token's memory
+// (none, in it, not in it).
+const forecastCells = 2 * 2 * forecastRates * 3
+
+// forecastRates buckets a key's use rate (the steps that used it over the
+// steps since it was first used) by powers of two: below 1/128, 1/64, ...
+// 1/2, or more.
+const forecastRates = 8
+
+func rateBucket(r float32) uint8 {
+	b := uint8(0)
+	for t := float32(1.0 / 128); b < forecastRates-1 && r >= t; t *= 2 {
+		b++
+	}
+	return b
+}
+
+type forecastKey struct {
+	group      int32 // -1: none
+	held       bool
+	pos        int32 // index in held
+	last       int64 // time of the last access
+	u1, u2     int32 // the last two steps that used it, most recent first (-1: none)
+	inThisStep bool
+	rate       float32 // steps that used it / steps since its first use
+	first      int32   // the step of its first use (-1: none)
+	uses       int32   // steps that used it
+}
+
+// NewForecast returns a Forecast policy.
+func NewForecast() *Forecast {
+	p := &Forecast{memory: map[int][]int32{}, token: -1}
+	for i := range p.counts {
+		p.counts[i] = [2]float64{1, 2} // a use rate of one half until measured
+		p.next[i] = [2]float64{1, 2}
+	}
+	return p
+}
+
+func (p *Forecast) Name() string { return "forecast" }
+
+func (p *Forecast) key(id int) *forecastKey {
+	for id >= len(p.keys) {
+		p.keys = append(p.keys, forecastKey{group: -1, u1: -1, u2: -1, first: -1})
+		p.feat = append(p.feat, 0)
+		p.inTok = append(p.inTok, false)
+	}
+	return &p.keys[id]
+}
+
+// SetGroup tells p that key id is used at place group of each step's walk
+// (the layer). Negative groups are ignored.
+func (p *Forecast) SetGroup(id, group int) {
+	if id < 0 || group < 0 || group >= 1<<20 {
+		return
+	}
+	p.key(id).group = int32(group)
+	p.groups = max(p.groups, group+1)
+}
+
+// BeginStep ends the current step (learning from what it used) and
+// begins one that embeds token (negative: unknown).
+func (p *Forecast) BeginStep(token int) {
+	// Learn: each key's cell at the step's start against its use.
+	for id := range p.keys {
+		k := &p.keys[id]
+		if k.group < 0 {
+			continue
+		}
+		c, n := &p.counts[p.feat[id]], &p.next[p.feat[id]/3*3]
+		if k.inThisStep {
+			c[0]++
+			n[0]++
+			k.uses++
+		}
+		c[1]++
+		n[1]++
+		if k.first >= 0 {
+			k.rate = float32(k.uses) / float32(p.step-k.first+1)
+		}
+	}
+	if p.token >= 0 {
+		p.remember(p.token, p.used)
+	}
+	for _, id := range p.used {
+		p.keys[id].inThisStep = false
+	}
+	p.used = p.used[:0]
+	p.step++
+	p.token = token
+	p.group = 0
+	// The new step's token memory and every key's cell.
+	for i := range p.inTok {
+		p.inTok[i] = false
+	}
+	ids, ok := p.memory[token]
+	p.hasTok = token >= 0 && ok
+	if p.hasTok {
+		for _, id := range ids {
+			p.inTok[id] = true
+		}
+	}
+	for id := range p.keys {
+		p.feat[id] = p.cell(id, p.step, p.hasTok)
+	}
+}
+
+// remember keeps the ids a step of token used, forgetting the oldest
+// token past MaxTokenMemory.
+func (p *Forecast) remember(token int, used []int32) {
+	if _, ok := p.memory[token]; !ok {
+		p.order = append(p.order, token)
+		if len(p.order) > MaxTokenMemory {
+			delete(p.memory, p.order[0])
+			p.order = p.order[1:]
+		}
+	}
+	p.memory[token] = append(p.memory[token][:0], used...)
+}
+
+// cell is key id's cell at the start of step s: its uses in steps s-1 and
+// s-2, and (withTok) whether the token's memory holds it.
+func (p *Forecast) cell(id int, s int32, withTok bool) uint8 {
+	k := &p.keys[id]
+	used := func(t int32) bool { return t >= 0 && (k.u1 == t || k.u2 == t) }
+	c := uint8(0)
+	if used(s - 1) {
+		c |= 2
+	}
+	if used(s - 2) {
+		c |= 1
+	}
+	tok := uint8(0)
+	if withTok {
+		tok = 2
+		if p.inTok[id] {
+			tok = 1
+		}
+	}
+	return (c*forecastRates+rateBucket(k.rate))*3 + tok
+}
+
+func (p *Forecast) rate(c uint8) float64 {
+	n := p.counts[c]
+	return max(n[0]/n[1], 1e-3)
+}
+
+func (p *Forecast) Access(id int, _ int64, now int64, _ bool) {
+	k := p.key(id)
+	if !k.held {
+		k.held = true
+		k.pos = int32(len(p.held))
+		p.held = append(p.held, int32(id))
+	}
+	k.last = now
+	if k.group >= 0 {
+		p.group = int(k.group)
+	}
+	if !k.inThisStep {
+		k.inThisStep = true
+		if k.first < 0 {
+			k.first = p.step
+		}
+		p.used = append(p.used, int32(id))
+		if k.u1 != p.step {
+			k.u2, k.u1 = k.u1, p.step
+		}
+	}
+}
+
+func (p *Forecast) Remove(id int) {
+	if id >= len(p.keys) || !p.keys[id].held {
+		return
+	}
+	k := &p.keys[id]
+	last := p.held[len(p.held)-1]
+	p.held[k.pos] = last
+	p.keys[last].pos = k.pos
+	p.held = p.held[:len(p.held)-1]
+	k.held = false
+}
+
+// Score is the time of id's last access; the cache and the simulator use
+// Victim instead.
+func (p *Forecast) Score(id int) float64 {
+	if id >= len(p.keys) {
+		return 0
+	}
+	return float64(p.keys[id].last)
+}
+
+// expect is E for held key id (larger: evicted sooner).
+func (p *Forecast) expect(id int) float64 {
+	k := &p.keys[id]
+	g, c, G := int(k.group), p.group, float64(max(p.groups, 1))
+	if g < c || (g == c && k.inThisStep) {
+		// Done this step: its next turn is in the next one, whose token is
+		// not known yet (the cells without it).
+		n := uint8(0)
+		if k.inThisStep {
+			n |= 2
+		}
+		if k.u1 == p.step-1 || k.u2 == p.step-1 {
+			n |= 1
+		}
+		r := p.next[(n*forecastRates+rateBucket(k.rate))*3]
+		return float64(p.groups-c+g) + (1/max(r[0]/r[1], 1e-3)-1)*G
+	}
+	// Its turn this step: used there with chance q (its cell, the token
+	// known); if not, later turns at the next step's rate, or q if
+	// larger (a key the token does not want now is not one that no
+	// token wants).
+	q := p.rate(p.feat[id])
+	n := uint8(0)
+	if k.u1 == p.step-1 || k.u2 == p.step-1 {
+		n |= 1
+	}
+	r := p.next[(n*forecastRates+rateBucket(k.rate))*3]
+	return float64(g-c) + (1-q)*G/max(q, r[0]/r[1], 1e-3)
+}
+
+// Victim returns the held, evictable entry expected to be used furthest
+// away (see Forecast); keys without a group first, the least recently
+// used of them.
+func (p *Forecast) Victim(_ int64, evictable func(id int) bool) (int, bool) {
+	best, bestE, bestLast := -1, 0.0, int64(0)
+	ungrouped := false
+	for _, id32 := range p.held {
+		id := int(id32)
+		k := &p.keys[id]
+		if !evictable(id) {
+			continue
+		}
+		if k.group < 0 {
+			if !ungrouped || k.last < bestLast || (k.last == bestLast && id < best) {
+				best, bestLast, ungrouped = id, k.last, true
+			}
+			continue
+		}
+		if ungrouped {
+			continue
+		}
+		e := p.expect(id)
+		e -= float64(k.rate) * 1e-3 // among equals, the least used first
+		if best < 0 || e > bestE || (e == bestE && (k.last < bestLast || (k.last == bestLast && id < best))) {
+			best, bestE, bestLast = id, e, k.last
+		}
+	}
+	return best, best >= 0
+}
