@@ -153,6 +153,7 @@ func FuzzReadTrace(f *testing.F) {
 	tr, _ := SyntheticMoETrace(MoETraceParams{Layers: 2, Experts: 4, TopK: 2, Tokens: 3, ExpertBytes: 7, Skew: 1, Reuse: 0.5})
 	tr.Write(&buf)
 	f.Add(buf.Bytes())
+	f.Add([]byte("# rdrr-trace/1\nk 0 5 a 0\nk 1 5 b 1\nt 0 7\nt 1 9\na 0 0\na 0 1\na 1 1\n"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		tr, err := ReadTrace(bytes.NewReader(b))
 		if err != nil {
@@ -164,6 +165,7 @@ func FuzzReadTrace(f *testing.F) {
 			}
 		}
 		Simulate(tr, NewLFU(), 100)
+		Simulate(tr, NewForecast(), 100)
 		Belady(tr, 100)
 	})
 }
