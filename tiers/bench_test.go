@@ -277,20 +277,27 @@ func BenchmarkPolicyEviction(b *testing.B) {
 				r := Simulate(tr, mustPolicy(policy), budget)
 				return time.Since(t0), r
 			}
-			var cyc, cost time.Duration
-			var ev int
+			var cyc, cost, fc time.Duration
+			var ev, fev int
 			for i := 0; i < b.N; i++ {
 				d, r := timed("cycle")
 				cyc += d
 				ev += r.Evictions
 				d, _ = timed("cost")
 				cost += d
+				d, r = timed("forecast")
+				fc += d
+				fev += r.Evictions
 			}
 			n := float64(b.N * len(tr.Accesses))
 			b.ReportMetric(float64(cyc.Nanoseconds())/n, "cycle-ns/access")
 			b.ReportMetric(float64(cyc.Nanoseconds())/float64(max(ev, 1)), "cycle-ns/eviction")
 			b.ReportMetric(float64(cost.Nanoseconds())/n, "cost-ns/access")
 			b.ReportMetric(cyc.Seconds()/cost.Seconds(), "x-of-cost")
+			// forecast scans the level for each victim and learns over
+			// every key at each step's end.
+			b.ReportMetric(float64(fc.Nanoseconds())/float64(max(fev, 1)), "forecast-ns/eviction")
+			b.ReportMetric(fc.Seconds()/cost.Seconds(), "forecast-x-of-cost")
 		})
 	}
 }
