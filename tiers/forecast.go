@@ -32,8 +32,18 @@ package tiers
 // forgetting the oldest. A step's end costs a pass over every key seen
 // (learning), a victim a scan of the entries held.
 type Forecast struct {
-	keys   []forecastKey
-	held   []int32 // ids held, unordered
+	keys []forecastKey
+	// The held entries: those without a group in one list, the others
+	// in their group's (each list unordered), with each group's best
+	// candidates cached until an access, removal or step changes them.
+	ungrouped []int32
+	byGroup   []forecastGroup
+	// Victim's answers of evictable in the current call (ask == call).
+	call  uint32
+	ask   []uint32
+	ok    []bool
+	cands []forecastCand // Victim's, per group
+	exact []bool
 	groups int     // G: the largest group seen, plus one
 	step   int32   // current step (0 before the first BeginStep)
 	group  int     // group of the last access (the walk's position)
@@ -76,7 +86,7 @@ func rateBucket(r float32) uint8 {
 type forecastKey struct {
 	group      int32 // -1: none
 	held       bool
-	pos        int32 // index in held
+	pos        int32 // index in its list (ungrouped or its group's)
 	last       int64 // time of the last access
 	u1, u2     int32 // the last two steps that used it, most recent first (-1: none)
 	inThisStep bool
@@ -102,6 +112,8 @@ func (p *Forecast) key(id int) *forecastKey {
 		p.keys = append(p.keys, forecastKey{group: -1, u1: -1, u2: -1, first: -1})
 		p.feat = append(p.feat, 0)
 		p.inTok = append(p.inTok, false)
+		p.ask = append(p.ask, 0)
+		p.ok = append(p.ok, false)
 	}
 	return &p.keys[id]
 }
@@ -112,8 +124,102 @@ func (p *Forecast) SetGroup(id, group int) {
 	if id < 0 || group < 0 || group >= 1<<20 {
 		return
 	}
-	p.key(id).group = int32(group)
-	p.groups = max(p.groups, group+1)
+	k := p.key(id)
+	if int(k.group) == group {
+		return
+	}
+	held := k.held
+	if held {
+		p.unlist(id)
+	}
+	k.group = int32(group)
+	if group+1 > p.groups {
+		p.groups = group + 1
+		p.dirtyAll() // G is in every score
+	}
+	for len(p.byGroup) < p.groups {
+		p.byGroup = append(p.byGroup, forecastGroup{dirty: true})
+	}
+	if held {
+		p.list(id)
+	}
+}
+
+// forecastGroup is the held entries of one group and its cached best
+// candidates (forecastBest), valid unless dirty.
+type forecastGroup struct {
+	ids   []int32
+	dirty bool
+	best  [4]forecastCand
+}
+
+// The cached candidates of a group: the best in the done form over all
+// its entries, in the pending form over all, in the done form over those
+// used this step, in the pending form over the rest.
+const (
+	doneAll = iota
+	pendAll
+	doneUsed
+	pendUnused
+)
+
+type forecastCand struct {
+	id   int32 // -1: none
+	v    float64
+	last int64
+}
+
+// better reports whether a is evicted before b: the larger score, then
+// the least recently used, then the smaller id.
+func (a forecastCand) better(b forecastCand) bool {
+	if b.id < 0 {
+		return a.id >= 0
+	}
+	if a.id < 0 {
+		return false
+	}
+	if a.v != b.v {
+		return a.v > b.v
+	}
+	if a.last != b.last {
+		return a.last < b.last
+	}
+	return a.id < b.id
+}
+
+// list adds held key id to its list.
+func (p *Forecast) list(id int) {
+	k := &p.keys[id]
+	if k.group < 0 {
+		k.pos = int32(len(p.ungrouped))
+		p.ungrouped = append(p.ungrouped, int32(id))
+		return
+	}
+	g := &p.byGroup[k.group]
+	k.pos = int32(len(g.ids))
+	g.ids = append(g.ids, int32(id))
+	g.dirty = true
+}
+
+// unlist takes held key id out of its list.
+func (p *Forecast) unlist(id int) {
+	k := &p.keys[id]
+	l := &p.ungrouped
+	if k.group >= 0 {
+		g := &p.byGroup[k.group]
+		g.dirty = true
+		l = &g.ids
+	}
+	last := (*l)[len(*l)-1]
+	(*l)[k.pos] = last
+	p.keys[last].pos = k.pos
+	*l = (*l)[:len(*l)-1]
+}
+
+func (p *Forecast) dirtyAll() {
+	for i := range p.byGroup {
+		p.byGroup[i].dirty = true
+	}
 }
 
 // BeginStep ends the current step (learning from what it used) and
@@ -161,6 +267,7 @@ func (p *Forecast) BeginStep(token int) {
 	for id := range p.keys {
 		p.feat[id] = p.cell(id, p.step, p.hasTok)
 	}
+	p.dirtyAll()
 }
 
 // remember keeps the ids a step of token used, forgetting the oldest
@@ -207,8 +314,9 @@ func (p *Forecast) Access(id int, _ int64, now int64, _ bool) {
 	k := p.key(id)
 	if !k.held {
 		k.held = true
-		k.pos = int32(len(p.held))
-		p.held = append(p.held, int32(id))
+		p.list(id)
+	} else if k.group >= 0 {
+		p.byGroup[k.group].dirty = true
 	}
 	k.last = now
 	if k.group >= 0 {
@@ -230,12 +338,8 @@ func (p *Forecast) Remove(id int) {
 	if id >= len(p.keys) || !p.keys[id].held {
 		return
 	}
-	k := &p.keys[id]
-	last := p.held[len(p.held)-1]
-	p.held[k.pos] = last
-	p.keys[last].pos = k.pos
-	p.held = p.held[:len(p.held)-1]
-	k.held = false
+	p.unlist(id)
+	p.keys[id].held = false
 }
 
 // Score is the time of id's last access; the cache and the simulator use
@@ -247,62 +351,159 @@ func (p *Forecast) Score(id int) float64 {
 	return float64(p.keys[id].last)
 }
 
-// expect is E for held key id (larger: evicted sooner).
-func (p *Forecast) expect(id int) float64 {
+// scores returns the rule's score of grouped key id in the done form
+// (its turn this step is past) and in the pending form (still ahead):
+// E + c (c, the walk's position, is the same for every entry), less a
+// thousandth of its use rate, so that among equals the least used goes
+// first. Larger: evicted sooner.
+func (p *Forecast) scores(id int) (done, pend float64) {
 	k := &p.keys[id]
-	g, c, G := int(k.group), p.group, float64(max(p.groups, 1))
-	if g < c || (g == c && k.inThisStep) {
-		// Done this step: its next turn is in the next one, whose token is
-		// not known yet (the cells without it).
-		n := uint8(0)
-		if k.inThisStep {
-			n |= 2
-		}
-		if k.u1 == p.step-1 || k.u2 == p.step-1 {
-			n |= 1
-		}
-		r := p.next[(n*forecastRates+rateBucket(k.rate))*3]
-		return float64(p.groups-c+g) + (1/max(r[0]/r[1], 1e-3)-1)*G
-	}
-	// Its turn this step: used there with chance q (its cell, the token
-	// known); if not, later turns at the next step's rate, or q if
-	// larger (a key the token does not want now is not one that no
-	// token wants).
-	q := p.rate(p.feat[id])
+	g, G := float64(k.group), float64(max(p.groups, 1))
+	tie := float64(k.rate) * 1e-3
+	// Done: its next turn is in the next step, whose token is not known
+	// yet (the cells without it).
 	n := uint8(0)
+	if k.inThisStep {
+		n |= 2
+	}
 	if k.u1 == p.step-1 || k.u2 == p.step-1 {
 		n |= 1
 	}
 	r := p.next[(n*forecastRates+rateBucket(k.rate))*3]
-	return float64(g-c) + (1-q)*G/max(q, r[0]/r[1], 1e-3)
+	done = G + g + (1/max(r[0]/r[1], 1e-3)-1)*G - tie
+	// Pending: used at its turn with chance q (its cell, the token
+	// known); if not, later turns at the next step's rate, or q if
+	// larger (a key the token does not want now is not one that no token
+	// wants).
+	q := p.rate(p.feat[id])
+	r = p.next[((n&1)*forecastRates+rateBucket(k.rate))*3]
+	pend = g + (1-q)*G/max(q, r[0]/r[1], 1e-3) - tie
+	return done, pend
+}
+
+// isDone reports whether key id's turn this step is past at position c.
+func (p *Forecast) isDone(id, c int) bool {
+	k := &p.keys[id]
+	g := int(k.group)
+	return g < c || (g == c && k.inThisStep)
+}
+
+// refresh recomputes group i's cached candidates.
+func (p *Forecast) refresh(i int) {
+	g := &p.byGroup[i]
+	for j := range g.best {
+		g.best[j] = forecastCand{id: -1}
+	}
+	for _, id32 := range g.ids {
+		id := int(id32)
+		done, pend := p.scores(id)
+		last := p.keys[id].last
+		d, q := forecastCand{id32, done, last}, forecastCand{id32, pend, last}
+		if d.better(g.best[doneAll]) {
+			g.best[doneAll] = d
+		}
+		if q.better(g.best[pendAll]) {
+			g.best[pendAll] = q
+		}
+		if p.keys[id].inThisStep {
+			if d.better(g.best[doneUsed]) {
+				g.best[doneUsed] = d
+			}
+		} else if q.better(g.best[pendUnused]) {
+			g.best[pendUnused] = q
+		}
+	}
+	g.dirty = false
+}
+
+// candidate is group i's best entry at position c, from its cache.
+func (p *Forecast) candidate(i, c int) forecastCand {
+	g := &p.byGroup[i]
+	switch {
+	case i < c:
+		return g.best[doneAll]
+	case i > c:
+		return g.best[pendAll]
+	}
+	if a, b := g.best[doneUsed], g.best[pendUnused]; b.better(a) {
+		return b
+	}
+	return g.best[doneUsed]
+}
+
+// evictable asks e about id once per Victim call.
+func (p *Forecast) evictable(id int, e func(int) bool) bool {
+	if p.ask[id] != p.call {
+		p.ask[id], p.ok[id] = p.call, e(id)
+	}
+	return p.ok[id]
 }
 
 // Victim returns the held, evictable entry expected to be used furthest
 // away (see Forecast); keys without a group first, the least recently
-// used of them.
+// used of them. Each group's best entry is cached until an access,
+// removal or step changes the group; a group whose best is not
+// evictable is scanned for its best evictable one, so evictable is asked
+// at most once per entry.
 func (p *Forecast) Victim(_ int64, evictable func(id int) bool) (int, bool) {
-	best, bestE, bestLast := -1, 0.0, int64(0)
-	ungrouped := false
-	for _, id32 := range p.held {
+	p.call++
+	if p.call == 0 { // wrapped: forget every answer
+		clear(p.ask)
+		p.call = 1
+	}
+	best, bestLast := -1, int64(0)
+	for _, id32 := range p.ungrouped {
 		id := int(id32)
 		k := &p.keys[id]
-		if !evictable(id) {
+		if !p.evictable(id, evictable) {
 			continue
 		}
-		if k.group < 0 {
-			if !ungrouped || k.last < bestLast || (k.last == bestLast && id < best) {
-				best, bestLast, ungrouped = id, k.last, true
-			}
-			continue
-		}
-		if ungrouped {
-			continue
-		}
-		e := p.expect(id)
-		e -= float64(k.rate) * 1e-3 // among equals, the least used first
-		if best < 0 || e > bestE || (e == bestE && (k.last < bestLast || (k.last == bestLast && id < best))) {
-			best, bestE, bestLast = id, e, k.last
+		if best < 0 || k.last < bestLast || (k.last == bestLast && id < best) {
+			best, bestLast = id, k.last
 		}
 	}
-	return best, best >= 0
+	if best >= 0 {
+		return best, true
+	}
+	c := p.group
+	cands := append(p.cands[:0], make([]forecastCand, len(p.byGroup))...)
+	exact := append(p.exact[:0], make([]bool, len(p.byGroup))...) // scanned for evictable entries
+	p.cands, p.exact = cands, exact
+	for i := range p.byGroup {
+		if p.byGroup[i].dirty {
+			p.refresh(i)
+		}
+		cands[i] = p.candidate(i, c)
+	}
+	for {
+		top := -1
+		for i, cd := range cands {
+			if cd.id >= 0 && (top < 0 || cd.better(cands[top])) {
+				top = i
+			}
+		}
+		if top < 0 {
+			return -1, false
+		}
+		if exact[top] || p.evictable(int(cands[top].id), evictable) {
+			return int(cands[top].id), true
+		}
+		// Its best is ruled out: the group's best evictable entry.
+		cd := forecastCand{id: -1}
+		for _, id32 := range p.byGroup[top].ids {
+			id := int(id32)
+			if !p.evictable(id, evictable) {
+				continue
+			}
+			done, pend := p.scores(id)
+			v := pend
+			if p.isDone(id, c) {
+				v = done
+			}
+			if n := (forecastCand{id32, v, p.keys[id].last}); n.better(cd) {
+				cd = n
+			}
+		}
+		cands[top], exact[top] = cd, true
+	}
 }

@@ -149,3 +149,87 @@ func TestForecastLearnsTokens(t *testing.T) {
 		t.Fatalf("forecast hits %.3f with tokens, %.3f without, cycle %.3f", withTok.HitRate, without.HitRate, cyc.HitRate)
 	}
 }
+
+// The cached candidates pick the victim a scan of every held entry under
+// the rule as written picks (victimByScanF), through random accesses,
+// removals, steps, groups set late and entries ruled out, and ask
+// evictable at most once per held entry.
+func TestForecastVictimMatchesScan(t *testing.T) {
+	for seed := range uint64(20) {
+		r := rand.New(rand.NewPCG(seed, 13))
+		p := NewForecast()
+		nkeys := 2 + r.IntN(80)
+		groups := 1 + r.IntN(8)
+		for id := 0; id < nkeys; id++ {
+			if r.IntN(10) > 0 { // a few keys without a group
+				p.SetGroup(id, r.IntN(groups))
+			}
+		}
+		now := int64(0)
+		for step := 0; step < 3000; step++ {
+			switch op := r.IntN(20); {
+			case op < 11:
+				p.Access(r.IntN(nkeys), 1, now, r.IntN(2) == 0)
+				if r.IntN(4) > 0 {
+					now++
+				}
+			case op < 13:
+				p.Remove(r.IntN(nkeys))
+			case op < 14:
+				p.BeginStep(r.IntN(5) - 1)
+			case op < 15:
+				p.SetGroup(r.IntN(nkeys), r.IntN(groups+2)) // a group set late, or a new one
+			default:
+				out := map[int]bool{}
+				for range r.IntN(nkeys) {
+					out[r.IntN(nkeys)] = true
+				}
+				asked := map[int]int{}
+				got, ok := p.Victim(now, func(id int) bool { asked[id]++; return !out[id] })
+				want, wok := victimByScanF(p, func(id int) bool { return !out[id] })
+				if got != want || ok != wok {
+					t.Fatalf("seed %d step %d: victim %d (%v); the scan picks %d (%v)", seed, step, got, ok, want, wok)
+				}
+				for id, n := range asked {
+					if n > 1 || !p.keys[id].held {
+						t.Fatalf("seed %d step %d: asked about %d %d times (held %v)", seed, step, id, n, p.keys[id].held)
+					}
+				}
+			}
+		}
+	}
+}
+
+// victimByScanF is Forecast's rule as a scan of every held entry: the
+// least recently used evictable entry without a group, else the evictable
+// entry of the largest score in the form its turn is in (done or pending),
+// then the least recently used, then the smallest id.
+func victimByScanF(p *Forecast, evictable func(id int) bool) (int, bool) {
+	best := forecastCand{id: -1}
+	ungrouped := false
+	for id := range p.keys {
+		k := &p.keys[id]
+		if !k.held || !evictable(id) {
+			continue
+		}
+		if k.group < 0 {
+			c := forecastCand{int32(id), 0, k.last}
+			if !ungrouped || c.better(best) {
+				best, ungrouped = c, true
+			}
+			continue
+		}
+		if ungrouped {
+			continue
+		}
+		done, pend := p.scores(id)
+		v := pend
+		if p.isDone(id, p.group) {
+			v = done
+		}
+		if c := (forecastCand{int32(id), v, k.last}); c.better(best) {
+			best = c
+		}
+	}
+	return int(best.id), best.id >= 0
+}
