@@ -30,7 +30,9 @@ package tiers
 // Bounds: one record per key seen (ids are dense), and the token memory
 // keeps the keys used by the last step of at most MaxTokenMemory tokens,
 // forgetting the oldest. A step's end costs a pass over every key seen
-// (learning), a victim a scan of the entries held.
+// (learning); a victim compares each group's best entries, cached until
+// an access, removal or step changes the group (a scan of the group when
+// its best is not evictable).
 type Forecast struct {
 	keys []forecastKey
 	// The held entries: those without a group in one list, the others
