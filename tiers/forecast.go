@@ -41,11 +41,11 @@ type Forecast struct {
 	ungrouped []int32
 	byGroup   []forecastGroup
 	// Victim's answers of evictable in the current call (ask == call).
-	call  uint32
-	ask   []uint32
-	ok    []bool
-	cands []forecastCand // Victim's, per group
-	exact []bool
+	call   uint32
+	ask    []uint32
+	ok     []bool
+	cands  []forecastCand // Victim's, per group
+	exact  []bool
 	groups int     // G: the largest group seen, plus one
 	step   int32   // current step (0 before the first BeginStep)
 	group  int     // group of the last access (the walk's position)
