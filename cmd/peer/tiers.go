@@ -30,9 +30,13 @@ func tiersSimulateCmd(a *app) *cobra.Command {
 		Short: "Replay an expert access trace against every eviction policy and Belady's MIN at several budgets",
 		Long: `simulate replays a trace (TRACE.md's format: one recorded by the pager, or a
 synthetic MoE routing trace with skewed popularity and per-token reuse) against
-lru, lfu, cost (GreedyDual-Size-Frequency) and cycle (learns the layer cycle
-from reuse gaps; stale entries first) and against Belady's MIN, the best any
-policy can do, at each budget (a fraction of all experts' bytes).`,
+lru, lfu, cost (GreedyDual-Size-Frequency), cycle (learns the layer cycle
+from reuse gaps; stale entries first) and forecast (the expected next use,
+from use rates it learns by recency, frequency and the step's token; it
+needs the trace's key groups and steps' tokens, which traces recorded by
+peer generate have, and is LRU without groups) and against Belady's MIN,
+the best any policy can do, at each budget (a fraction of all experts'
+bytes).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var tr *tiers.Trace
@@ -163,7 +167,7 @@ func tiersStatsCmd(a *app) *cobra.Command {
 		},
 	}
 	budgetFlags(cmd, &budgets)
-	cmd.Flags().StringVar(&policy, "policy", "cycle", "eviction policy: lru, lfu, cost (GreedyDual-Size-Frequency) or cycle (learns the layer cycle; tiers/BENCHMARKS.md)")
+	cmd.Flags().StringVar(&policy, "policy", "cycle", "eviction policy: lru, lfu, cost (GreedyDual-Size-Frequency), cycle (learns the layer cycle) or forecast (needs the pager's layers and tokens: LRU here; tiers/BENCHMARKS.md)")
 	cmd.Flags().IntVar(&rounds, "rounds", 2, "passes over the experts")
 	return cmd
 }
