@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/binary"
+	"fmt"
 	"math"
 	"os"
 	"slices"
@@ -616,6 +617,31 @@ func TestGPUModelPipelined(t *testing.T) {
 		toks, err := g.Generate(ctx, prompt, n, s, nil)
 		if err != nil {
 			t.Fatal(err)
+		}
+		// The trace knows each expert matrix's layer (Cache.SetGroup) and
+		// each step's token where the cache was told it (Cache.BeginStep):
+		// the prompt's, then each generated token in the step after it.
+		tr := rec.Trace()
+		group := map[string]int{}
+		for _, k := range tr.Keys {
+			group[k.Label] = k.Group
+		}
+		for _, ex := range m.Experts {
+			for _, name := range ex.Tensors {
+				k := g.matrixKey(name)
+				if got, ok := group[fmt.Sprintf("%s:%d+%d", k.Blob, k.Off, k.Len)]; !ok || got != ex.Layer {
+					t.Fatalf("%s: group %d in the trace (there: %v); want its layer %d", name, got, ok, ex.Layer)
+				}
+			}
+		}
+		embeds := append(slices.Clone(prompt), toks...)
+		for step, tok := range tr.Tokens {
+			if step >= len(embeds) || tok != embeds[step] {
+				t.Fatalf("the trace says step %d embeds %d; it embeds %v", step, tok, embeds[min(step, len(embeds)-1)])
+			}
+		}
+		if told := len(tr.Tokens); (!pipeline || short >= len(m.Experts)/4) && told < g.Profile.Steps*3/4 {
+			t.Fatalf("the cache was told the token of %d steps of %d", told, g.Profile.Steps)
 		}
 		var counts [][4]int64
 		for _, st := range cache.Stats() {
