@@ -121,9 +121,10 @@ func (p *Forecast) key(id int) *forecastKey {
 }
 
 // SetGroup tells p that key id is used at place group of each step's walk
-// (the layer). Negative groups are ignored.
+// (the layer). Groups outside 0 to MaxTraceGroup are ignored (each group
+// has a list and a cache).
 func (p *Forecast) SetGroup(id, group int) {
-	if id < 0 || group < 0 || group >= 1<<20 {
+	if id < 0 || group < 0 || group > MaxTraceGroup {
 		return
 	}
 	k := p.key(id)

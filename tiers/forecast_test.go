@@ -118,7 +118,7 @@ func TestTraceGroupsAndTokens(t *testing.T) {
 	}
 	for _, bad := range []string{
 		"# rdrr-trace/1\nk 0 1 x -1\n",
-		"# rdrr-trace/1\nk 0 1 x 1048576\n",
+		"# rdrr-trace/1\nk 0 1 x 4096\n",
 		"# rdrr-trace/1\nk 0 1 x 1 2\n",
 		"# rdrr-trace/1\nt 0\n",
 		"# rdrr-trace/1\nt -1 5\n",
@@ -232,4 +232,42 @@ func victimByScanF(p *Forecast, evictable func(id int) bool) (int, bool) {
 		}
 	}
 	return int(best.id), best.id >= 0
+}
+
+// Report does not replay forecast on a trace whose keys times steps pass
+// MaxForecastWork (a few megabytes of file could ask for years of
+// learning), and says so; the other policies run.
+func TestReportBoundsForecast(t *testing.T) {
+	tr := &Trace{}
+	for i := 0; i < 1<<12; i++ {
+		tr.Keys = append(tr.Keys, TraceKey{Size: 1, Label: "k", Group: i % 64})
+	}
+	for s := 0; s < 1<<21; s += 1 << 10 {
+		tr.Accesses = append(tr.Accesses, Access{Token: s, Key: s % len(tr.Keys)})
+	}
+	// 4096 keys x 2048 steps: under the bound, replayed.
+	for _, r := range Report(tr, []float64{0.5}) {
+		if r.Skipped != "" {
+			t.Fatalf("%s skipped on %d keys x %d steps: %s", r.Policy, len(tr.Keys), tr.steps(), r.Skipped)
+		}
+	}
+	defer func(w int64) { maxForecastWork = w }(maxForecastWork)
+	maxForecastWork = 1 << 20
+	var skipped int
+	for _, r := range Report(tr, []float64{0.5}) {
+		if r.Skipped != "" {
+			if r.Policy != "forecast" {
+				t.Fatalf("%s skipped: %s", r.Policy, r.Skipped)
+			}
+			skipped++
+		}
+	}
+	if skipped != 1 {
+		t.Fatalf("forecast skipped %d times over the bound; want once", skipped)
+	}
+	var buf bytes.Buffer
+	PrintReport(&buf, tr, Report(tr, []float64{0.5}))
+	if !strings.Contains(buf.String(), "forecast not replayed") {
+		t.Fatalf("the report does not say forecast was not replayed:\n%s", buf.String())
+	}
 }

@@ -45,7 +45,7 @@ type Access struct {
 const (
 	MaxTraceKeys     = 1 << 24
 	MaxTraceAccesses = 1 << 28
-	MaxTraceGroup    = 1<<20 - 1
+	MaxTraceGroup    = 1<<12 - 1 // groups are layers: DeepSeek-V3 has 61
 	MaxTraceToken    = 1<<31 - 1
 )
 
