@@ -410,7 +410,15 @@ func (c *Cache) get(ctx context.Context, k Key, level Level, askedAt int64, reco
 		return nil, err
 	}
 	e.ready = true
-	lv.touchLocked(id, e.size, c.now, false)
+	if pp, ok := lv.policy.(PrefetchPolicy); ok && !demand {
+		pp.Prefetched(id, e.size, c.now)
+		if _, aging := lv.policy.(AgingPolicy); !aging {
+			lv.ver[id]++
+			heap.Push(&lv.heap, heapItem{lv.policy.Score(id), id, lv.ver[id]})
+		}
+	} else {
+		lv.touchLocked(id, e.size, c.now, false)
+	}
 	c.stats[level].bytesUp += k.Len
 	c.stats[level].observe(c.cfg.Now().Sub(t0))
 	close(e.done)

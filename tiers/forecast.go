@@ -61,7 +61,10 @@ type Forecast struct {
 	// "none"), over every step: a key whose turn this step is done is
 	// next used in a step whose token is not known yet.
 	next [forecastCells][2]float64
-	feat []uint8 // per key: its cell at the current step's start
+	// guesses counts the keys prefetched in a step and those of them the
+	// step used: the chance a prefetched key's turn uses it.
+	guesses [2]float64
+	feat    []uint8 // per key: its cell at the current step's start
 }
 
 // MaxTokenMemory bounds the tokens whose last step Forecast remembers.
@@ -92,6 +95,7 @@ type forecastKey struct {
 	last       int64 // time of the last access
 	u1, u2     int32 // the last two steps that used it, most recent first (-1: none)
 	inThisStep bool
+	guessed    bool    // prefetched in this step (Prefetched)
 	rate       float32 // steps that used it / steps since its first use
 	first      int32   // the step of its first use (-1: none)
 	uses       int32   // steps that used it
@@ -99,7 +103,7 @@ type forecastKey struct {
 
 // NewForecast returns a Forecast policy.
 func NewForecast() *Forecast {
-	p := &Forecast{memory: map[int][]int32{}, token: -1}
+	p := &Forecast{memory: map[int][]int32{}, token: -1, guesses: [2]float64{1, 2}}
 	for i := range p.counts {
 		p.counts[i] = [2]float64{1, 2} // a use rate of one half until measured
 		p.next[i] = [2]float64{1, 2}
@@ -242,6 +246,13 @@ func (p *Forecast) BeginStep(token int) {
 		}
 		c[1]++
 		n[1]++
+		if k.guessed {
+			if k.inThisStep {
+				p.guesses[0]++
+			}
+			p.guesses[1]++
+			k.guessed = false
+		}
 		if k.first >= 0 {
 			k.rate = float32(k.uses) / float32(p.step-k.first+1)
 		}
@@ -337,6 +348,20 @@ func (p *Forecast) Access(id int, _ int64, now int64, _ bool) {
 	}
 }
 
+// Prefetched holds key id, loaded on a guess, without counting a use:
+// the walk does not move, and its next use is forecast as any other's.
+func (p *Forecast) Prefetched(id int, _ int64, now int64) {
+	k := p.key(id)
+	if !k.held {
+		k.held = true
+		p.list(id)
+	} else if k.group >= 0 {
+		p.byGroup[k.group].dirty = true
+	}
+	k.last = now
+	k.guessed = true
+}
+
 func (p *Forecast) Remove(id int) {
 	if id >= len(p.keys) || !p.keys[id].held {
 		return
@@ -369,7 +394,7 @@ func (p *Forecast) scores(id int) (done, pend float64) {
 	if k.inThisStep {
 		n |= 2
 	}
-	if k.u1 == p.step-1 || k.u2 == p.step-1 {
+	if p.step > 0 && (k.u1 == p.step-1 || k.u2 == p.step-1) {
 		n |= 1
 	}
 	r := p.next[(n*forecastRates+rateBucket(k.rate))*3]
@@ -379,6 +404,9 @@ func (p *Forecast) scores(id int) (done, pend float64) {
 	// larger (a key the token does not want now is not one that no token
 	// wants).
 	q := p.rate(p.feat[id])
+	if k.guessed { // prefetched: a guess of its turn, right this often
+		q = max(q, p.guesses[0]/p.guesses[1])
+	}
 	r = p.next[((n&1)*forecastRates+rateBucket(k.rate))*3]
 	pend = g + (1-q)*G/max(q, r[0]/r[1], 1e-3) - tie
 	return done, pend

@@ -32,6 +32,12 @@ type StepPolicy interface {
 	BeginStep(token int)
 }
 
+// A PrefetchPolicy is told of an insertion by a prefetch with Prefetched
+// instead of Access: a key loaded on a guess is not a key the pager used.
+type PrefetchPolicy interface {
+	Prefetched(id int, size int64, now int64)
+}
+
 // NewPolicy returns the policy called name: lru, lfu, cost (with a
 // refetch cost of 1 per byte for every key), cycle or forecast (both
 // AgingPolicies).
