@@ -2,6 +2,7 @@ package tiers
 
 import (
 	"bytes"
+	"context"
 	"math/rand/v2"
 	"os"
 	"strings"
@@ -299,5 +300,46 @@ func TestForecastWithPrefetches(t *testing.T) {
 	}
 	if fc.HitRate <= cyc.HitRate || fc.Loads() > cyc.Loads() {
 		t.Fatalf("with prefetches: forecast hits %.3f in %d loads, cycle %.3f in %d", fc.HitRate, fc.Loads(), cyc.HitRate, cyc.Loads())
+	}
+}
+
+// A cache under forecast gets the groups and steps it is told
+// (Cache.SetGroup, Cache.BeginStep): it evicts what a replay of its trace
+// with them does, and not what LRU does (which it would be without
+// groups).
+func TestCacheForecastGetsGroups(t *testing.T) {
+	const groups, experts = 4, 6
+	w := newWorld(t, groups*experts)
+	rec := &TraceRecorder{}
+	c, err := New(Config{RAM: 8 * keyLen, Disk: DiskSource{w.st}, Trace: rec, Now: fakeNow(), Policy: "forecast"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for i, k := range w.keys {
+		c.SetGroup(k, i/experts)
+	}
+	ref := tokenTrace(groups, experts, 5, 200, 0.8) // the walk to make
+	for step := 0; step < 200; step++ {
+		rec.SetToken(step)
+		c.BeginStep(ref.Tokens[step])
+		for _, a := range ref.Accesses[step*groups : (step+1)*groups] {
+			l, err := c.Get(context.Background(), w.keys[a.Key], RAM)
+			if err != nil {
+				t.Fatal(err)
+			}
+			l.Release()
+		}
+	}
+	tr := rec.Trace()
+	got := c.Stats()[RAM]
+	sim := Simulate(tr, NewForecast(), 8*keyLen)
+	lru := Simulate(tr, mustPolicy("lru"), 8*keyLen)
+	t.Logf("cache %d hits, replay %d, lru %d", got.Hits, sim.Hits, lru.Hits)
+	if sim.Hits != int(got.Hits) || sim.Evictions != int(got.Evictions) {
+		t.Fatalf("replay: %d hits %d evictions; the cache counted %d and %d", sim.Hits, sim.Evictions, got.Hits, got.Evictions)
+	}
+	if lru.Hits == sim.Hits {
+		t.Fatalf("forecast hit %d times, as LRU does: the groups make no difference here", sim.Hits)
 	}
 }
