@@ -324,7 +324,8 @@ func (p *Forecast) rate(c uint8) float64 {
 	return max(n[0]/n[1], 1e-3)
 }
 
-func (p *Forecast) Access(id int, _ int64, now int64, _ bool) {
+// hold lists key id as held (or marks its group changed) at time now.
+func (p *Forecast) hold(id int, now int64) *forecastKey {
 	k := p.key(id)
 	if !k.held {
 		k.held = true
@@ -333,6 +334,11 @@ func (p *Forecast) Access(id int, _ int64, now int64, _ bool) {
 		p.byGroup[k.group].dirty = true
 	}
 	k.last = now
+	return k
+}
+
+func (p *Forecast) Access(id int, _ int64, now int64, _ bool) {
+	k := p.hold(id, now)
 	if k.group >= 0 {
 		p.group = int(k.group)
 	}
@@ -351,15 +357,7 @@ func (p *Forecast) Access(id int, _ int64, now int64, _ bool) {
 // Prefetched holds key id, loaded on a guess, without counting a use:
 // the walk does not move, and its next use is forecast as any other's.
 func (p *Forecast) Prefetched(id int, _ int64, now int64) {
-	k := p.key(id)
-	if !k.held {
-		k.held = true
-		p.list(id)
-	} else if k.group >= 0 {
-		p.byGroup[k.group].dirty = true
-	}
-	k.last = now
-	k.guessed = true
+	p.hold(id, now).guessed = true
 }
 
 func (p *Forecast) Remove(id int) {

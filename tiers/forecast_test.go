@@ -67,15 +67,7 @@ func TestForecastWithoutGroupsIsLRU(t *testing.T) {
 // 2026-11-29), forecast hits more often than cycle, and at least 0.86 of
 // Belady's MIN at the run's budget.
 func TestForecastRecordedTrace(t *testing.T) {
-	f, err := os.Open("testdata/mx-h200-forecast.trace")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	tr, err := ReadTrace(f)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tr := readTraceFile(t, "testdata/mx-h200-forecast.trace")
 	if len(tr.Tokens) < 99 {
 		t.Fatalf("the recorded trace has %d steps' tokens; want 99 or more", len(tr.Tokens))
 	}
@@ -280,15 +272,7 @@ func TestReportBoundsForecast(t *testing.T) {
 // loads. Counted as uses, prefetches made it evict them before their
 // demand: 0.813 against cycle's 0.844 at 25%.
 func TestForecastWithPrefetches(t *testing.T) {
-	f, err := os.Open("testdata/mx-h200-forecast.trace")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	tr, err := ReadTrace(f)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tr := readTraceFile(t, "testdata/mx-h200-forecast.trace")
 	var fc, cyc SimResult
 	for _, r := range ReportWithPrefetches(tr, []float64{0.25}) {
 		switch r.Policy {
@@ -342,4 +326,19 @@ func TestCacheForecastGetsGroups(t *testing.T) {
 	if lru.Hits == sim.Hits {
 		t.Fatalf("forecast hit %d times, as LRU does: the groups make no difference here", sim.Hits)
 	}
+}
+
+// readTraceFile reads a trace from testdata.
+func readTraceFile(t *testing.T, path string) *Trace {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	tr, err := ReadTrace(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tr
 }

@@ -3,7 +3,6 @@ package tiers
 import (
 	"bytes"
 	"math/rand/v2"
-	"os"
 	"strings"
 	"testing"
 )
@@ -175,15 +174,7 @@ func FuzzReadTrace(f *testing.F) {
 // default policy keeps at least 0.9 of Belady's MIN hit rate at the
 // run's budget, 25% of the keys' bytes (192 expert slots).
 func TestRecordedTrace(t *testing.T) {
-	f, err := os.Open("testdata/mx-6050MiB.trace")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	tr, err := ReadTrace(f)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tr := readTraceFile(t, "testdata/mx-6050MiB.trace")
 	var def string
 	if c, err := New(Config{RAM: 1}); err != nil {
 		t.Fatal(err)
