@@ -89,16 +89,15 @@ func rateBucket(r float32) uint8 {
 }
 
 type forecastKey struct {
-	group      int32 // -1: none
-	held       bool
-	pos        int32 // index in its list (ungrouped or its group's)
-	last       int64 // time of the last access
-	u1, u2     int32 // the last two steps that used it, most recent first (-1: none)
-	inThisStep bool
-	guessed    bool    // prefetched in this step (Prefetched)
-	rate       float32 // steps that used it / steps since its first use
-	first      int32   // the step of its first use (-1: none)
-	uses       int32   // steps that used it
+	group   int32 // -1: none
+	held    bool
+	pos     int32   // index in its list (ungrouped or its group's)
+	last    int64   // time of the last access
+	u1, u2  int32   // the last two steps that used it, most recent first (-1: none)
+	guessed bool    // prefetched in this step (Prefetched)
+	rate    float32 // steps that used it / steps since its first use
+	first   int32   // the step of its first use (-1: none)
+	uses    int32   // steps that used it
 }
 
 // NewForecast returns a Forecast policy.
@@ -239,7 +238,7 @@ func (p *Forecast) BeginStep(token int) {
 			continue
 		}
 		c, n := &p.counts[p.feat[id]], &p.next[p.feat[id]/3*3]
-		if k.inThisStep {
+		if k.inThisStep(p.step) {
 			c[0]++
 			n[0]++
 			k.uses++
@@ -247,7 +246,7 @@ func (p *Forecast) BeginStep(token int) {
 		c[1]++
 		n[1]++
 		if k.guessed {
-			if k.inThisStep {
+			if k.inThisStep(p.step) {
 				p.guesses[0]++
 			}
 			p.guesses[1]++
@@ -259,9 +258,6 @@ func (p *Forecast) BeginStep(token int) {
 	}
 	if p.token >= 0 {
 		p.remember(p.token, p.used)
-	}
-	for _, id := range p.used {
-		p.keys[id].inThisStep = false
 	}
 	p.used = p.used[:0]
 	p.step++
@@ -342,17 +338,17 @@ func (p *Forecast) Access(id int, _ int64, now int64, _ bool) {
 	if k.group >= 0 {
 		p.group = int(k.group)
 	}
-	if !k.inThisStep {
-		k.inThisStep = true
+	if !k.inThisStep(p.step) {
 		if k.first < 0 {
 			k.first = p.step
 		}
 		p.used = append(p.used, int32(id))
-		if k.u1 != p.step {
-			k.u2, k.u1 = k.u1, p.step
-		}
+		k.u2, k.u1 = k.u1, p.step
 	}
 }
+
+// inThisStep reports whether step s used the key (its last use).
+func (k *forecastKey) inThisStep(s int32) bool { return k.u1 == s }
 
 // Prefetched holds key id, loaded on a guess, without counting a use:
 // the walk does not move, and its next use is forecast as any other's.
@@ -389,7 +385,7 @@ func (p *Forecast) scores(id int) (done, pend float64) {
 	// Done: its next turn is in the next step, whose token is not known
 	// yet (the cells without it).
 	n := uint8(0)
-	if k.inThisStep {
+	if k.inThisStep(p.step) {
 		n |= 2
 	}
 	if p.step > 0 && (k.u1 == p.step-1 || k.u2 == p.step-1) {
@@ -414,7 +410,7 @@ func (p *Forecast) scores(id int) (done, pend float64) {
 func (p *Forecast) isDone(id, c int) bool {
 	k := &p.keys[id]
 	g := int(k.group)
-	return g < c || (g == c && k.inThisStep)
+	return g < c || (g == c && k.inThisStep(p.step))
 }
 
 // refresh recomputes group i's cached candidates.
@@ -434,7 +430,7 @@ func (p *Forecast) refresh(i int) {
 		if q.better(g.best[pendAll]) {
 			g.best[pendAll] = q
 		}
-		if p.keys[id].inThisStep {
+		if p.keys[id].inThisStep(p.step) {
 			if d.better(g.best[doneUsed]) {
 				g.best[doneUsed] = d
 			}
