@@ -56,10 +56,16 @@ type GPUModel struct {
 	// 0.85 against 0.76 (experts/BENCHMARKS.md).
 	PrefetchTo tiers.Level
 	// PrefetchSure, with PrefetchTo RAM, promotes a guessed expert to
-	// VRAM instead where the guess is sure: its routing score leads every
-	// expert not guessed by PrefetchSure or more (a softmax router's
-	// logits; a sigmoid router's sigmoids). 0: never.
+	// VRAM instead where guesses like it are sure: in this run, the
+	// guesses whose lead (how far the guessed expert's routing score led
+	// the best expert not guessed) fell in the same bucket of GuessLeads
+	// were right PrefetchSure of the time or more, over at least
+	// SureAfter of them. A rate, not a lead, so that it means the same
+	// for softmax and sigmoid routers and for trained and synthetic
+	// weights. 0: never.
 	PrefetchSure float64
+	// sureAfter overrides SureAfter (tests).
+	sureAfter int
 	// Predicted and Correct count next-layer predictions and those the
 	// router then really chose; Leads splits them by how far the guess
 	// led the experts not guessed (GuessLeads' bounds).
@@ -401,7 +407,26 @@ const (
 // counts the next layer's guesses in, by how far a guessed expert's
 // routing score led the experts not guessed; the last bucket is above
 // them.
-var GuessLeads = [...]float64{0.25, 0.5, 1, 1.5, 2, 3, 4}
+var GuessLeads = [...]float64{0.25, 0.5, 0.75, 1, 1.25, 1.5, 1.75, 2, 2.5, 3, 4}
+
+// SureAfter is how many guesses a bucket of GuessLeads counts before
+// PrefetchSure trusts its rate.
+const SureAfter = 32
+
+// sure reports whether a guess that led by lead is sure: its bucket's
+// guesses, SureAfter or more, were right PrefetchSure of the time or
+// more.
+func (g *GPUModel) sure(lead float64) bool {
+	if g.PrefetchSure <= 0 {
+		return false
+	}
+	n := SureAfter
+	if g.sureAfter > 0 {
+		n = g.sureAfter
+	}
+	c := g.Leads[leadBucket(lead)]
+	return c.Guesses >= n && float64(c.Right) >= g.PrefetchSure*float64(c.Guesses)
+}
 
 // A guess is a guessed expert of the next layer: its matrices'
 // prefetches and its lead (guessLead).
@@ -410,10 +435,12 @@ type guess struct {
 	lead       float64
 }
 
-// A GuessCount is the guesses of one bucket, and how many were right.
+// A GuessCount is the guesses of one bucket, how many were right, and
+// how many went to VRAM as sure (PrefetchSure).
 type GuessCount struct {
 	Guesses int `json:"guesses"`
 	Right   int `json:"right"`
+	Sure    int `json:"sure"`
 }
 
 // guessLead returns each guessed expert's lead (ids, u32) over the best
@@ -546,8 +573,7 @@ func leadBucket(lead float64) int {
 }
 
 // prefetch asks the cache to bring layer l's predicted experts (ids) to
-// PrefetchTo, or to VRAM those whose lead in the guess's router logits
-// reaches PrefetchSure.
+// PrefetchTo, or to VRAM those that are sure (PrefetchSure).
 func (g *GPUModel) prefetch(l int, ids, logits []byte) {
 	g.predicted = map[int]guess{}
 	leads := g.guessLead(ids, logits)
@@ -558,8 +584,9 @@ func (g *GPUModel) prefetch(l int, ids, logits []byte) {
 			continue
 		}
 		to := g.PrefetchTo
-		if to == tiers.RAM && g.PrefetchSure > 0 && leads[e] >= g.PrefetchSure {
+		if to == tiers.RAM && g.sure(leads[e]) {
 			to = tiers.VRAM
+			g.Leads[leadBucket(leads[e])].Sure++
 		}
 		gs := guess{lead: leads[e]}
 		for _, name := range ex.Tensors {

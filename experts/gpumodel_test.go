@@ -372,11 +372,12 @@ func TestGPUModelPrefetch(t *testing.T) {
 		}
 		t.Logf("next-layer prefetch to %v: %d of %d guesses right (%.2f), by lead %v", to, g.Correct, g.Predicted, acc, g.Leads)
 	}
-	// To RAM, and the sure guesses to VRAM: every guess with PrefetchSure
-	// at the least lead there is, none at a lead no router logit reaches.
-	for _, sure := range []float64{1e-30, 1e9} {
+	// To RAM, and the sure guesses to VRAM: a guess whose bucket was
+	// ever right (after one guess) at the least rate there is, none at a
+	// rate above 1.
+	for _, sure := range []float64{1e-30, 1.5} {
 		g, cache := testGPUModel(t, d, m, src, 3*len(m.Experts)/4)
-		g.Prefetch, g.PrefetchTo, g.PrefetchSure = true, tiers.RAM, sure
+		g.Prefetch, g.PrefetchTo, g.PrefetchSure, g.sureAfter = true, tiers.RAM, sure, 1
 		toks, err := g.Generate(ctx, ByteTokens("The swarm is"), 16, Sampling{}, nil)
 		if err != nil {
 			t.Fatal(err)
@@ -813,9 +814,35 @@ func TestGuessLead(t *testing.T) {
 	for _, c := range []struct {
 		lead float64
 		want int
-	}{{-1, 0}, {0, 0}, {0.25, 1}, {0.9, 2}, {3.99, 6}, {4, 7}, {100, 7}} {
+	}{{-1, 0}, {0, 0}, {0.25, 1}, {0.9, 3}, {1.3, 5}, {3.99, 10}, {4, 11}, {100, 11}} {
 		if b := leadBucket(c.lead); b != c.want {
 			t.Errorf("leadBucket(%g) = %d; want %d", c.lead, b, c.want)
 		}
+	}
+}
+
+// TestPrefetchSure: a guess is sure when its lead's bucket, counted
+// SureAfter times or more, was right PrefetchSure of the time or more.
+func TestPrefetchSure(t *testing.T) {
+	g := &GPUModel{PrefetchSure: 0.9}
+	b := leadBucket(1.6)
+	g.Leads[b] = GuessCount{Guesses: SureAfter, Right: SureAfter * 9 / 10} // 28 of 32: 0.875
+	if g.sure(1.6) {
+		t.Fatalf("%+v sure at 0.9", g.Leads[b])
+	}
+	g.Leads[b].Right++ // 29 of 32: 0.906
+	if !g.sure(1.6) || !g.sure(1.7) {
+		t.Fatalf("%+v not sure at 0.9", g.Leads[b])
+	}
+	if g.sure(1.4) || g.sure(1.8) || g.sure(0) {
+		t.Fatal("sure where nothing was counted")
+	}
+	g.Leads[b] = GuessCount{Guesses: SureAfter - 1, Right: SureAfter - 1}
+	if g.sure(1.6) {
+		t.Fatalf("%+v sure: fewer than SureAfter guesses", g.Leads[b])
+	}
+	g.Leads[b] = GuessCount{Guesses: SureAfter, Right: SureAfter}
+	if g.PrefetchSure = 0; g.sure(1.6) {
+		t.Fatal("sure with PrefetchSure 0")
 	}
 }

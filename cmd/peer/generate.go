@@ -8,7 +8,6 @@ import (
 	"io"
 	"io/fs"
 	"maps"
-	"math"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -65,8 +64,8 @@ tokens. --profile-gpu times every dispatch on the GPU.`,
 			default:
 				return fmt.Errorf("--prefetch-to %q: want ram or vram", prefetchTo)
 			}
-			if prefetchSure < 0 || math.IsNaN(prefetchSure) || math.IsInf(prefetchSure, 0) {
-				return fmt.Errorf("--prefetch-sure %v: want a lead of 0 (never) or more", prefetchSure)
+			if !(prefetchSure >= 0 && prefetchSure <= 1) {
+				return fmt.Errorf("--prefetch-sure %v: want a rate from 0 (never) to 1", prefetchSure)
 			}
 			if policy == "" {
 				// The GPU pager tells the cache each matrix's layer and each
@@ -296,7 +295,7 @@ tokens. --profile-gpu times every dispatch on the GPU.`,
 					leads = ls.Leads()
 					var byLead []map[string]any
 					for i, c := range leads {
-						b := map[string]any{"guesses": c.Guesses, "right": c.Right}
+						b := map[string]any{"guesses": c.Guesses, "right": c.Right, "sure": c.Sure}
 						if i < len(experts.GuessLeads) {
 							b["below"] = experts.GuessLeads[i]
 						}
@@ -338,6 +337,9 @@ tokens. --profile-gpu times every dispatch on the GPU.`,
 									fmt.Fprintf(w, " >=%g", experts.GuessLeads[i-1])
 								}
 								fmt.Fprintf(w, " %d/%d", c.Right, c.Guesses)
+								if c.Sure > 0 {
+									fmt.Fprintf(w, " (%d sure)", c.Sure)
+								}
 							}
 							fmt.Fprintln(w)
 						}
@@ -392,7 +394,7 @@ tokens. --profile-gpu times every dispatch on the GPU.`,
 	f.Lookup("host-ram").NoOptDefVal = "true"
 	f.StringVar(&activations, "activations", "", "gpu engine: what the layers' Q4_K products read: q8-experts (the default: the experts' x quantized to 8 bits in groups of 16, two weights a 32-bit integer multiply-add), q8 (q k v's and o's x too: 3-6% faster, but their rounding can turn a router's choice) or f32 (float x: the exact arithmetic, which the float64 reference matches within 1e-3; RDRR_GPU_XQ=0 makes it the default)")
 	f.BoolVar(&prefetch, "prefetch", true, "gpu engine: prefetch each next layer's likely experts (its router on the current hidden state)")
-	f.Float64Var(&prefetchSure, "prefetch-sure", 0, "gpu engine, with --prefetch-to ram: prefetch a guessed expert into VRAM instead when its router score leads every expert not guessed by this much or more (softmax routers: a logit difference); 0: never")
+	f.Float64Var(&prefetchSure, "prefetch-sure", 0.85, "gpu engine, with --prefetch-to ram: prefetch a guessed expert into VRAM instead when it is sure: in this run, the guesses that led the experts not guessed by as much (its bucket of router-score leads, counted 32 times or more) were right at least this often; 0: never")
 	f.StringVar(&prefetchTo, "prefetch-to", "ram", "gpu engine: the level prefetches promote to: vram (through ram: fetched and uploaded) or ram (fetched from disk or the swarm only; the GPU's queue stays the demand's)")
 	f.StringVar(&procedural, "procedural", "", "the manifest of a synthetic model to regenerate locally instead of reading a store (model argument: its CID or -)")
 	budgetFlags(cmd, &budgets)
