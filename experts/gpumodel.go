@@ -171,6 +171,12 @@ type GPUModel struct {
 	// 200.0 and 199.3 without (4.6%, 2 of 2 pairs).
 	accNorm bool
 	pending pendingAcc
+	// ropeAttn rotates q and k and stores the new KV row inside the
+	// attention's split dispatch (ops.RopeAttention, where its shape
+	// allows) instead of a rope_kv dispatch before it: 32 dependent
+	// dispatches a Mixtral-shaped step fewer. RDRR_GPU_ROPE=0 turns it
+	// off, for measurements.
+	ropeAttn bool
 	// pipeline has Generate record each step while the GPU runs the one
 	// before it (generatePipelined); RDRR_GPU_PIPELINE=0 turns it off,
 	// for measurements.
@@ -276,6 +282,7 @@ func NewGPUModel(ctx context.Context, m *Manifest, d *gpu.Device, cache *tiers.C
 	g.xqAttn = g.xq && os.Getenv("RDRR_GPU_XQ") == "all"
 	g.noYQ = os.Getenv("RDRR_GPU_YQ") == "0"
 	g.accNorm = os.Getenv("RDRR_GPU_ACCNORM") != "0"
+	g.ropeAttn = os.Getenv("RDRR_GPU_ROPE") != "0"
 	g.perSubmit = maskedPerSubmit
 	if n, err := strconv.Atoi(os.Getenv("RDRR_GPU_PER_SUBMIT")); err == nil && n > 0 {
 		g.perSubmit, g.perSubmitSet = n, true
@@ -1433,9 +1440,11 @@ func (g *GPUModel) recordAttention(ctx context.Context, b *gpu.Batch, l int) {
 		g.normX(ctx, b, p+"input_layernorm.weight")
 	}
 	q := gpu.Region(B["q"])
+	attn := ops.AttnShape{Heads: nq, KVHeads: nkv, HeadDim: hd, KVLen: g.pos + 1, Scale: float32(1 / math.Sqrt(float64(hd)))}
 	if w := g.qkv[l]; w != nil {
 		// q, k and v in one product, then RoPE on q and k and k and v
-		// into the cache at this position in one dispatch.
+		// into the cache at this position in one dispatch: the
+		// attention's split (ropeAttn) or one before it.
 		qkv := B["qkv"]
 		switch {
 		case normed:
@@ -1445,8 +1454,18 @@ func (g *GPUModel) recordAttention(ctx context.Context, b *gpu.Batch, l int) {
 		default:
 			g.k.Q4KMatVec(ctx, b, w, B["xn"], qkv, (nq+2*nkv)*hd, h)
 		}
-		g.k.RopeKV(ctx, b, qkv, B["freqs"], g.kc[l], g.vc[l], ops.RopeShape{Tokens: 1, Heads: nq + nkv, HeadDim: hd, RotDim: hd, Pos0: g.pos, Style: abi.RopeNeoX},
-			ops.KVShape{Dim: nkv * hd, KOff: nq * hd, VOff: (nq + nkv) * hd, Pos: g.pos})
+		rs := ops.RopeShape{Tokens: 1, Heads: nq + nkv, HeadDim: hd, RotDim: hd, Pos0: g.pos, Style: abi.RopeNeoX}
+		kv := ops.KVShape{Dim: nkv * hd, KOff: nq * hd, VOff: (nq + nkv) * hd, Pos: g.pos}
+		if g.ropeAttn && !g.fuseO {
+			var attq gpu.Region
+			if g.quantizedO() {
+				attq = B["attq"].Sub(0, ops.XQBytes(nq*hd))
+			}
+			g.k.RopeAttention(ctx, b, qkv, B["freqs"], g.kc[l], g.vc[l], B["att"], attq, attn, rs, kv)
+			g.recordO(ctx, b, l, attq)
+			return
+		}
+		g.k.RopeKV(ctx, b, qkv, B["freqs"], g.kc[l], g.vc[l], rs, kv)
 		q = qkv.Sub(0, uint64(nq*hd*4))
 	} else {
 		kvRow := uint64(nkv * hd * 4)
@@ -1458,27 +1477,40 @@ func (g *GPUModel) recordAttention(ctx context.Context, b *gpu.Batch, l int) {
 		g.k.Rope(ctx, b, B["q"], B["freqs"], ops.RopeShape{Tokens: 1, Heads: nq, HeadDim: hd, RotDim: hd, Pos0: g.pos, Style: abi.RopeNeoX})
 		g.k.Rope(ctx, b, ks, B["freqs"], ops.RopeShape{Tokens: 1, Heads: nkv, HeadDim: hd, RotDim: hd, Pos0: g.pos, Style: abi.RopeNeoX})
 	}
-	attn := ops.AttnShape{Heads: nq, KVHeads: nkv, HeadDim: hd, KVLen: g.pos + 1, Scale: float32(1 / math.Sqrt(float64(hd)))}
 	if g.quantizedO() {
 		// The o product of the attention's output quantized by its merge.
 		attq := B["attq"].Sub(0, ops.XQBytes(nq*hd))
 		g.k.AttentionXQ(ctx, b, q, g.kc[l], g.vc[l], B["att"], attq, attn)
-		g.k.Q4KMatVecXQ(ctx, b, g.dense[p+"self_attn.o_proj.weight"], attq, B["o"], h, nq*hd)
-		g.accumulate(ctx, b, B["o"], B["ones"], ops.AccumShape{Experts: 1, Dim: h})
+		g.recordO(ctx, b, l, attq)
 		return
 	}
 	g.k.Attention(ctx, b, q, g.kc[l], g.vc[l], B["att"], attn)
-	if !g.fuseO {
-		g.k.Q4KMatVec(ctx, b, g.dense[p+"self_attn.o_proj.weight"], B["att"], B["o"], h, nq*hd)
-		if g.partNorm {
-			// x and the FFN's norm of it.
-			g.k.AccumulateNorm(ctx, b, B["o"], B["ones"], B["x"], g.dense[p+"post_attention_layernorm.weight"], g.normed, ops.AccumShape{Experts: 1, Dim: h})
-		} else {
-			g.accumulate(ctx, b, B["o"], B["ones"], ops.AccumShape{Experts: 1, Dim: h})
-		}
-	} else {
+	if g.fuseO {
 		g.flushAcc(ctx, b)
 		g.k.Q4KMatVecAdd(ctx, b, g.dense[p+"self_attn.o_proj.weight"], B["att"], B["x"], h, nq*hd) // x += Wo att
+		return
+	}
+	g.recordO(ctx, b, l, nil)
+}
+
+// recordO records layer l's o product of the attention's output (att, or
+// attq quantized if not nil) and its accumulate into x.
+func (g *GPUModel) recordO(ctx context.Context, b *gpu.Batch, l int, attq gpu.Region) {
+	c := &g.m.Config
+	B := g.buf
+	h, nqd := c.HiddenSize, c.NumAttentionHeads*c.HeadDimension()
+	p := fmt.Sprintf("model.layers.%d.", l)
+	if attq != nil {
+		g.k.Q4KMatVecXQ(ctx, b, g.dense[p+"self_attn.o_proj.weight"], attq, B["o"], h, nqd)
+		g.accumulate(ctx, b, B["o"], B["ones"], ops.AccumShape{Experts: 1, Dim: h})
+		return
+	}
+	g.k.Q4KMatVec(ctx, b, g.dense[p+"self_attn.o_proj.weight"], B["att"], B["o"], h, nqd)
+	if g.partNorm {
+		// x and the FFN's norm of it.
+		g.k.AccumulateNorm(ctx, b, B["o"], B["ones"], B["x"], g.dense[p+"post_attention_layernorm.weight"], g.normed, ops.AccumShape{Experts: 1, Dim: h})
+	} else {
+		g.accumulate(ctx, b, B["o"], B["ones"], ops.AccumShape{Experts: 1, Dim: h})
 	}
 }
 

@@ -154,6 +154,88 @@ func (k *Kernels) attention(ctx context.Context, b *gpu.Batch, q, kc, vc, out, o
 	return k.record(ctx, b, merge, part, out)
 }
 
+// RopeAttentionLaunches are the dispatch rules of RopeAttention where
+// one split dispatch can rotate and store (attention_split_rope: chunks
+// of 32, HeadDim 64 or 128, NeoX over whole heads, one token whose row
+// is the cache's last, q k v stacked as one product writes them), ok
+// false where it cannot. Bindings of the split: q k v, k cache, v cache,
+// partials, freqs.
+func RopeAttentionLaunches(s AttnShape, rs RopeShape, kv KVShape) (split, merge Launch, partials uint64, ok bool, err error) {
+	split, merge, partials, err = AttentionLaunches(s)
+	if err != nil {
+		return Launch{}, Launch{}, 0, false, err
+	}
+	if _, err := RopeKVLaunch(rs, kv); err != nil {
+		return Launch{}, Launch{}, 0, false, err
+	}
+	hd := s.HeadDim
+	if attnChunk != 32 || (hd != 64 && hd != 128) || rs.Style != abi.RopeNeoX || rs.RotDim != hd || rs.HeadDim != hd ||
+		rs.Heads != s.Heads+s.KVHeads || kv.Dim != s.KVHeads*hd || kv.KOff != s.Heads*hd || kv.VOff != kv.KOff+kv.Dim ||
+		kv.Pos != s.KVLen-1 || rs.Pos0 != kv.Pos {
+		return split, merge, partials, false, nil
+	}
+	split.Kernel = "attention_split_rope"
+	split.Params = split.Params.U32(uint32(kv.KOff)).U32(uint32(kv.VOff)).U32(0).U32(0)
+	split.Bindings = []Binding{{"q k v", uint64(kv.VOff+kv.Dim) * 4}, split.Bindings[1], split.Bindings[2], split.Bindings[3], {"freqs", uint64(hd / 2 * 4)}}
+	return split, merge, partials, true, nil
+}
+
+// RopeAttention records a decode step's RoPE, cache store and attention:
+// qkv holds the step's q, k and v rows stacked (as RopeKV takes them),
+// unrotated; kc[kv.Pos] and vc[kv.Pos] get the rotated k and the v row,
+// and out (and outq, if not nil, as AttentionXQ) the attention of the
+// rotated q over the caches' s.KVLen rows. Where RopeAttentionLaunches
+// allows it, the rotation and the store run inside the attention's split
+// dispatch, one dependent dispatch fewer than RopeKV and then Attention,
+// which it records otherwise; either way q and k are rotated in qkv
+// only by the latter, so read only the caches and out after it.
+func (k *Kernels) RopeAttention(ctx context.Context, b *gpu.Batch, qkv, freqs, kc, vc, out, outq gpu.Region, s AttnShape, rs RopeShape, kv KVShape) error {
+	split, merge, partials, ok, err := RopeAttentionLaunches(s, rs, kv)
+	if err != nil {
+		return b.Fail(err)
+	}
+	if !ok {
+		if err := k.RopeKV(ctx, b, qkv, freqs, kc, vc, rs, kv); err != nil {
+			return err
+		}
+		q := gpu.SpanOf(qkv)
+		q = q.Buffer().Sub(q.Offset(), uint64(s.Heads*s.HeadDim*4))
+		if outq != nil {
+			return k.AttentionXQ(ctx, b, q, kc, vc, out, outq, s)
+		}
+		return k.Attention(ctx, b, q, kc, vc, out, s)
+	}
+	if outq != nil {
+		if s.HeadDim%XQGroup != 0 {
+			return b.Fail(shapeErr("attention_merge_xq", "head dim %d (a multiple of %d)", s.HeadDim, XQGroup))
+		}
+		merge.Kernel = "attention_merge_xq"
+		merge.Bindings = append(merge.Bindings, Binding{"quantized out", XQBytes(s.Heads * s.HeadDim)})
+	}
+	for i, r := range []gpu.Region{qkv, kc, vc} {
+		if err := need("attention", split.Bindings[i].Name, r, split.Bindings[i].Bytes); err != nil {
+			return b.Fail(err)
+		}
+	}
+	if err := need("attention", "freqs", freqs, split.Bindings[4].Bytes); err != nil {
+		return b.Fail(err)
+	}
+	if err := need("attention", "out", out, merge.Bindings[1].Bytes); err != nil {
+		return b.Fail(err)
+	}
+	part, err := b.Scratch(partials)
+	if err != nil {
+		return err
+	}
+	if err := k.record(ctx, b, split, qkv, kc, vc, part, freqs); err != nil {
+		return err
+	}
+	if outq != nil {
+		return k.record(ctx, b, merge, part, out, outq)
+	}
+	return k.record(ctx, b, merge, part, out)
+}
+
 // KVShape is a decode step's store into the caches: rows of Dim floats,
 // the key row from float KOff of the source, the value row from VOff, at
 // cache position Pos.

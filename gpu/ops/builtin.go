@@ -63,6 +63,7 @@ var builtins = map[string]builtin{
 	"rope":                        {"rope.wgsl", []gpu.Access{rw, ro}, 28, ""},
 	"rope_kv":                     {"rope.wgsl", []gpu.Access{rw, ro, rw, rw}, 44, "KV"},
 	"attention_split":             {"attention_split.wgsl", []gpu.Access{ro, ro, ro, rw}, 32, ""},
+	"attention_split_rope":        {"attention_split.wgsl", []gpu.Access{ro, rw, rw, rw, ro}, 48, "ROPE"},
 	"attention_merge":             {"attention_merge.wgsl", []gpu.Access{ro, rw}, 16, ""},
 	"route":                       {"route.wgsl", []gpu.Access{ro, ro, rw, rw}, 32, ""},
 	"route_mv":                    {"route.wgsl", []gpu.Access{rw, ro, rw, rw, ro, ro}, 48, "MV"},

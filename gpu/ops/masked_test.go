@@ -550,3 +550,80 @@ func TestNormedProducts(t *testing.T) {
 		}
 	})
 }
+
+// TestRopeAttention: RoPE, the cache store and attention in the split
+// dispatch give the bits of RopeKV and then Attention (the caches and the
+// output, float and quantized), on the shapes it fuses; on the others it
+// records those two and gives their bits too.
+func TestRopeAttention(t *testing.T) {
+	d, k := shared.d, shared.k
+	r := rng(t)
+	for _, c := range []struct {
+		nq, nkv, hd, pos int
+		fused            bool
+	}{
+		{32, 8, 128, 0, true}, {32, 8, 128, 31, true}, {32, 8, 128, 32, true}, {32, 8, 128, 300, true},
+		{8, 2, 64, 63, true}, {16, 1, 64, 5, true}, {128, 8, 128, 70, true}, // 16 query heads a cache head: two z groups
+		{4, 2, 32, 40, false}, // hd 32: a pair's halves in two threads
+		{6, 3, 36, 9, false},
+	} {
+		for _, xq := range []bool{false, true} {
+			if xq && c.hd%XQGroup != 0 {
+				continue
+			}
+			t.Run(fmt.Sprintf("%+v/xq=%v", c, xq), func(t *testing.T) {
+				n := (c.nq + 2*c.nkv) * c.hd
+				kvn := c.nkv * c.hd
+				rows := c.pos + 2 // a row past the new one stays as it was
+				x := randF32(r, n, 1)
+				cacheK, cacheV := randF32(r, rows*kvn, 1), randF32(r, rows*kvn, 1)
+				freqs := uploadF32(t, d, RopeFreqs(10000, c.hd))
+				as := AttnShape{Heads: c.nq, KVHeads: c.nkv, HeadDim: c.hd, KVLen: c.pos + 1, Scale: float32(1 / math.Sqrt(float64(c.hd)))}
+				rs := RopeShape{Tokens: 1, Heads: c.nq + c.nkv, HeadDim: c.hd, RotDim: c.hd, Pos0: c.pos, Style: abi.RopeNeoX}
+				kv := KVShape{Dim: kvn, KOff: c.nq * c.hd, VOff: (c.nq + c.nkv) * c.hd, Pos: c.pos}
+				if _, _, _, ok, err := RopeAttentionLaunches(as, rs, kv); err != nil || ok != c.fused {
+					t.Fatalf("RopeAttentionLaunches: fused %v, %v; want fused %v", ok, err, c.fused)
+				}
+				nout := c.nq * c.hd
+				nq8 := int(XQBytes(nout) / 4)
+				var got, want [4][]float32
+				for i, fused := range []bool{true, false} {
+					xb := uploadF32(t, d, x)
+					kc, vc := uploadF32(t, d, cacheK), uploadF32(t, d, cacheV)
+					out := poisoned(t, d, nout*4)
+					var outq gpu.Region
+					if xq {
+						outq = poisoned(t, d, nq8*4)
+					}
+					run(t, d, func(b *gpu.Batch) error {
+						if fused {
+							return k.RopeAttention(ctxT(t), b, xb, freqs, kc, vc, out, outq, as, rs, kv)
+						}
+						if err := k.RopeKV(ctxT(t), b, xb, freqs, kc, vc, rs, kv); err != nil {
+							return err
+						}
+						if xq {
+							return k.AttentionXQ(ctxT(t), b, xb.Sub(0, uint64(nout*4)), kc, vc, out, outq, as)
+						}
+						return k.Attention(ctxT(t), b, xb.Sub(0, uint64(nout*4)), kc, vc, out, as)
+					})
+					o := &got
+					if i == 1 {
+						o = &want
+					}
+					*o = [4][]float32{readF32(t, d, kc, rows*kvn), readF32(t, d, vc, rows*kvn), readF32(t, d, out, nout)}
+					if xq {
+						o[3] = readF32(t, d, outq, nq8)
+					}
+				}
+				for j, name := range []string{"k cache", "v cache", "out", "quantized out"} {
+					for i := range want[j] {
+						if g, w := math.Float32bits(got[j][i]), math.Float32bits(want[j][i]); g != w {
+							t.Fatalf("%s[%d] = %v; RopeKV and Attention give %v", name, i, got[j][i], want[j][i])
+						}
+					}
+				}
+			})
+		}
+	}
+}

@@ -9,6 +9,17 @@
 // hd <= 256 and a multiple of 4; MAXG * hd <= 1024 or G * hd <= 1024 (workgroup
 // memory: 14 KiB of the 16 KiB WebGPU guarantees).
 //
+// The ROPE flavor (kernel attention_split_rope; lines marked //+ROPE)
+// is a decode step's RoPE and cache store in the same dispatch, for
+// chunks of 32 (CH) and hd of 64 or 128, NeoX pairs over the whole head:
+// q is the stacked q k v product's output (q heads, then k_off and v_off
+// floats in, the new position's k and v rows), unrotated; each workgroup
+// rotates its query heads as it loads them, takes the new position
+// (kv_len - 1) from q's k and v rows instead of the caches (k rotated),
+// and the workgroup of its chunk with z 0 writes those rows into the
+// caches for the steps after. The arithmetic is rope.wgsl's: the same
+// bits as rope_kv and then attention_split.
+//
 // Scores: 8 threads per position, interleaved over the row's vec4s, for
 // all G heads. Softmax of the chunk: 64 threads a head. Outputs: R =
 // 256 / hd threads per dimension, each a share of the positions, summed in
@@ -23,13 +34,84 @@ struct Params {
   n_chunks: u32,
   _p0: u32,
   _p1: u32,
+//+ROPE  k_off: u32, // where the new k row starts in q (floats)
+//+ROPE  v_off: u32, // and the new v row
+//+ROPE  _p2: u32,
+//+ROPE  _p3: u32,
 }
 
 @group(0) @binding(0) var<storage, read> q: array<f32>;
-@group(0) @binding(1) var<storage, read> k: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> v: array<vec4<f32>>;
+//-ROPE @group(0) @binding(1) var<storage, read> k: array<vec4<f32>>;
+//-ROPE @group(0) @binding(2) var<storage, read> v: array<vec4<f32>>;
+//+ROPE @group(0) @binding(1) var<storage, read_write> k: array<vec4<f32>>;
+//+ROPE @group(0) @binding(2) var<storage, read_write> v: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> part: array<f32>;
 @group(1) @binding(0) var<uniform> p: Params;
+//+ROPE @group(0) @binding(4) var<storage, read> freqs: array<f32>;
+
+//-ROPE const ROPE: bool = false;
+//+ROPE const ROPE: bool = true;
+
+// q4at is vec4 i (a float index, a multiple of 4) of q.
+fn q4at(i: u32) -> vec4<f32> {
+  return vec4<f32>(q[i], q[i + 1u], q[i + 2u], q[i + 3u]);
+}
+
+// rot4 is a's four elements turned as rope.wgsl turns them at the new
+// position (kv_len - 1), b its partners, e0 the first one's pair index:
+// a * c - b * s where a is in the first half (first), else b * s + a *
+// c (rope.wgsl's pair (b, a)).
+//-ROPE fn rot4(a: vec4<f32>, b: vec4<f32>, e0: u32, first: bool) -> vec4<f32> { return a; }
+//+ROPE fn rot4(a: vec4<f32>, b: vec4<f32>, e0: u32, first: bool) -> vec4<f32> {
+//+ROPE   var o = a;
+//+ROPE   for (var u = 0u; u < 4u; u++) {
+//+ROPE     let ang = f32(p.kv_len - 1u) * freqs[e0 + u];
+//+ROPE     let kk = round(ang * INV_TWO_PI);
+//+ROPE     let r = (ang - kk * TWO_PI_HI) - kk * TWO_PI_LO;
+//+ROPE     let c = cos(r);
+//+ROPE     let s = sin(r);
+//+ROPE     if (first) {
+//+ROPE       o[u] = a[u] * c - b[u] * s;
+//+ROPE     } else {
+//+ROPE       o[u] = b[u] * s + a[u] * c;
+//+ROPE     }
+//+ROPE   }
+//+ROPE   return o;
+//+ROPE }
+
+// 2*pi split as in rope.wgsl.
+const TWO_PI_HI: f32 = 6.28125;
+const TWO_PI_LO: f32 = 0.0019353071795864769;
+const INV_TWO_PI: f32 = 0.15915494309189535;
+
+// qload is vec4 i of query head h0's group (i over g_n heads of hd):
+// rotated with ROPE.
+fn qload(h0: u32, hd: u32, i: u32) -> vec4<f32> {
+  let b = h0 * hd + 4u * i;
+  let a = q4at(b);
+  if (!ROPE) {
+    return a;
+  }
+  let half = hd / 2u;
+  let e = (4u * i) % hd; // element of the head
+  let first = e < half;
+  let pb = select(b - half, b + half, first);
+  return rot4(a, q4at(pb), e % half, first);
+}
+
+// vrow is vec4 vb of the v cache's row t (stride4 vec4s a row); with
+// ROPE the new position's comes from q's v row (vb's head j, vec4 dv),
+// and workgroup z 0 stores it.
+fn vrow(t: u32, stride4: u32, vb: u32, z: u32) -> vec4<f32> {
+  if (ROPE && t == p.kv_len - 1u) {
+//+ROPE    let x = q4at(p.v_off + 4u * vb);
+//+ROPE    if (z == 0u) {
+//+ROPE      v[t * stride4 + vb] = x;
+//+ROPE    }
+//+ROPE    return x;
+  }
+  return v[t * stride4 + vb];
+}
 
 const WG: u32 = 256u;
 // Positions per chunk: 16, 32 or 64, set by the rule (attnChunk).
@@ -111,7 +193,7 @@ fn chunkSoftmax(tid: u32, g_n: u32, t0: u32) {
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
   // Chunks of 32 and hd of 32, 64 or 128: every load at once (main_v).
-  if (CH == 32u && (p.hd == 32u || p.hd == 64u || p.hd == 128u)) {
+  if (ROPE || (CH == 32u && (p.hd == 32u || p.hd == 64u || p.hd == 128u))) {
     main_v(wid, tid);
     return;
   }
@@ -278,7 +360,34 @@ fn main_v(wid: vec3<u32>, tid: u32) {
   var k1 = zero;
   var k2 = zero;
   var k3 = zero;
-  if (kin) {
+  if (ROPE && t == p.kv_len - 1u) {
+    // The new position: q's k row, rotated (hd 64: vec4s lane and lane
+    // + 8 are a pair; 128: lane and lane + 16, lane + 8 and lane + 24),
+    // and stored by workgroup z 0.
+//+ROPE    let kr = p.k_off + 4u * j * n4;
+//+ROPE    let h4 = n4 / 2u;
+//+ROPE    let a0 = q4at(kr + 4u * lane);
+//+ROPE    let a1 = q4at(kr + 4u * (lane + LANES));
+//+ROPE    if (n4 == 16u) {
+//+ROPE      k0 = rot4(a0, a1, 4u * lane, true);
+//+ROPE      k1 = rot4(a1, a0, 4u * lane, false);
+//+ROPE    } else {
+//+ROPE      let a2 = q4at(kr + 4u * (lane + 2u * LANES));
+//+ROPE      let a3 = q4at(kr + 4u * (lane + 3u * LANES));
+//+ROPE      k0 = rot4(a0, a2, 4u * lane, true);
+//+ROPE      k1 = rot4(a1, a3, 4u * (lane + LANES), true);
+//+ROPE      k2 = rot4(a2, a0, 4u * lane, false);
+//+ROPE      k3 = rot4(a3, a1, 4u * (lane + LANES), false);
+//+ROPE    }
+//+ROPE    if (wid.z == 0u) {
+//+ROPE      k[kb + lane] = k0;
+//+ROPE      k[kb + lane + LANES] = k1;
+//+ROPE      if (n4 == 32u) {
+//+ROPE        k[kb + lane + 2u * LANES] = k2;
+//+ROPE        k[kb + lane + 3u * LANES] = k3;
+//+ROPE      }
+//+ROPE    }
+  } else if (kin) {
     k0 = k[kb + lane];
     if (lane + LANES < n4) { k1 = k[kb + lane + LANES]; }
     if (lane + 2u * LANES < n4) { k2 = k[kb + lane + 2u * LANES]; }
@@ -294,14 +403,13 @@ fn main_v(wid: vec3<u32>, tid: u32) {
   var v1 = zero;
   var v2 = zero;
   var v3 = zero;
-  if (r < CV && t0 + r < p.kv_len) { v0 = v[(t0 + r) * stride4 + vb]; }
-  if (r + R < CV && t0 + r + R < p.kv_len) { v1 = v[(t0 + r + R) * stride4 + vb]; }
-  if (r + 2u * R < CV && t0 + r + 2u * R < p.kv_len) { v2 = v[(t0 + r + 2u * R) * stride4 + vb]; }
-  if (r + 3u * R < CV && t0 + r + 3u * R < p.kv_len) { v3 = v[(t0 + r + 3u * R) * stride4 + vb]; }
+  if (r < CV && t0 + r < p.kv_len) { v0 = vrow(t0 + r, stride4, vb, wid.z); }
+  if (r + R < CV && t0 + r + R < p.kv_len) { v1 = vrow(t0 + r + R, stride4, vb, wid.z); }
+  if (r + 2u * R < CV && t0 + r + 2u * R < p.kv_len) { v2 = vrow(t0 + r + 2u * R, stride4, vb, wid.z); }
+  if (r + 3u * R < CV && t0 + r + 3u * R < p.kv_len) { v3 = vrow(t0 + r + 3u * R, stride4, vb, wid.z); }
 
   for (var i = tid; i < g_n * n4; i += WG) {
-    let b = h0 * hd + 4u * i;
-    qs[i] = vec4<f32>(q[b], q[b + 1u], q[b + 2u], q[b + 3u]);
+    qs[i] = qload(h0, hd, i);
   }
   workgroupBarrier();
 
