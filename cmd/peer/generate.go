@@ -290,6 +290,30 @@ tokens. --profile-gpu times every dispatch on the GPU.`,
 					res["profile"] = prof
 					res["stallSeconds"] = prof.PageWait.Seconds()
 				}
+				// Belady's MIN on this run's demands at the VRAM level's
+				// budget (what `peer tiers simulate` gives on the --trace
+				// file): the hit rate no eviction policy can beat without
+				// prefetching, where the budget does not hold every matrix
+				// the run used (experts were paged).
+				var vramHit float64
+				var belady *tiers.SimResult
+				for _, s := range stats {
+					if s.Level != tiers.VRAM.String() || s.Budget <= 0 || s.Hits+s.Misses == 0 {
+						continue
+					}
+					tr := rec.Trace()
+					var used int64
+					for _, k := range tr.Keys {
+						used += k.Size
+					}
+					if s.Budget < used {
+						r := tiers.Belady(tr, s.Budget)
+						belady, vramHit = &r, s.HitRate
+					}
+				}
+				if belady != nil && belady.HitRate > 0 {
+					res["belady"] = map[string]any{"budget": belady.Budget, "hitRate": belady.HitRate, "ofMin": vramHit / belady.HitRate}
+				}
 				var leads []experts.GuessCount
 				if ls, ok := step.(interface{ Leads() []experts.GuessCount }); ok && predicted > 0 {
 					leads = ls.Leads()
@@ -370,6 +394,10 @@ tokens. --profile-gpu times every dispatch on the GPU.`,
 						if s.Hits+s.Misses > 0 {
 							fmt.Fprintf(w, "  %-6s hits %d, misses %d (hit rate %.2f), %s up, %d evictions\n", s.Level, s.Hits, s.Misses, s.HitRate, formatBytes(s.BytesUp), s.Evictions)
 						}
+					}
+					if belady != nil && belady.HitRate > 0 {
+						fmt.Fprintf(w, "  Belady's MIN on this run's demands at the VRAM budget (%s): hit rate %.3f; this run %.3f, %.2f of it (sure prefetches count as hits here, not in MIN)\n",
+							formatBytes(belady.Budget), belady.HitRate, vramHit, vramHit/belady.HitRate)
 					}
 				})
 			})

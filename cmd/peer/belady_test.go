@@ -1,0 +1,55 @@
+package main
+
+import (
+	"math"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/rdrr/peer/tiers"
+)
+
+// A paged run reports Belady's MIN on its own demands at its VRAM budget,
+// the same as a replay of the trace it writes; a run whose VRAM holds
+// every matrix it uses reports none (its misses are first loads).
+func TestGenerateReportsBelady(t *testing.T) {
+	home, manifest := tinyProcedural(t)
+	type result struct {
+		Levels []tiers.LevelStats `json:"levels"`
+		Belady *struct {
+			Budget  int64   `json:"budget"`
+			HitRate float64 `json:"hitRate"`
+			OfMin   float64 `json:"ofMin"`
+		} `json:"belady"`
+	}
+	trace := filepath.Join(t.TempDir(), "t.trace")
+	var res result
+	mustRunJSON(t, home, &res, "generate", "-", "--procedural", manifest, "--engine", "gpu",
+		"--vram", "1MiB", "--prompt", "a", "--max-tokens", "8", "--trace", trace, "--json")
+	vram := res.Levels[tiers.VRAM]
+	if res.Belady == nil || vram.Misses == 0 {
+		t.Fatalf("--vram 1MiB: belady %+v, VRAM %+v; want a report where experts were paged", res.Belady, vram)
+	}
+	f, err := os.Open(trace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	tr, err := tiers.ReadTrace(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := tiers.Belady(tr, vram.Budget)
+	if res.Belady.Budget != vram.Budget || res.Belady.HitRate != want.HitRate || want.HitRate <= 0 {
+		t.Fatalf("belady %+v; the trace replayed at the VRAM budget %d gives %+v", *res.Belady, vram.Budget, want)
+	}
+	if math.Abs(res.Belady.OfMin-vram.HitRate/want.HitRate) > 1e-12 {
+		t.Fatalf("ofMin %v; VRAM hit rate %v over MIN's %v", res.Belady.OfMin, vram.HitRate, want.HitRate)
+	}
+	res = result{}
+	mustRunJSON(t, home, &res, "generate", "-", "--procedural", manifest, "--engine", "gpu",
+		"--vram", "1GiB", "--prompt", "a", "--max-tokens", "4", "--json")
+	if res.Belady != nil {
+		t.Fatalf("--vram 1GiB (nothing paged): belady %+v", *res.Belady)
+	}
+}
