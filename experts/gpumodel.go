@@ -412,8 +412,10 @@ const (
 
 // GuessLeads are the upper bounds of the buckets that GPUModel.Leads
 // counts the next layer's guesses in, by how far a guessed expert's
-// routing score led the experts not guessed; the last bucket is above
-// them.
+// routing score led the experts not guessed (guessLead: logits for a
+// softmax router, four times the sigmoid scores' difference for a
+// sigmoid one); the last bucket is above them. A lead not known (or NaN)
+// counts in the first.
 var GuessLeads = [...]float64{0.25, 0.5, 0.75, 1, 1.25, 1.5, 1.75, 2, 2.5, 3, 4}
 
 // SureAfter is how many guesses a bucket of GuessLeads counts before
@@ -422,28 +424,38 @@ const SureAfter = 32
 
 // sure reports whether a guess that led by lead is sure: its bucket's
 // guesses, SureAfter or more, were right PrefetchSure of the time or
-// more.
+// more; or, while its bucket has counted fewer, the nearest bucket below
+// it that has counted enough is sure (a guess that leads by more is
+// right at least as often, and the buckets of large leads fill last).
+// A lead not known (NaN) is never sure.
 func (g *GPUModel) sure(lead float64) bool {
-	if g.PrefetchSure <= 0 {
+	if g.PrefetchSure <= 0 || math.IsNaN(lead) {
 		return false
 	}
 	n := SureAfter
 	if g.sureAfter > 0 {
 		n = g.sureAfter
 	}
-	c := g.Leads[leadBucket(lead)]
-	return c.Guesses >= n && float64(c.Right) >= g.PrefetchSure*float64(c.Guesses)
+	for b := leadBucket(lead); b >= 0; b-- {
+		if c := g.Leads[b]; c.Guesses >= n {
+			return float64(c.Right) >= g.PrefetchSure*float64(c.Guesses)
+		}
+	}
+	return false
 }
 
 // A guess is a guessed expert of the next layer: its matrices'
-// prefetches and its lead (guessLead).
+// prefetches, its lead (guessLead; NaN if not known) and whether it went
+// to VRAM as sure.
 type guess struct {
 	prefetches []*tiers.Prefetch
 	lead       float64
+	sure       bool
 }
 
 // A GuessCount is the guesses of one bucket, how many were right, and
-// how many went to VRAM as sure (PrefetchSure).
+// how many of them went to VRAM as sure (PrefetchSure), counted when the
+// router's choice scores them.
 type GuessCount struct {
 	Guesses int `json:"guesses"`
 	Right   int `json:"right"`
@@ -476,9 +488,17 @@ func (g *GPUModel) guessLead(ids, logits []byte) map[int]float64 {
 			best = v
 		}
 	}
+	// A sigmoid router's scores are in (0, 1) (plus its bias): their
+	// difference times four is the logit difference it is at the
+	// sigmoid's steepest (slope 1/4), so that its leads spread over the
+	// buckets as a softmax router's logits do.
+	scale := 1.0
+	if c.ScoringFunc == "sigmoid" {
+		scale = 4
+	}
 	out := make(map[int]float64, len(guessed))
 	for e := range guessed {
-		out[e] = score[e] - best
+		out[e] = (score[e] - best) * scale
 	}
 	return out
 }
@@ -557,6 +577,9 @@ func (g *GPUModel) score(ids []byte) {
 		g.Predicted++
 		lb := &g.Leads[leadBucket(gs.lead)]
 		lb.Guesses++
+		if gs.sure {
+			lb.Sure++
+		}
 		if chosen[e] {
 			g.Correct++
 			lb.Right++
@@ -569,8 +592,12 @@ func (g *GPUModel) score(ids []byte) {
 	g.predicted = nil
 }
 
-// leadBucket is the index in GPUModel.Leads of a guess's lead.
+// leadBucket is the index in GPUModel.Leads of a guess's lead (the
+// first for NaN).
 func leadBucket(lead float64) int {
+	if math.IsNaN(lead) {
+		return 0
+	}
 	for i, b := range GuessLeads {
 		if lead < b {
 			return i
@@ -590,12 +617,15 @@ func (g *GPUModel) prefetch(l int, ids, logits []byte) {
 		if !ok {
 			continue
 		}
-		to := g.PrefetchTo
-		if to == tiers.RAM && g.sure(leads[e]) {
-			to = tiers.VRAM
-			g.Leads[leadBucket(leads[e])].Sure++
+		lead, ok := leads[e]
+		if !ok {
+			lead = math.NaN() // no logits came back with the guess
 		}
-		gs := guess{lead: leads[e]}
+		gs := guess{lead: lead}
+		to := g.PrefetchTo
+		if to == tiers.RAM && g.sure(lead) {
+			to, gs.sure = tiers.VRAM, true
+		}
 		for _, name := range ex.Tensors {
 			gs.prefetches = append(gs.prefetches, g.cache.Prefetch(g.matrixKey(name), to, 1))
 		}

@@ -389,6 +389,20 @@ func TestGPUModelPrefetch(t *testing.T) {
 		if q := st[tiers.VRAM].PrefetchQueued; (sure < 1) != (q > 0) || st[tiers.RAM].PrefetchQueued == 0 && sure > 1 {
 			t.Fatalf("PrefetchSure %g: %d prefetches queued at VRAM, %d at RAM", sure, q, st[tiers.RAM].PrefetchQueued)
 		}
+		// Each bucket counts the guesses it sent to VRAM among its own,
+		// a prefetch a matrix; the last layer's guesses may go unscored.
+		var nSure int
+		slack := int64(len(m.Experts[0].Tensors) * m.Config.NumExpertsPerTok)
+		for _, c := range g.Leads {
+			if c.Sure > c.Guesses {
+				t.Fatalf("PrefetchSure %g: buckets %v: more sure than guesses", sure, g.Leads)
+			}
+			nSure += c.Sure
+		}
+		per := int64(len(m.Experts[0].Tensors))
+		if q := st[tiers.VRAM].PrefetchQueued; per*int64(nSure) < q-slack || per*int64(nSure) > q || (sure < 1) != (nSure > 0) {
+			t.Fatalf("PrefetchSure %g: %d sure guesses counted, %d prefetches queued at VRAM", sure, nSure, q)
+		}
 	}
 }
 
@@ -808,13 +822,13 @@ func TestGuessLead(t *testing.T) {
 	g.m.Config.ScoringFunc = "sigmoid"
 	sig := func(v float64) float64 { return 1 / (1 + math.Exp(-v)) }
 	got = g.guessLead(ids(3, 0), logits)
-	if math.Abs(got[3]-(sig(3)-sig(0.5))) > 1e-6 || math.Abs(got[0]-(sig(2)-sig(0.5))) > 1e-6 {
-		t.Fatalf("sigmoid: leads %v", got)
+	if math.Abs(got[3]-4*(sig(3)-sig(0.5))) > 1e-6 || math.Abs(got[0]-4*(sig(2)-sig(0.5))) > 1e-6 {
+		t.Fatalf("sigmoid: leads %v; want four times the sigmoids' differences", got)
 	}
 	for _, c := range []struct {
 		lead float64
 		want int
-	}{{-1, 0}, {0, 0}, {0.25, 1}, {0.9, 3}, {1.3, 5}, {3.99, 10}, {4, 11}, {100, 11}} {
+	}{{-1, 0}, {0, 0}, {0.25, 1}, {0.9, 3}, {1.3, 5}, {3.99, 10}, {4, 11}, {100, 11}, {math.NaN(), 0}, {math.Inf(1), 11}} {
 		if b := leadBucket(c.lead); b != c.want {
 			t.Errorf("leadBucket(%g) = %d; want %d", c.lead, b, c.want)
 		}
@@ -822,7 +836,9 @@ func TestGuessLead(t *testing.T) {
 }
 
 // TestPrefetchSure: a guess is sure when its lead's bucket, counted
-// SureAfter times or more, was right PrefetchSure of the time or more.
+// SureAfter times or more, was right PrefetchSure of the time or more; a
+// bucket not counted that often yet takes the nearest counted one below
+// it; NaN (no lead) never is.
 func TestPrefetchSure(t *testing.T) {
 	g := &GPUModel{PrefetchSure: 0.9}
 	b := leadBucket(1.6)
@@ -830,17 +846,33 @@ func TestPrefetchSure(t *testing.T) {
 	if g.sure(1.6) {
 		t.Fatalf("%+v sure at 0.9", g.Leads[b])
 	}
+	if g.PrefetchSure = 0.875; !g.sure(1.6) {
+		t.Fatalf("%+v not sure at 0.875, its rate", g.Leads[b])
+	}
+	g.PrefetchSure = 0.9
 	g.Leads[b].Right++ // 29 of 32: 0.906
 	if !g.sure(1.6) || !g.sure(1.7) {
 		t.Fatalf("%+v not sure at 0.9", g.Leads[b])
 	}
-	if g.sure(1.4) || g.sure(1.8) || g.sure(0) {
-		t.Fatal("sure where nothing was counted")
+	if !g.sure(1.8) || !g.sure(100) {
+		t.Fatal("a bucket above a sure one, counted less than SureAfter, is not sure")
+	}
+	if g.sure(1.4) || g.sure(0) || g.sure(math.NaN()) {
+		t.Fatal("sure below every counted bucket, or without a lead")
+	}
+	// A bucket above, counted enough, goes by its own rate.
+	g.Leads[leadBucket(2.2)] = GuessCount{Guesses: SureAfter, Right: SureAfter / 2}
+	if g.sure(2.2) || g.sure(3.5) || !g.sure(1.9) {
+		t.Fatalf("buckets %v: 2.2 and 3.5 should follow 2-2.5's rate (0.5), 1.9 1.5-1.75's", g.Leads)
 	}
 	g.Leads[b] = GuessCount{Guesses: SureAfter - 1, Right: SureAfter - 1}
 	if g.sure(1.6) {
 		t.Fatalf("%+v sure: fewer than SureAfter guesses", g.Leads[b])
 	}
+	if g.sureAfter = SureAfter - 1; !g.sure(1.6) {
+		t.Fatalf("%+v not sure with sureAfter %d", g.Leads[b], g.sureAfter)
+	}
+	g.sureAfter = 0
 	g.Leads[b] = GuessCount{Guesses: SureAfter, Right: SureAfter}
 	if g.PrefetchSure = 0; g.sure(1.6) {
 		t.Fatal("sure with PrefetchSure 0")

@@ -53,3 +53,21 @@ func TestGenerateReportsBelady(t *testing.T) {
 		t.Fatalf("--vram 1GiB (nothing paged): belady %+v", *res.Belady)
 	}
 }
+
+// --prefetch-sure is a rate: 0 to 1; NaN, negatives and values above 1
+// (a lead in logits, as it was before it became a rate) are refused.
+func TestGeneratePrefetchSureRange(t *testing.T) {
+	home, manifest := tinyProcedural(t)
+	for _, bad := range []string{"NaN", "-0.1", "1.5", "Inf"} {
+		if _, err := run(t, home, "generate", "-", "--procedural", manifest, "--engine", "gpu", "--max-tokens", "1", "--prefetch-sure", bad); err == nil {
+			t.Errorf("--prefetch-sure %s was accepted", bad)
+		}
+	}
+	for _, ok := range []string{"0", "1", "0.85"} {
+		var res struct{ Tokens []int }
+		mustRunJSON(t, home, &res, "generate", "-", "--procedural", manifest, "--engine", "gpu", "--vram", "1MiB", "--prompt", "a", "--max-tokens", "2", "--prefetch-sure", ok, "--json")
+		if len(res.Tokens) != 2 {
+			t.Errorf("--prefetch-sure %s: tokens %v", ok, res.Tokens)
+		}
+	}
+}

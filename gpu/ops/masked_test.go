@@ -561,12 +561,20 @@ func TestRopeAttention(t *testing.T) {
 	for _, c := range []struct {
 		nq, nkv, hd, pos int
 		fused            bool
+		style            abi.RopeStyle
+		rot              int // 0: hd
 	}{
-		{32, 8, 128, 0, true}, {32, 8, 128, 31, true}, {32, 8, 128, 32, true}, {32, 8, 128, 300, true},
-		{8, 2, 64, 63, true}, {16, 1, 64, 5, true}, {128, 8, 128, 70, true}, // 16 query heads a cache head: two z groups
-		{4, 2, 32, 40, false}, // hd 32: a pair's halves in two threads
-		{6, 3, 36, 9, false},
+		{32, 8, 128, 0, true, abi.RopeNeoX, 0}, {32, 8, 128, 31, true, abi.RopeNeoX, 0}, {32, 8, 128, 32, true, abi.RopeNeoX, 0}, {32, 8, 128, 300, true, abi.RopeNeoX, 0},
+		{8, 2, 64, 63, true, abi.RopeNeoX, 0}, {16, 1, 64, 5, true, abi.RopeNeoX, 0}, {128, 8, 128, 70, true, abi.RopeNeoX, 0}, // 16 query heads a cache head: two z groups
+		{4, 2, 32, 40, false, abi.RopeNeoX, 0}, // hd 32: a pair's halves in two threads
+		{6, 3, 36, 9, false, abi.RopeNeoX, 0},
+		{8, 2, 64, 40, false, abi.RopeGPTJ, 0},   // pairs the kernel does not make
+		{8, 2, 128, 40, false, abi.RopeNeoX, 64}, // part of each head rotated
 	} {
+		rot := c.rot
+		if rot == 0 {
+			rot = c.hd
+		}
 		for _, xq := range []bool{false, true} {
 			if xq && c.hd%XQGroup != 0 {
 				continue
@@ -577,12 +585,28 @@ func TestRopeAttention(t *testing.T) {
 				rows := c.pos + 2 // a row past the new one stays as it was
 				x := randF32(r, n, 1)
 				cacheK, cacheV := randF32(r, rows*kvn, 1), randF32(r, rows*kvn, 1)
-				freqs := uploadF32(t, d, RopeFreqs(10000, c.hd))
+				freqs := uploadF32(t, d, RopeFreqs(10000, rot))
 				as := AttnShape{Heads: c.nq, KVHeads: c.nkv, HeadDim: c.hd, KVLen: c.pos + 1, Scale: float32(1 / math.Sqrt(float64(c.hd)))}
-				rs := RopeShape{Tokens: 1, Heads: c.nq + c.nkv, HeadDim: c.hd, RotDim: c.hd, Pos0: c.pos, Style: abi.RopeNeoX}
+				rs := RopeShape{Tokens: 1, Heads: c.nq + c.nkv, HeadDim: c.hd, RotDim: rot, Pos0: c.pos, Style: c.style}
 				kv := KVShape{Dim: kvn, KOff: c.nq * c.hd, VOff: (c.nq + c.nkv) * c.hd, Pos: c.pos}
 				if _, _, _, ok, err := RopeAttentionLaunches(as, rs, kv); err != nil || ok != c.fused {
 					t.Fatalf("RopeAttentionLaunches: fused %v, %v; want fused %v", ok, err, c.fused)
+				}
+				if c.fused {
+					// The kernel rotates at position KVLen - 1 and stores
+					// row Pos: a step whose rotation, row or length differ
+					// is not fused.
+					rs1, as1 := rs, as
+					rs1.Pos0++
+					as1.KVLen++
+					for _, bad := range []struct {
+						as AttnShape
+						rs RopeShape
+					}{{as, rs1}, {as1, rs}} {
+						if _, _, _, ok, err := RopeAttentionLaunches(bad.as, bad.rs, kv); ok {
+							t.Fatalf("RopeAttentionLaunches(%+v, %+v, %+v): fused (%v)", bad.as, bad.rs, kv, err)
+						}
+					}
 				}
 				nout := c.nq * c.hd
 				nq8 := int(XQBytes(nout) / 4)

@@ -365,7 +365,6 @@ fn main_v(wid: vec3<u32>, tid: u32) {
     // + 8 are a pair; 128: lane and lane + 16, lane + 8 and lane + 24),
     // and stored by workgroup z 0.
 //+ROPE    let kr = p.k_off + 4u * j * n4;
-//+ROPE    let h4 = n4 / 2u;
 //+ROPE    let a0 = q4at(kr + 4u * lane);
 //+ROPE    let a1 = q4at(kr + 4u * (lane + LANES));
 //+ROPE    if (n4 == 16u) {
