@@ -60,9 +60,8 @@ type GPUModel struct {
 	// guesses whose lead (how far the guessed expert's routing score led
 	// the best expert not guessed) fell in the same bucket of GuessLeads
 	// were right PrefetchSure of the time or more, over at least
-	// SureAfter of them. A rate, not a lead, so that it means the same
-	// for softmax and sigmoid routers and for trained and synthetic
-	// weights. 0: never.
+	// SureAfter of them (see sure). A rate, not a lead: measured on the
+	// run's own guesses, whatever the router and the weights. 0: never.
 	PrefetchSure float64
 	// sureAfter overrides SureAfter (tests).
 	sureAfter int
