@@ -115,9 +115,6 @@ func (k *Kernels) Attention(ctx context.Context, b *gpu.Batch, q, kc, vc, out gp
 // (attention_merge_xq). Heads * HeadDim values; HeadDim a multiple of
 // XQGroup.
 func (k *Kernels) AttentionXQ(ctx context.Context, b *gpu.Batch, q, kc, vc, out, outq gpu.Region, s AttnShape) error {
-	if s.HeadDim%XQGroup != 0 {
-		return b.Fail(shapeErr("attention_merge_xq", "head dim %d (a multiple of %d)", s.HeadDim, XQGroup))
-	}
 	if outq == nil {
 		return b.Fail(shapeErr("attention_merge_xq", "no quantized output"))
 	}
@@ -129,12 +126,28 @@ func (k *Kernels) attention(ctx context.Context, b *gpu.Batch, q, kc, vc, out, o
 	if err != nil {
 		return b.Fail(err)
 	}
+	return k.splitMerge(ctx, b, split, merge, partials, []gpu.Region{q, kc, vc}, nil, out, outq, s)
+}
+
+// splitMerge records an attention's split, bound to in (q, k cache, v
+// cache), the partials (a scratch buffer of the batch) and extra, then
+// its merge into out, and into outq quantized if not nil.
+func (k *Kernels) splitMerge(ctx context.Context, b *gpu.Batch, split, merge Launch, partials uint64, in, extra []gpu.Region, out, outq gpu.Region, s AttnShape) error {
 	if outq != nil {
+		if s.HeadDim%XQGroup != 0 {
+			return b.Fail(shapeErr("attention_merge_xq", "head dim %d (a multiple of %d)", s.HeadDim, XQGroup))
+		}
 		merge.Kernel = "attention_merge_xq"
 		merge.Bindings = append(merge.Bindings, Binding{"quantized out", XQBytes(s.Heads * s.HeadDim)})
 	}
-	for i, r := range []gpu.Region{q, kc, vc} {
+	for i, r := range in {
 		if err := need("attention", split.Bindings[i].Name, r, split.Bindings[i].Bytes); err != nil {
+			return b.Fail(err)
+		}
+	}
+	for i, r := range extra {
+		bd := split.Bindings[len(in)+1+i]
+		if err := need("attention", bd.Name, r, bd.Bytes); err != nil {
 			return b.Fail(err)
 		}
 	}
@@ -145,7 +158,8 @@ func (k *Kernels) attention(ctx context.Context, b *gpu.Batch, q, kc, vc, out, o
 	if err != nil {
 		return err
 	}
-	if err := k.record(ctx, b, split, q, kc, vc, part); err != nil {
+	bind := append(append(append([]gpu.Region(nil), in...), part), extra...)
+	if err := k.record(ctx, b, split, bind...); err != nil {
 		return err
 	}
 	if outq != nil {
@@ -205,35 +219,7 @@ func (k *Kernels) RopeAttention(ctx context.Context, b *gpu.Batch, qkv, freqs, k
 		}
 		return k.Attention(ctx, b, q, kc, vc, out, s)
 	}
-	if outq != nil {
-		if s.HeadDim%XQGroup != 0 {
-			return b.Fail(shapeErr("attention_merge_xq", "head dim %d (a multiple of %d)", s.HeadDim, XQGroup))
-		}
-		merge.Kernel = "attention_merge_xq"
-		merge.Bindings = append(merge.Bindings, Binding{"quantized out", XQBytes(s.Heads * s.HeadDim)})
-	}
-	for i, r := range []gpu.Region{qkv, kc, vc} {
-		if err := need("attention", split.Bindings[i].Name, r, split.Bindings[i].Bytes); err != nil {
-			return b.Fail(err)
-		}
-	}
-	if err := need("attention", "freqs", freqs, split.Bindings[4].Bytes); err != nil {
-		return b.Fail(err)
-	}
-	if err := need("attention", "out", out, merge.Bindings[1].Bytes); err != nil {
-		return b.Fail(err)
-	}
-	part, err := b.Scratch(partials)
-	if err != nil {
-		return err
-	}
-	if err := k.record(ctx, b, split, qkv, kc, vc, part, freqs); err != nil {
-		return err
-	}
-	if outq != nil {
-		return k.record(ctx, b, merge, part, out, outq)
-	}
-	return k.record(ctx, b, merge, part, out)
+	return k.splitMerge(ctx, b, split, merge, partials, []gpu.Region{qkv, kc, vc}, []gpu.Region{freqs}, out, outq, s)
 }
 
 // KVShape is a decode step's store into the caches: rows of Dim floats,
