@@ -348,7 +348,7 @@ func (c *Cache) get(ctx context.Context, k Key, level Level, askedAt int64, reco
 	}
 	c.now++
 	if c.cfg.Trace != nil && record {
-		c.cfg.Trace.access(id, !demand)
+		c.cfg.Trace.access(id, !demand, level)
 	}
 	for {
 		e := lv.entries[id]
@@ -762,7 +762,7 @@ func (c *Cache) Touch(k Key, level Level) bool {
 	}
 	c.now++
 	if c.cfg.Trace != nil {
-		c.cfg.Trace.access(id, false)
+		c.cfg.Trace.access(id, false, level)
 	}
 	e.lastDemand = c.now
 	c.stats[level].hits++

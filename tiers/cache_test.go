@@ -644,6 +644,26 @@ func TestTraceRecorder(t *testing.T) {
 	}
 }
 
+// A cache's trace names the level of each prefetch.
+func TestTraceRecorderPrefetchLevels(t *testing.T) {
+	w := newWorld(t, 3)
+	rec := &TraceRecorder{}
+	c, _ := New(Config{RAM: 3 * keyLen, Disk: DiskSource{w.st}, Trace: rec, Now: fakeNow()})
+	defer c.Close()
+	if err := c.Prefetch(w.keys[0], RAM, 1).Wait(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	l, err := c.Get(context.Background(), w.keys[1], RAM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Release()
+	tr := rec.Trace()
+	if len(tr.Accesses) != 2 || !tr.Accesses[0].Prefetch || tr.Accesses[0].To != "ram" || tr.Accesses[1].Prefetch || tr.Accesses[1].To != "" {
+		t.Fatalf("accesses %+v; want a prefetch to ram, then a demand", tr.Accesses)
+	}
+}
+
 func mustPolicy(name string) Policy {
 	p, err := NewPolicy(name)
 	if err != nil {

@@ -51,10 +51,15 @@ func (r *TraceRecorder) step(token int) {
 	r.trace.Tokens[r.token] = token
 }
 
-func (r *TraceRecorder) access(id int, prefetch bool) {
+// access records a demand of key id, or a prefetch of it to level to.
+func (r *TraceRecorder) access(id int, prefetch bool, to Level) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.trace.Accesses = append(r.trace.Accesses, Access{Token: r.token, Key: id, Prefetch: prefetch})
+	a := Access{Token: r.token, Key: id, Prefetch: prefetch}
+	if prefetch {
+		a.To = to.String()
+	}
+	r.trace.Accesses = append(r.trace.Accesses, a)
 }
 
 // Trace returns a copy of what was recorded.

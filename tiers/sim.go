@@ -241,6 +241,21 @@ func ReportWithPrefetches(t *Trace, fractions []float64) []SimResult {
 	return report(t, t.DemandOnly(), fractions)
 }
 
+// PrefetchesTo returns t with only the prefetch records that promoted to
+// level (or do not say where): a recorded run's own prefetches into the
+// level its demands are counted at, for ReportWithPrefetches. The GPU
+// pager's demands are at VRAM; its prefetches go to RAM but for the sure
+// ones (experts.GPUModel.PrefetchSure).
+func (t *Trace) PrefetchesTo(level string) *Trace {
+	out := &Trace{Keys: t.Keys, Tokens: t.Tokens}
+	for _, a := range t.Accesses {
+		if !a.Prefetch || a.To == "" || a.To == level {
+			out.Accesses = append(out.Accesses, a)
+		}
+	}
+	return out
+}
+
 func report(t, demands *Trace, fractions []float64) []SimResult {
 	var total int64
 	for _, k := range t.Keys {

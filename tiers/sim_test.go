@@ -2,6 +2,7 @@ package tiers
 
 import (
 	"bytes"
+	"fmt"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -153,6 +154,7 @@ func FuzzReadTrace(f *testing.F) {
 	tr.Write(&buf)
 	f.Add(buf.Bytes())
 	f.Add([]byte("# rdrr-trace/1\nk 0 5 a 0\nk 1 5 b 1\nt 0 7\nt 1 9\na 0 0\na 0 1\na 1 1\n"))
+	f.Add([]byte("# rdrr-trace/1\nk 0 5 a 0\nk 1 5 b 1\np 0 1 vram\na 0 0\np 0 0 ram\np 1 1\na 1 1\n"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		tr, err := ReadTrace(bytes.NewReader(b))
 		if err != nil {
@@ -165,8 +167,40 @@ func FuzzReadTrace(f *testing.F) {
 		}
 		Simulate(tr, NewLFU(), 100)
 		Simulate(tr, NewForecast(), 100)
+		Simulate(tr.PrefetchesTo("vram"), NewForecast(), 100)
 		Belady(tr, 100)
 	})
+}
+
+// A prefetch record may name the level it promoted to: the round trip
+// keeps it, PrefetchesTo keeps a level's prefetches and those that do
+// not say, and any other level, or a level on a demand, is refused.
+func TestTracePrefetchLevels(t *testing.T) {
+	in := "# rdrr-trace/1\nk 0 5 a\nk 1 5 b\na 0 0\np 0 1 vram\np 0 0 ram\np 1 1\na 1 1\n"
+	tr, err := ReadTrace(strings.NewReader(in))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := tr.Write(&out); err != nil || out.String() != in {
+		t.Fatalf("round trip: %q (%v); want %q", out.String(), err, in)
+	}
+	var tos []string
+	for _, a := range tr.PrefetchesTo("vram").Accesses {
+		tos = append(tos, fmt.Sprintf("%v%s", a.Prefetch, a.To))
+	}
+	if got := strings.Join(tos, " "); got != "false truevram true false" {
+		t.Fatalf("PrefetchesTo(vram): %s", got)
+	}
+	// Replayed with only the VRAM prefetch, key 1 is in before its demand.
+	if r := Simulate(tr.PrefetchesTo("vram"), &LRU{last: map[int]int64{}}, 10); r.Hits != 1 || r.Prefetches != 1 {
+		t.Fatalf("replay with the vram prefetch: %+v", r)
+	}
+	for _, bad := range []string{"p 0 1 disk", "a 0 1 vram", "p 0 1 vram x"} {
+		if _, err := ReadTrace(strings.NewReader("# rdrr-trace/1\nk 0 5 a\nk 1 5 b\n" + bad + "\n")); err == nil {
+			t.Errorf("%q: parsed", bad)
+		}
+	}
 }
 
 // On the trace the pager recorded on the H100 (testdata/mx-6050MiB.trace:

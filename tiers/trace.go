@@ -34,11 +34,14 @@ type TraceKey struct {
 }
 
 // Access is one access: a demand (the pager needs the key now) or a
-// prefetch request, made while generating token Token.
+// prefetch request, made while generating token Token. A prefetch
+// recorded by a cache names the level it promoted to (To: "vram" or
+// "ram"; "" where the trace does not say).
 type Access struct {
 	Token    int
 	Key      int
 	Prefetch bool
+	To       string
 }
 
 // Limits of ReadTrace.
@@ -69,6 +72,10 @@ func (t *Trace) Write(w io.Writer) error {
 		op := 'a'
 		if a.Prefetch {
 			op = 'p'
+		}
+		if a.Prefetch && a.To != "" {
+			fmt.Fprintf(bw, "p %d %d %s\n", a.Token, a.Key, a.To)
+			continue
 		}
 		fmt.Fprintf(bw, "%c %d %d\n", op, a.Token, a.Key)
 	}
@@ -130,8 +137,15 @@ func ReadTrace(r io.Reader) (*Trace, error) {
 			}
 			t.Tokens[step] = tok
 		case "a", "p":
+			to := ""
+			if f[0] == "p" && len(f) == 4 {
+				if to = f[3]; to != VRAM.String() && to != RAM.String() {
+					return nil, bad("a prefetch's level is vram or ram")
+				}
+				f = f[:3]
+			}
 			if len(f) != 3 {
-				return nil, bad("want a|p <token> <key>")
+				return nil, bad("want a <token> <key> or p <token> <key> [vram|ram]")
 			}
 			tok, err1 := strconv.Atoi(f[1])
 			id, err2 := strconv.Atoi(f[2])
@@ -141,7 +155,7 @@ func ReadTrace(r io.Reader) (*Trace, error) {
 			if len(t.Accesses) >= MaxTraceAccesses {
 				return nil, bad("too many accesses")
 			}
-			t.Accesses = append(t.Accesses, Access{tok, id, f[0] == "p"})
+			t.Accesses = append(t.Accesses, Access{tok, id, f[0] == "p", to})
 		default:
 			return nil, bad("unknown record " + strconv.Quote(f[0]))
 		}

@@ -71,3 +71,34 @@ func TestGeneratePrefetchSureRange(t *testing.T) {
 		}
 	}
 }
+
+// tiers simulate --with-prefetches replays every prefetch (the flag
+// alone), or those the run sent to one level and those whose level the
+// trace does not say (=vram, =ram); anything else is refused.
+func TestSimulateWithPrefetchesTo(t *testing.T) {
+	home := t.TempDir()
+	trace := filepath.Join(home, "t.trace")
+	if err := os.WriteFile(trace, []byte("# rdrr-trace/1\nk 0 5 a\nk 1 5 b\nk 2 5 c\np 0 1 vram\np 0 2 ram\np 0 0\na 0 1\na 0 2\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	prefetches := func(flag string) int {
+		t.Helper()
+		var res struct{ Results []tiers.SimResult }
+		mustRunJSON(t, home, &res, "tiers", "simulate", "--trace", trace, "--budget", "1", flag, "--json")
+		n := -1
+		for _, r := range res.Results {
+			if r.Policy == "lru" {
+				n = r.Prefetches
+			}
+		}
+		return n
+	}
+	for flag, want := range map[string]int{"--with-prefetches": 3, "--with-prefetches=vram": 2, "--with-prefetches=ram": 2, "--with-prefetches=false": 0} {
+		if got := prefetches(flag); got != want {
+			t.Errorf("%s: %d prefetches replayed; want %d", flag, got, want)
+		}
+	}
+	if _, err := run(t, home, "tiers", "simulate", "--trace", trace, "--with-prefetches=disk"); err == nil {
+		t.Error("--with-prefetches=disk was accepted")
+	}
+}

@@ -23,7 +23,7 @@ func tiersCommands(a *app) []*cobra.Command {
 func tiersSimulateCmd(a *app) *cobra.Command {
 	var shape, tracePath, out string
 	var budgets []float64
-	var withPrefetches bool
+	var withPrefetches string
 	p := tiers.DefaultMoETrace
 	cmd := &cobra.Command{
 		Use:   "simulate [--trace file | --shape mixtral|deepseek] [--budget 0.1,0.25,0.5]",
@@ -39,6 +39,11 @@ the best any policy can do, at each budget (a fraction of all experts'
 bytes).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			switch withPrefetches {
+			case "", "false", "all", "true", "vram", "ram":
+			default:
+				return fmt.Errorf("--with-prefetches %q: want all, vram or ram", withPrefetches)
+			}
 			var tr *tiers.Trace
 			if tracePath != "" {
 				f, err := os.Open(tracePath)
@@ -89,9 +94,14 @@ bytes).`,
 					return err
 				}
 			}
-			rs := tiers.Report(tr, budgets)
-			if withPrefetches {
+			var rs []tiers.SimResult
+			switch withPrefetches {
+			case "", "false":
+				rs = tiers.Report(tr, budgets)
+			case "all", "true":
 				rs = tiers.ReportWithPrefetches(tr, budgets)
+			default: // a level: the run's own prefetches into it
+				rs = tiers.ReportWithPrefetches(tr.PrefetchesTo(withPrefetches), budgets)
 			}
 			return a.print(map[string]any{"keys": len(tr.Keys), "accesses": len(tr.Accesses), "results": rs}, func(w io.Writer) {
 				fmt.Fprintf(w, "%d keys, %d accesses\n", len(tr.Keys), len(tr.Accesses))
@@ -108,7 +118,8 @@ bytes).`,
 	f.Uint64Var(&p.Seed, "seed", 0, "seed of the synthetic trace")
 	f.Float64SliceVar(&budgets, "budget", []float64{0.1, 0.25, 0.5}, "budgets as fractions of all experts' bytes")
 	f.StringVarP(&out, "out", "o", "", "also write the trace to this file")
-	f.BoolVar(&withPrefetches, "with-prefetches", false, "replay the trace's prefetch requests too (a recorded trace): loads counts misses and prefetches, as the pager's uploads; Belady's MIN still replays demands only")
+	f.StringVar(&withPrefetches, "with-prefetches", "", "replay the trace's prefetch requests too (a recorded trace): all of them (the flag alone: every guess into the level, as --prefetch-to vram would), or vram or ram: those the run sent to that level (the GPU pager's sure guesses into VRAM) and those whose level the trace does not say; loads counts misses and prefetches, as the pager's uploads; Belady's MIN still replays demands only")
+	f.Lookup("with-prefetches").NoOptDefVal = "all"
 	return cmd
 }
 
