@@ -657,6 +657,7 @@ func (f *fetcher) ask(ctx context.Context, peers []peer.ID, wants []*want) []ans
 		select {
 		case <-done:
 		case <-time.After(askGrace):
+			f.n.stats.askCuts.Add(1)
 			stop()
 			<-done
 		}

@@ -79,11 +79,15 @@ type Stats struct {
 	Bans          int64
 	LinksAccepted int64
 	LinksDialed   int64
+	// AskRoundsCut counts a fetch's ask rounds that went on without
+	// peers still connecting, askGrace after another had what was
+	// wanted (a dead peer listed somewhere holds its setup that long).
+	AskRoundsCut int64
 }
 
 type nodeStats struct {
 	fetchedBytes, servedBytes, servedPartialBytes, badSlices, bans, accepted, dialed atomic.Int64
-	corruptServed, verifiedSlices                                                    atomic.Int64
+	corruptServed, verifiedSlices, askCuts                                           atomic.Int64
 }
 
 // verified counts a peer's answer of n bytes that verified and was written.
@@ -377,6 +381,7 @@ func (n *Node) Stats() Stats {
 		Bans:               n.stats.bans.Load(),
 		LinksAccepted:      n.stats.accepted.Load(),
 		LinksDialed:        n.stats.dialed.Load(),
+		AskRoundsCut:       n.stats.askCuts.Load(),
 	}
 }
 
