@@ -65,6 +65,13 @@ type Forecast struct {
 	// step used: the chance a prefetched key's turn uses it.
 	guesses [2]float64
 	feat    []uint8 // per key: its cell at the current step's start
+	// The tables' rates (and the guesses'), as of the current step's
+	// start: they change only there (learn).
+	rateOf, nextOf [forecastCells]float64
+	guessRate      float64
+	// sver versions the keys' cached scores: a step's start and a change
+	// of G move it; an access, a prefetch or a new group clears a key's.
+	sver uint32
 }
 
 // MaxTokenMemory bounds the tokens whose last step Forecast remembers.
@@ -96,8 +103,12 @@ type forecastKey struct {
 	u1, u2  int32   // the last two steps that used it, most recent first (-1: none)
 	guessed bool    // prefetched in this step (Prefetched)
 	rate    float32 // steps that used it / steps since its first use
+	rb      uint8   // rateBucket(rate)
 	first   int32   // the step of its first use (-1: none)
 	uses    int32   // steps that used it
+	// done and pend are scores' answer while sv is the policy's sver.
+	done, pend float64
+	sv         uint32
 }
 
 // NewForecast returns a Forecast policy.
@@ -107,7 +118,30 @@ func NewForecast() *Forecast {
 		p.counts[i] = [2]float64{1, 2} // a use rate of one half until measured
 		p.next[i] = [2]float64{1, 2}
 	}
+	p.learned()
 	return p
+}
+
+// learned takes the tables' rates (each at least 1e-3) for the scores
+// of the step that begins.
+func (p *Forecast) learned() {
+	for i := range p.counts {
+		p.rateOf[i] = max(p.counts[i][0]/p.counts[i][1], 1e-3)
+		p.nextOf[i] = max(p.next[i][0]/p.next[i][1], 1e-3)
+	}
+	p.guessRate = p.guesses[0] / p.guesses[1]
+	p.stale()
+}
+
+// stale drops every key's cached scores.
+func (p *Forecast) stale() {
+	p.sver++
+	if p.sver == 0 { // wrapped: no key may match
+		for i := range p.keys {
+			p.keys[i].sv = 0
+		}
+		p.sver = 1
+	}
 }
 
 func (p *Forecast) Name() string { return "forecast" }
@@ -139,8 +173,10 @@ func (p *Forecast) SetGroup(id, group int) {
 		p.unlist(id)
 	}
 	k.group = int32(group)
+	k.sv = 0
 	if group+1 > p.groups {
 		p.groups = group + 1
+		p.stale()
 		p.dirtyAll() // G is in every score
 	}
 	for len(p.byGroup) < p.groups {
@@ -254,8 +290,10 @@ func (p *Forecast) BeginStep(token int) {
 		}
 		if k.first >= 0 {
 			k.rate = float32(k.uses) / float32(p.step-k.first+1)
+			k.rb = rateBucket(k.rate)
 		}
 	}
+	p.learned()
 	if p.token >= 0 {
 		p.remember(p.token, p.used)
 	}
@@ -312,12 +350,7 @@ func (p *Forecast) cell(id int, s int32, withTok bool) uint8 {
 			tok = 1
 		}
 	}
-	return (c*forecastRates+rateBucket(k.rate))*3 + tok
-}
-
-func (p *Forecast) rate(c uint8) float64 {
-	n := p.counts[c]
-	return max(n[0]/n[1], 1e-3)
+	return (c*forecastRates+k.rb)*3 + tok
 }
 
 // hold lists key id as held (or marks its group changed) at time now.
@@ -330,6 +363,7 @@ func (p *Forecast) hold(id int, now int64) *forecastKey {
 		p.byGroup[k.group].dirty = true
 	}
 	k.last = now
+	k.sv = 0
 	return k
 }
 
@@ -380,6 +414,17 @@ func (p *Forecast) Score(id int) float64 {
 // first. Larger: evicted sooner.
 func (p *Forecast) scores(id int) (done, pend float64) {
 	k := &p.keys[id]
+	if k.sv == p.sver {
+		return k.done, k.pend
+	}
+	done, pend = p.score(id)
+	k.done, k.pend, k.sv = done, pend, p.sver
+	return done, pend
+}
+
+// score computes scores' answer.
+func (p *Forecast) score(id int) (done, pend float64) {
+	k := &p.keys[id]
 	g, G := float64(k.group), float64(max(p.groups, 1))
 	tie := float64(k.rate) * 1e-3
 	// Done: its next turn is in the next step, whose token is not known
@@ -391,18 +436,16 @@ func (p *Forecast) scores(id int) (done, pend float64) {
 	if p.step > 0 && (k.u1 == p.step-1 || k.u2 == p.step-1) {
 		n |= 1
 	}
-	r := p.next[(n*forecastRates+rateBucket(k.rate))*3]
-	done = G + g + (1/max(r[0]/r[1], 1e-3)-1)*G - tie
+	done = G + g + (1/p.nextOf[(n*forecastRates+k.rb)*3]-1)*G - tie
 	// Pending: used at its turn with chance q (its cell, the token
 	// known); if not, later turns at the next step's rate, or q if
 	// larger (a key the token does not want now is not one that no token
 	// wants).
-	q := p.rate(p.feat[id])
+	q := p.rateOf[p.feat[id]]
 	if k.guessed { // prefetched: a guess of its turn, right this often
-		q = max(q, p.guesses[0]/p.guesses[1])
+		q = max(q, p.guessRate)
 	}
-	r = p.next[((n&1)*forecastRates+rateBucket(k.rate))*3]
-	pend = g + (1-q)*G/max(q, r[0]/r[1], 1e-3) - tie
+	pend = g + (1-q)*G/max(q, p.nextOf[((n&1)*forecastRates+k.rb)*3]) - tie
 	return done, pend
 }
 

@@ -172,6 +172,8 @@ func TestForecastVictimMatchesScan(t *testing.T) {
 				p.BeginStep(r.IntN(5) - 1)
 			case op < 15:
 				p.SetGroup(r.IntN(nkeys), r.IntN(groups+2)) // a group set late, or a new one
+			case op < 16:
+				p.Prefetched(r.IntN(nkeys), 1, now)
 			default:
 				out := map[int]bool{}
 				for range r.IntN(nkeys) {
@@ -193,7 +195,8 @@ func TestForecastVictimMatchesScan(t *testing.T) {
 	}
 }
 
-// victimByScanF is Forecast's rule as a scan of every held entry: the
+// victimByScanF is Forecast's rule as a scan of every held entry, its
+// scores computed afresh (not Forecast's cached ones): the
 // least recently used evictable entry without a group, else the evictable
 // entry of the largest score in the form its turn is in (done or pending),
 // then the least recently used, then the smallest id.
@@ -215,7 +218,7 @@ func victimByScanF(p *Forecast, evictable func(id int) bool) (int, bool) {
 		if ungrouped {
 			continue
 		}
-		done, pend := p.scores(id)
+		done, pend := p.score(id) // computed, not the cached scores
 		v := pend
 		if p.isDone(id, p.group) {
 			v = done
