@@ -3,6 +3,7 @@ package swarm
 import (
 	"bytes"
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -14,9 +15,12 @@ import (
 // topic, a provider record), costs a fetch nothing: the server refuses
 // the offer to it (unknown_peer) and the dial fails then, not at
 // ConnectTimeout, so the ask round does not wait askGrace for it either
-// (counted: Stats.AskRoundsCut). The times are checked against half of
-// ConnectTimeout, which a dial that waited for it would pass, not
-// against askGrace, which a loaded machine's fetch can reach.
+// (Stats.AskRoundsCut stays 0: a fetch that waited askGrace would take
+// ~2 s, which a loaded machine's fetch can take too, so that is what
+// guards it). Connect is timed against half of ConnectTimeout, which a
+// dial that waited for it would pass. The server drops a client when it
+// sees its connection close; until then it still queues offers to it,
+// so the test waits for the peer to leave a topic first.
 func TestDeadPeerFailsFast(t *testing.T) {
 	const connectTimeout = 10 * time.Second // the fetcher's
 	url := startSignal(t)
@@ -24,8 +28,16 @@ func TestDeadPeerFailsFast(t *testing.T) {
 	fetcher := newTestNode(t, url, func(c *Config) { c.ConnectTimeout = connectTimeout })
 	gone := newTestNode(t, url, nil)
 	dead := gone.ID()
+	const topic = "deadpeer"
+	if _, err := gone.sig.Join(ctxFor(t, 10*time.Second), topic); err != nil {
+		t.Fatal(err)
+	}
 	gone.Close()
 	gone.sig.Close()
+	waitFor(t, func() bool {
+		ps, err := fetcher.sig.Peers(ctxFor(t, 5*time.Second), topic)
+		return err == nil && !slices.Contains(ps, dead)
+	})
 	data := randBytes(31, 1<<20)
 	inf := put(t, seeder.st, data)
 

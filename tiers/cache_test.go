@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -644,23 +645,31 @@ func TestTraceRecorder(t *testing.T) {
 	}
 }
 
-// A cache's trace names the level of each prefetch.
+// A cache's trace names the level of each prefetch (a VRAM prefetch
+// once: not the RAM fetch it goes through), and no demand's.
 func TestTraceRecorderPrefetchLevels(t *testing.T) {
 	w := newWorld(t, 3)
 	rec := &TraceRecorder{}
-	c, _ := New(Config{RAM: 3 * keyLen, Disk: DiskSource{w.st}, Trace: rec, Now: fakeNow()})
-	defer c.Close()
-	if err := c.Prefetch(w.keys[0], RAM, 1).Wait(context.Background()); err != nil {
+	c, err := New(Config{RAM: 3 * keyLen, Disk: DiskSource{w.st}, Arena: newMemArena(3, keyLen), Trace: rec, Now: fakeNow()})
+	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := c.Get(context.Background(), w.keys[1], RAM)
+	defer c.Close()
+	ctx := context.Background()
+	if err := c.Prefetch(w.keys[0], RAM, 1).Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Prefetch(w.keys[2], VRAM, 1).Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l, err := c.Get(ctx, w.keys[1], VRAM)
 	if err != nil {
 		t.Fatal(err)
 	}
 	l.Release()
-	tr := rec.Trace()
-	if len(tr.Accesses) != 2 || !tr.Accesses[0].Prefetch || tr.Accesses[0].To != "ram" || tr.Accesses[1].Prefetch || tr.Accesses[1].To != "" {
-		t.Fatalf("accesses %+v; want a prefetch to ram, then a demand", tr.Accesses)
+	want := []Access{{0, 0, true, TraceRAM}, {0, 1, true, TraceVRAM}, {0, 2, false, TraceAny}}
+	if tr := rec.Trace(); !slices.Equal(tr.Accesses, want) {
+		t.Fatalf("accesses %+v; want %+v: a prefetch to ram, one to vram, then a demand", tr.Accesses, want)
 	}
 }
 

@@ -57,7 +57,7 @@ func (r *TraceRecorder) access(id int, prefetch bool, to Level) {
 	defer r.mu.Unlock()
 	a := Access{Token: r.token, Key: id, Prefetch: prefetch}
 	if prefetch {
-		a.To = to.String()
+		a.To = traceLevel(to)
 	}
 	r.trace.Accesses = append(r.trace.Accesses, a)
 }

@@ -246,10 +246,11 @@ func ReportWithPrefetches(t *Trace, fractions []float64) []SimResult {
 // level its demands are counted at, for ReportWithPrefetches. The GPU
 // pager's demands are at VRAM; its prefetches go to RAM but for the sure
 // ones (experts.GPUModel.PrefetchSure).
-func (t *Trace) PrefetchesTo(level string) *Trace {
+func (t *Trace) PrefetchesTo(level Level) *Trace {
+	to := traceLevel(level)
 	out := &Trace{Keys: t.Keys, Tokens: t.Tokens}
 	for _, a := range t.Accesses {
-		if !a.Prefetch || a.To == "" || a.To == level {
+		if !a.Prefetch || a.To == TraceAny || a.To == to {
 			out.Accesses = append(out.Accesses, a)
 		}
 	}

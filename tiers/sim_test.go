@@ -3,7 +3,9 @@ package tiers
 import (
 	"bytes"
 	"fmt"
+	"maps"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -167,8 +169,20 @@ func FuzzReadTrace(f *testing.F) {
 		}
 		Simulate(tr, NewLFU(), 100)
 		Simulate(tr, NewForecast(), 100)
-		Simulate(tr.PrefetchesTo("vram"), NewForecast(), 100)
+		Simulate(tr.PrefetchesTo(VRAM), NewForecast(), 100)
 		Belady(tr, 100)
+		// What was read writes back as it reads.
+		var out bytes.Buffer
+		if err := tr.Write(&out); err != nil {
+			t.Fatal(err)
+		}
+		again, err := ReadTrace(&out)
+		if err != nil {
+			t.Fatalf("a parsed trace, written, does not parse: %v", err)
+		}
+		if !slices.Equal(again.Accesses, tr.Accesses) || !slices.Equal(again.Keys, tr.Keys) || !maps.Equal(again.Tokens, tr.Tokens) {
+			t.Fatal("a parsed trace, written and read again, differs")
+		}
 	})
 }
 
@@ -186,14 +200,14 @@ func TestTracePrefetchLevels(t *testing.T) {
 		t.Fatalf("round trip: %q (%v); want %q", out.String(), err, in)
 	}
 	var tos []string
-	for _, a := range tr.PrefetchesTo("vram").Accesses {
+	for _, a := range tr.PrefetchesTo(VRAM).Accesses {
 		tos = append(tos, fmt.Sprintf("%v%s", a.Prefetch, a.To))
 	}
 	if got := strings.Join(tos, " "); got != "false truevram true false" {
 		t.Fatalf("PrefetchesTo(vram): %s", got)
 	}
 	// Replayed with only the VRAM prefetch, key 1 is in before its demand.
-	if r := Simulate(tr.PrefetchesTo("vram"), &LRU{last: map[int]int64{}}, 10); r.Hits != 1 || r.Prefetches != 1 {
+	if r := Simulate(tr.PrefetchesTo(VRAM), &LRU{last: map[int]int64{}}, 10); r.Hits != 1 || r.Prefetches != 1 {
 		t.Fatalf("replay with the vram prefetch: %+v", r)
 	}
 	for _, bad := range []string{"p 0 1 disk", "a 0 1 vram", "p 0 1 vram x"} {

@@ -35,13 +35,45 @@ type TraceKey struct {
 
 // Access is one access: a demand (the pager needs the key now) or a
 // prefetch request, made while generating token Token. A prefetch
-// recorded by a cache names the level it promoted to (To: "vram" or
-// "ram"; "" where the trace does not say).
+// recorded by a cache names the level it promoted to (To).
 type Access struct {
 	Token    int
 	Key      int
 	Prefetch bool
-	To       string
+	To       TraceLevel
+}
+
+// A TraceLevel is the level a traced prefetch promoted to: TraceAny
+// where the trace does not say (one byte, so that an Access stays three
+// words).
+type TraceLevel uint8
+
+const (
+	TraceAny TraceLevel = iota
+	TraceVRAM
+	TraceRAM
+)
+
+// traceLevel is level's TraceLevel (TraceAny for the levels below RAM,
+// to which nothing is prefetched).
+func traceLevel(level Level) TraceLevel {
+	switch level {
+	case VRAM:
+		return TraceVRAM
+	case RAM:
+		return TraceRAM
+	}
+	return TraceAny
+}
+
+func (l TraceLevel) String() string {
+	switch l {
+	case TraceVRAM:
+		return VRAM.String()
+	case TraceRAM:
+		return RAM.String()
+	}
+	return ""
 }
 
 // Limits of ReadTrace.
@@ -73,7 +105,7 @@ func (t *Trace) Write(w io.Writer) error {
 		if a.Prefetch {
 			op = 'p'
 		}
-		if a.Prefetch && a.To != "" {
+		if a.Prefetch && a.To != TraceAny {
 			fmt.Fprintf(bw, "p %d %d %s\n", a.Token, a.Key, a.To)
 			continue
 		}
@@ -137,9 +169,14 @@ func ReadTrace(r io.Reader) (*Trace, error) {
 			}
 			t.Tokens[step] = tok
 		case "a", "p":
-			to := ""
+			to := TraceAny
 			if f[0] == "p" && len(f) == 4 {
-				if to = f[3]; to != VRAM.String() && to != RAM.String() {
+				switch f[3] {
+				case VRAM.String():
+					to = TraceVRAM
+				case RAM.String():
+					to = TraceRAM
+				default:
 					return nil, bad("a prefetch's level is vram or ram")
 				}
 				f = f[:3]

@@ -4,6 +4,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/rdrr/peer/tiers"
@@ -100,5 +101,8 @@ func TestSimulateWithPrefetchesTo(t *testing.T) {
 	}
 	if _, err := run(t, home, "tiers", "simulate", "--trace", trace, "--with-prefetches=disk"); err == nil {
 		t.Error("--with-prefetches=disk was accepted")
+	}
+	if _, err := run(t, home, "tiers", "simulate", "--trace", trace, "--with-prefetches", "vram"); err == nil || !strings.Contains(err.Error(), "--with-prefetches=vram") {
+		t.Errorf("--with-prefetches vram (a space): %v; want the = named", err)
 	}
 }

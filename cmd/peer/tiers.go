@@ -37,7 +37,12 @@ needs the trace's key groups and steps' tokens, which traces recorded by
 peer generate have, and is LRU without groups) and against Belady's MIN,
 the best any policy can do, at each budget (a fraction of all experts'
 bytes).`,
-		Args: cobra.NoArgs,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 1 && (args[0] == "vram" || args[0] == "ram" || args[0] == "all") {
+				return fmt.Errorf("%q: a level of --with-prefetches takes an =: --with-prefetches=%s", args[0], args[0])
+			}
+			return cobra.NoArgs(cmd, args)
+		},
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			switch withPrefetches {
 			case "", "false", "all", "true", "vram", "ram":
@@ -100,8 +105,10 @@ bytes).`,
 				rs = tiers.Report(tr, budgets)
 			case "all", "true":
 				rs = tiers.ReportWithPrefetches(tr, budgets)
-			default: // a level: the run's own prefetches into it
-				rs = tiers.ReportWithPrefetches(tr.PrefetchesTo(withPrefetches), budgets)
+			case "vram": // the run's own prefetches into VRAM
+				rs = tiers.ReportWithPrefetches(tr.PrefetchesTo(tiers.VRAM), budgets)
+			case "ram":
+				rs = tiers.ReportWithPrefetches(tr.PrefetchesTo(tiers.RAM), budgets)
 			}
 			return a.print(map[string]any{"keys": len(tr.Keys), "accesses": len(tr.Accesses), "results": rs}, func(w io.Writer) {
 				fmt.Fprintf(w, "%d keys, %d accesses\n", len(tr.Keys), len(tr.Accesses))
