@@ -410,15 +410,8 @@ func (c *Cache) get(ctx context.Context, k Key, level Level, askedAt int64, reco
 		return nil, err
 	}
 	e.ready = true
-	if pp, ok := lv.policy.(PrefetchPolicy); ok && !demand {
-		pp.Prefetched(id, e.size, c.now)
-		if _, aging := lv.policy.(AgingPolicy); !aging {
-			lv.ver[id]++
-			heap.Push(&lv.heap, heapItem{lv.policy.Score(id), id, lv.ver[id]})
-		}
-	} else {
-		lv.touchLocked(id, e.size, c.now, false)
-	}
+	inserted(lv.policy, id, e.size, c.now, !demand)
+	lv.rankLocked(id)
 	c.stats[level].bytesUp += k.Len
 	c.stats[level].observe(c.cfg.Now().Sub(t0))
 	close(e.done)
@@ -563,10 +556,15 @@ func (c *Cache) readSource(ctx context.Context, k Key, dst []byte) error {
 	return fmt.Errorf("%w: %v", ErrNoSource, k)
 }
 
-// touchLocked tells the policy of an access and re-ranks id (an
-// AgingPolicy ranks its entries itself: no heap).
+// touchLocked tells the policy of an access and re-ranks id.
 func (lv *cacheLevel) touchLocked(id int, size int64, now int64, hit bool) {
 	lv.policy.Access(id, size, now, hit)
+	lv.rankLocked(id)
+}
+
+// rankLocked re-ranks id by its policy's score (an AgingPolicy ranks its
+// entries itself: no heap).
+func (lv *cacheLevel) rankLocked(id int) {
 	if _, ok := lv.policy.(AgingPolicy); ok {
 		return
 	}

@@ -41,16 +41,15 @@ type Forecast struct {
 	ungrouped []int32
 	byGroup   []forecastGroup
 	// Victim's answers of evictable in the current call (ask == call).
-	call   uint32
-	ask    []uint32
-	ok     []bool
-	cands  []forecastCand // Victim's, per group
-	exact  []bool
-	groups int     // G: the largest group seen, plus one
-	step   int32   // current step (0 before the first BeginStep)
-	group  int     // group of the last access (the walk's position)
-	token  int     // token of the current step; -1 unknown
-	used   []int32 // ids used in the current step
+	call  uint32
+	ask   []uint32
+	ok    []bool
+	cands []forecastCand // Victim's, per group
+	exact []bool
+	step  int32   // current step (0 before the first BeginStep)
+	group int     // group of the last access (the walk's position)
+	token int     // token of the current step; -1 unknown
+	used  []int32 // ids used in the current step
 	// memory: for each token, the ids its last step used (bounded).
 	memory map[int][]int32
 	order  []int // tokens in memory, oldest first
@@ -174,13 +173,11 @@ func (p *Forecast) SetGroup(id, group int) {
 	}
 	k.group = int32(group)
 	k.sv = 0
-	if group+1 > p.groups {
-		p.groups = group + 1
+	if group >= len(p.byGroup) {
+		// G (the groups seen: the largest plus one) is in every score.
+		p.byGroup = append(p.byGroup, make([]forecastGroup, group+1-len(p.byGroup))...)
 		p.stale()
-		p.dirtyAll() // G is in every score
-	}
-	for len(p.byGroup) < p.groups {
-		p.byGroup = append(p.byGroup, forecastGroup{dirty: true})
+		p.dirtyAll()
 	}
 	if held {
 		p.list(id)
@@ -425,7 +422,7 @@ func (p *Forecast) scores(id int) (done, pend float64) {
 // score computes scores' answer.
 func (p *Forecast) score(id int) (done, pend float64) {
 	k := &p.keys[id]
-	g, G := float64(k.group), float64(max(p.groups, 1))
+	g, G := float64(k.group), float64(max(len(p.byGroup), 1))
 	tie := float64(k.rate) * 1e-3
 	// Done: its next turn is in the next step, whose token is not known
 	// yet (the cells without it).
@@ -454,6 +451,16 @@ func (p *Forecast) isDone(id, c int) bool {
 	k := &p.keys[id]
 	g := int(k.group)
 	return g < c || (g == c && k.inThisStep(p.step))
+}
+
+// value is grouped key id's score at position c, in the form its turn is
+// in (isDone).
+func (p *Forecast) value(id, c int) float64 {
+	done, pend := p.scores(id)
+	if p.isDone(id, c) {
+		return done
+	}
+	return pend
 }
 
 // refresh recomputes group i's cached candidates.
@@ -519,19 +526,14 @@ func (p *Forecast) Victim(_ int64, evictable func(id int) bool) (int, bool) {
 		clear(p.ask)
 		p.call = 1
 	}
-	best, bestLast := -1, int64(0)
+	best := forecastCand{id: -1} // equal scores: the least recently used
 	for _, id32 := range p.ungrouped {
-		id := int(id32)
-		k := &p.keys[id]
-		if !p.evictable(id, evictable) {
-			continue
-		}
-		if best < 0 || k.last < bestLast || (k.last == bestLast && id < best) {
-			best, bestLast = id, k.last
+		if c := (forecastCand{id32, 0, p.keys[id32].last}); p.evictable(int(id32), evictable) && c.better(best) {
+			best = c
 		}
 	}
-	if best >= 0 {
-		return best, true
+	if best.id >= 0 {
+		return int(best.id), true
 	}
 	c := p.group
 	cands := append(p.cands[:0], make([]forecastCand, len(p.byGroup))...)
@@ -563,12 +565,7 @@ func (p *Forecast) Victim(_ int64, evictable func(id int) bool) (int, bool) {
 			if !p.evictable(id, evictable) {
 				continue
 			}
-			done, pend := p.scores(id)
-			v := pend
-			if p.isDone(id, c) {
-				v = done
-			}
-			if n := (forecastCand{id32, v, p.keys[id].last}); n.better(cd) {
+			if n := (forecastCand{id32, p.value(id, c), p.keys[id].last}); n.better(cd) {
 				cd = n
 			}
 		}

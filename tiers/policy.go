@@ -38,6 +38,17 @@ type PrefetchPolicy interface {
 	Prefetched(id int, size int64, now int64)
 }
 
+// inserted tells p that key id was loaded at time now: by a prefetch
+// (Prefetched, where p is a PrefetchPolicy) or a demand's miss (Access).
+// The cache and the simulator both insert through it.
+func inserted(p Policy, id int, size, now int64, prefetch bool) {
+	if pp, ok := p.(PrefetchPolicy); ok && prefetch {
+		pp.Prefetched(id, size, now)
+		return
+	}
+	p.Access(id, size, now, false)
+}
+
 // NewPolicy returns the policy called name: lru, lfu, cost (with a
 // refetch cost of 1 per byte for every key), cycle or forecast (both
 // AgingPolicies).

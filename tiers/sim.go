@@ -143,11 +143,7 @@ func Simulate(t *Trace, p Policy, budget int64) SimResult {
 		}
 		in[a.Key] = true
 		used += k.Size
-		if pp, ok := p.(PrefetchPolicy); ok && a.Prefetch {
-			pp.Prefetched(a.Key, k.Size, int64(now))
-		} else {
-			p.Access(a.Key, k.Size, int64(now), false)
-		}
+		inserted(p, a.Key, k.Size, int64(now), a.Prefetch)
 		push(a.Key)
 	}
 	if n := res.Hits + res.Misses; n > 0 {

@@ -101,15 +101,14 @@ func (t *Trace) Write(w io.Writer) error {
 		fmt.Fprintf(bw, "t %d %d\n", step, t.Tokens[step])
 	}
 	for _, a := range t.Accesses {
-		op := 'a'
-		if a.Prefetch {
-			op = 'p'
-		}
-		if a.Prefetch && a.To != TraceAny {
+		switch {
+		case !a.Prefetch:
+			fmt.Fprintf(bw, "a %d %d\n", a.Token, a.Key)
+		case a.To == TraceAny:
+			fmt.Fprintf(bw, "p %d %d\n", a.Token, a.Key)
+		default:
 			fmt.Fprintf(bw, "p %d %d %s\n", a.Token, a.Key, a.To)
-			continue
 		}
-		fmt.Fprintf(bw, "%c %d %d\n", op, a.Token, a.Key)
 	}
 	return bw.Flush()
 }

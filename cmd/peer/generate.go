@@ -253,12 +253,13 @@ tokens. --profile-gpu times every dispatch on the GPU.`,
 					}
 					gp = &p
 				}
+				tr := rec.Trace()
 				if tracePath != "" {
 					f, err := os.Create(tracePath)
 					if err != nil {
 						return err
 					}
-					if err := rec.Trace().Write(f); err != nil {
+					if err := tr.Write(f); err != nil {
 						f.Close()
 						return err
 					}
@@ -297,11 +298,7 @@ tokens. --profile-gpu times every dispatch on the GPU.`,
 				// the run used (experts were paged).
 				var vramHit float64
 				var belady *tiers.SimResult
-				for _, s := range stats {
-					if s.Level != tiers.VRAM.String() || s.Budget <= 0 || s.Hits+s.Misses == 0 {
-						continue
-					}
-					tr := rec.Trace()
+				if s := stats[tiers.VRAM]; s.Budget > 0 && s.Hits+s.Misses > 0 {
 					var used int64
 					for _, k := range tr.Keys {
 						used += k.Size
