@@ -400,7 +400,8 @@ func TestAttention(t *testing.T) {
 		// and a count that is not a multiple of 8.
 		{Heads: 128, KVHeads: 8, HeadDim: 128, KVLen: 70},
 		{Heads: 12, KVHeads: 1, HeadDim: 64, KVLen: 200},
-		// More chunks than the merge keeps weights of at a time (1024).
+		// More chunks than the merge's 256 threads load in one batch of
+		// eight each (2048).
 		{Heads: 2, KVHeads: 1, HeadDim: 32, KVLen: 40000},
 	} {
 		// Every chunk size the kernel takes (attnChunk, the rule's, first).
@@ -415,7 +416,28 @@ func TestAttention(t *testing.T) {
 	}
 }
 
+// TestAttentionLargeScores: scores of hundreds, whose exp overflows
+// float32 unless each chunk's softmax and the merge subtract the true
+// maximum (of the chunk, then of all chunks). A float32 score of ~400 is
+// off by ~3e-5 of itself, and its weight by as much: the tolerance is
+// 1e-4 here, which an overflow (inf, NaN) or a wrong maximum misses by
+// far.
+func TestAttentionLargeScores(t *testing.T) {
+	for _, s := range []AttnShape{
+		{Heads: 8, KVHeads: 2, HeadDim: 128, KVLen: 300},
+		{Heads: 4, KVHeads: 1, HeadDim: 64, KVLen: 9000},
+		{Heads: 6, KVHeads: 1, HeadDim: 100, KVLen: 513},
+	} {
+		s.Scale = 40
+		t.Run(fmt.Sprintf("%+v", s), func(t *testing.T) { testAttentionTol(t, s, ref.Tol{Abs: 1e-4, Rel: 1e-4}) })
+	}
+}
+
 func testAttention(t *testing.T, s AttnShape) {
+	testAttentionTol(t, s, ref.Tolerance(ref.OpAttention))
+}
+
+func testAttentionTol(t *testing.T, s AttnShape, tol ref.Tol) {
 	d, k := shared.d, shared.k
 	r := rng(t)
 	q := randF32(r, s.Heads*s.HeadDim, 1)
@@ -429,7 +451,7 @@ func testAttention(t *testing.T, s AttnShape) {
 	if n := d.Stats().LiveBuffers; n != live {
 		t.Fatalf("%d buffers live after the batch, %d before: its scratch was not handed back", n, live)
 	}
-	if err := ref.Compare(readF32(t, d, out, s.Heads*s.HeadDim), want, nil, ref.Tolerance(ref.OpAttention)); err != nil {
+	if err := ref.Compare(readF32(t, d, out, s.Heads*s.HeadDim), want, nil, tol); err != nil {
 		t.Fatal(err)
 	}
 }

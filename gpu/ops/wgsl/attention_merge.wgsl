@@ -3,14 +3,15 @@
 // out[h][d] = sum_c exp(m_c - M) acc_c[d] / sum_c exp(m_c - M) l_c with M
 // the largest chunk max. A merge is a chain of latencies, not a stream of
 // bytes (a few MB of partials), so it is spread wide (a workgroup per head
-// and 32 dimensions) and keeps its loads in flight together: the chunks'
-// maxima are reduced in workgroup memory, their weights kept there (BLK
-// chunks at a time); then thread (column, group) sums four consecutive
-// dimensions of the chunks of its group (chunks group, group + 32, ...),
-// eight chunks' loads at once, and the 32 groups' sums are added in
-// workgroup memory. hd <= 256. On the H100 at 4096 positions (32 heads of
-// 128, 128 chunks) it takes 9.4 us timed alone, against 12.3 for one
-// workgroup a head whose threads walked half the chunks four at a time.
+// and 32 dimensions) and made of one round of loads and one tree: thread
+// (column, group) merges four consecutive dimensions of the chunks of its
+// group (chunks group, group + 32, ...) online (its own max, rescaling its
+// sums as the max rises), eight chunks' loads at once; then the 32 groups
+// of each column meet in five steps of a tree, each pair rescaled to the
+// larger max. hd <= 256. It replaced a merge that first reduced the
+// chunks' maxima over the workgroup, then kept their weights in workgroup
+// memory and summed: three rounds of loads and 21 barriers instead of one
+// and six.
 //
 // The XQ flavor (attention_merge_xq) also writes out quantized into q for
 // the o product's XQ flavor.
@@ -30,13 +31,13 @@ struct Params {
 @group(1) @binding(0) var<uniform> p: Params;
 
 const WG: u32 = 256u;
-const BLK: u32 = 1024u; // chunk weights kept at a time
+const BATCH: u32 = 8u;  // chunks a thread loads at once
 const COLS: u32 = 8u;   // threads across the 32 dimensions, four each
 const GROUPS: u32 = WG / COLS;
 const NEG: f32 = -3.0e38;
 
-var<workgroup> ws: array<f32, BLK>;
-var<workgroup> red: array<f32, WG>;
+var<workgroup> mm: array<f32, WG>;
+var<workgroup> ll: array<f32, WG>;
 var<workgroup> acc: array<vec4<f32>, WG>;
 
 @compute @workgroup_size(256)
@@ -46,79 +47,66 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let nc = p.n_chunks;
   let row = hd + 2u;
   let base = h * nc * row;
-
-  // The largest chunk max.
-  var m = NEG;
-  for (var c = tid; c < nc; c += WG) {
-    m = max(m, part[base + c * row]);
-  }
-  red[tid] = m;
-  for (var st = WG / 2u; st > 0u; st >>= 1u) {
-    workgroupBarrier();
-    if (tid < st) {
-      red[tid] = max(red[tid], red[tid + st]);
-    }
-  }
-  workgroupBarrier();
-  let mx = red[0];
-
   let col = tid % COLS;
   let grp = tid / COLS;
-  let d0 = wid.y * 32u + 4u * col; // this thread's first dimension
-  let live = d0 < hd;
-  var a = vec4<f32>(0.0);
-  var l = 0.0;
-  for (var c0 = 0u; c0 < nc; c0 += BLK) {
-    let n = min(BLK, nc - c0);
-    workgroupBarrier();
-    for (var c = tid; c < n; c += WG) {
-      let at = base + (c0 + c) * row;
-      let w = exp(part[at] - mx);
-      ws[c] = w;
-      l += w * part[at + 1u];
+  let d0 = min(wid.y * 32u + 4u * col, hd - 4u); // this thread's first dimension
+  let live = wid.y * 32u + 4u * col < hd;
+
+  // Thread (col, grp) merges chunks grp, grp + GROUPS, ... online: its
+  // own max M, sum L and outputs A, rescaled as a batch raises M. A
+  // batch's loads are all issued before any is used (a chunk past the
+  // last reads the last one again and counts as empty).
+  var M = NEG;
+  var L = 0.0;
+  var A = vec4<f32>(0.0);
+  for (var i = grp; i < nc; i += BATCH * GROUPS) {
+    var ms: array<f32, BATCH>;
+    var ls: array<f32, BATCH>;
+    var xs: array<vec4<f32>, BATCH>;
+    for (var u = 0u; u < BATCH; u++) {
+      let c = i + u * GROUPS;
+      let at = base + min(c, nc - 1u) * row;
+      ms[u] = select(NEG, part[at], c < nc);
+      ls[u] = part[at + 1u];
+      let xo = at + 2u + d0;
+      xs[u] = vec4<f32>(part[xo], part[xo + 1u], part[xo + 2u], part[xo + 3u]);
     }
-    workgroupBarrier();
-    if (live) {
-      // Dimensions d0 .. d0 + 3 (hd is a multiple of 4) of chunks grp,
-      // grp + GROUPS, ...: eight chunks' loads, then their sums.
-      let o0 = base + c0 * row + 2u + d0;
-      var i = grp;
-      for (; i + 7u * GROUPS < n; i += 8u * GROUPS) {
-        var x: array<vec4<f32>, 8>;
-        for (var u = 0u; u < 8u; u++) {
-          let at = o0 + (i + u * GROUPS) * row;
-          x[u] = vec4<f32>(part[at], part[at + 1u], part[at + 2u], part[at + 3u]);
-        }
-        for (var u = 0u; u < 8u; u++) {
-          a += ws[i + u * GROUPS] * x[u];
-        }
-      }
-      for (; i < n; i += GROUPS) {
-        let at = o0 + i * row;
-        a += ws[i] * vec4<f32>(part[at], part[at + 1u], part[at + 2u], part[at + 3u]);
-      }
+    var mb = M;
+    for (var u = 0u; u < BATCH; u++) {
+      mb = max(mb, ms[u]);
     }
+    let r = exp(M - mb);
+    L *= r;
+    A *= r;
+    for (var u = 0u; u < BATCH; u++) {
+      let w = exp(ms[u] - mb);
+      L += w * ls[u];
+      A += w * xs[u];
+    }
+    M = mb;
   }
-  // The weighted sums of l over all threads, and of each column's groups.
-  workgroupBarrier();
-  red[tid] = l;
-  acc[tid] = a;
-  for (var st = WG / 2u; st > 0u; st >>= 1u) {
-    workgroupBarrier();
-    if (tid < st) {
-      red[tid] += red[tid + st];
-    }
-  }
-  // Groups: GROUPS / 2, / 4, ... of each column, as the sums above.
+  // The GROUPS threads of a column meet in a tree of five steps, each
+  // pair rescaled to the larger max.
+  mm[tid] = M;
+  ll[tid] = L;
+  acc[tid] = A;
   for (var st = GROUPS / 2u; st > 0u; st >>= 1u) {
     workgroupBarrier();
     if (grp < st) {
-      acc[tid] += acc[tid + st * COLS];
+      let t = tid + st * COLS;
+      let ma = mm[tid];
+      let mb = mm[t];
+      let mx = max(ma, mb);
+      let ra = exp(ma - mx);
+      let rb = exp(mb - mx);
+      mm[tid] = mx;
+      ll[tid] = ll[tid] * ra + ll[t] * rb;
+      acc[tid] = acc[tid] * ra + acc[t] * rb;
     }
   }
   workgroupBarrier();
   if (grp == 0u && live) {
-    let s = acc[col] / red[0];
+    let s = acc[col] / ll[col];
     let ob = h * hd + d0;
     o[ob] = s.x;
     o[ob + 1u] = s.y;

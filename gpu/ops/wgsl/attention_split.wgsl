@@ -88,15 +88,28 @@ const INV_TWO_PI: f32 = 0.15915494309189535;
 // rotated with ROPE.
 fn qload(h0: u32, hd: u32, i: u32) -> vec4<f32> {
   let b = h0 * hd + 4u * i;
-  let a = q4at(b);
+  var pa = vec4<f32>(0.0);
+  if (ROPE) {
+    pa = q4at(qpair(b, hd));
+  }
+  return qturn(q4at(b), pa, b, hd);
+}
+
+// qpair is where the rotation partners of q's vec4 at float b start.
+fn qpair(b: u32, hd: u32) -> u32 {
+  let half = hd / 2u;
+  return select(b - half, b + half, b % hd < half);
+}
+
+// qturn is q's vec4 a at float b, pa its partners (qpair), rotated with
+// ROPE.
+fn qturn(a: vec4<f32>, pa: vec4<f32>, b: u32, hd: u32) -> vec4<f32> {
   if (!ROPE) {
     return a;
   }
   let half = hd / 2u;
-  let e = (4u * i) % hd; // element of the head
-  let first = e < half;
-  let pb = select(b - half, b + half, first);
-  return rot4(a, q4at(pb), e % half, first);
+  let e = b % hd; // element of the head
+  return rot4(a, pa, e % half, e < half);
 }
 
 // vrow is vec4 vb of the v cache's row t (stride4 vec4s a row); with
@@ -122,7 +135,16 @@ const PP: u32 = WG / LANES;
 const NEG: f32 = -3.0e38;
 
 var<workgroup> qs: array<vec4<f32>, 256>;   // the G query heads (G * hd <= 1024)
-var<workgroup> red: array<f32, 2048>;       // MAXG * WG partial sums
+var<workgroup> red: array<vec4<f32>, 512>;  // MAXG * WG partial sums (rget, rset; main_v's outputs as vec4s)
+
+// rget and rset are float i of red.
+fn rget(i: u32) -> f32 {
+  return red[i >> 2u][i & 3u];
+}
+
+fn rset(i: u32, x: f32) {
+  red[i >> 2u][i & 3u] = x;
+}
 var<workgroup> sc: array<f32, 512>;         // MAXG * CH scores, then weights
 var<workgroup> ml: array<f32, 16>;          // per head: max, sum
 
@@ -160,31 +182,31 @@ fn chunkSoftmax(tid: u32, g_n: u32, t0: u32) {
     if (live) {
       x = sc[g * CH + pi];
     }
-    red[tid] = x;
+    rset(tid, x);
     for (var st = CH / 2u; st > 0u; st >>= 1u) {
       workgroupBarrier();
       if (pi < st) {
-        red[tid] = max(red[tid], red[tid + st]);
+        rset(tid, max(rget(tid), rget(tid + st)));
       }
     }
     workgroupBarrier();
-    let m = red[tid - pi];
+    let m = rget(tid - pi);
     workgroupBarrier();
     let e = select(0.0, exp(x - m), live && t0 + pi < p.kv_len);
     if (live) {
       sc[g * CH + pi] = e;
     }
-    red[tid] = e;
+    rset(tid, e);
     for (var st = CH / 2u; st > 0u; st >>= 1u) {
       workgroupBarrier();
       if (pi < st) {
-        red[tid] += red[tid + st];
+        rset(tid, rget(tid) + rget(tid + st));
       }
     }
     workgroupBarrier();
     if (live && pi == 0u) {
       ml[2u * g] = m;
-      ml[2u * g + 1u] = red[tid];
+      ml[2u * g + 1u] = rget(tid);
     }
     workgroupBarrier();
   }
@@ -248,7 +270,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       }
     }
     for (var g = 0u; g < g_n; g++) {
-      red[g * WG + tid] = dots[g];
+      rset(g * WG + tid, dots[g]);
     }
     workgroupBarrier();
     if (lane == 0u && inside) {
@@ -257,7 +279,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         if (t < p.kv_len) {
           s = 0.0;
           for (var i = 0u; i < LANES; i++) {
-            s += red[g * WG + tid + i];
+            s += rget(g * WG + tid + i);
           }
           s *= p.scale;
         }
@@ -307,7 +329,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   workgroupBarrier(); // red is reused
   if (r < R) {
     for (var g = 0u; g < g_n; g++) {
-      red[g * WG + tid] = acc[g];
+      rset(g * WG + tid, acc[g]);
     }
   }
   workgroupBarrier();
@@ -315,7 +337,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     for (var g = 0u; g < g_n; g++) {
       var s = 0.0;
       for (var i = 0u; i < R; i++) {
-        s += red[g * WG + i * hd + d];
+        s += rget(g * WG + i * hd + d);
       }
       writePartial(h0 + g, c, g, d, s);
     }
@@ -348,6 +370,20 @@ fn main_v(wid: vec3<u32>, tid: u32) {
   let stride4 = (p.n_kv * hd) >> 2u;
   let t0 = c * 32u;
   let zero = vec4<f32>(0.0);
+
+  // The query heads' vec4 of this thread (g_n * n4 <= 256), loaded first
+  // so that they arrive before K and V; rotated and stored once those are
+  // asked for.
+  let qn = g_n * n4;
+  let qb = h0 * hd + 4u * tid;
+  var qa = zero;
+  var qp = zero;
+  if (tid < qn) {
+    qa = q4at(qb);
+    if (ROPE) {
+      qp = q4at(qpair(qb, hd));
+    }
+  }
 
   // K: position pos = tid / 8, vec4s lane, lane + 8, ... of its row (fewer
   // than four when hd < 128).
@@ -407,8 +443,8 @@ fn main_v(wid: vec3<u32>, tid: u32) {
   if (r + 2u * R < CV && t0 + r + 2u * R < p.kv_len) { v2 = vrow(t0 + r + 2u * R, stride4, vb, wid.z); }
   if (r + 3u * R < CV && t0 + r + 3u * R < p.kv_len) { v3 = vrow(t0 + r + 3u * R, stride4, vb, wid.z); }
 
-  for (var i = tid; i < g_n * n4; i += WG) {
-    qs[i] = qload(h0, hd, i);
+  if (tid < qn) {
+    qs[tid] = qturn(qa, qp, qb, hd);
   }
   workgroupBarrier();
 
@@ -419,7 +455,7 @@ fn main_v(wid: vec3<u32>, tid: u32) {
       if (lane + LANES < n4) { d += dot(q4(g, lane + LANES), k1); }
       if (lane + 2u * LANES < n4) { d += dot(q4(g, lane + 2u * LANES), k2); }
       if (lane + 3u * LANES < n4) { d += dot(q4(g, lane + 3u * LANES), k3); }
-      red[g * WG + tid] = d;
+      rset(g * WG + tid, d);
     }
   }
   workgroupBarrier();
@@ -430,8 +466,12 @@ fn main_v(wid: vec3<u32>, tid: u32) {
     if (g < g_n) {
       var s = NEG;
       if (t0 + ps < p.kv_len) {
-        let b = g * WG + ps * LANES;
-        s = (red[b] + red[b + 1u] + red[b + 2u] + red[b + 3u] + red[b + 4u] + red[b + 5u] + red[b + 6u] + red[b + 7u]) * p.scale;
+        // The eight lanes as two vec4 loads (eight scalar ones, eight
+        // positions a warp's 32 threads apart, hit one bank eight ways).
+        let b = (g * WG + ps * LANES) >> 2u;
+        let x = red[b];
+        let y = red[b + 1u];
+        s = (x.x + x.y + x.z + x.w + y.x + y.y + y.z + y.w) * p.scale;
       }
       sc[g * CV + ps] = s;
     }
@@ -453,11 +493,7 @@ fn main_v(wid: vec3<u32>, tid: u32) {
         if (r + 2u * R < CV) { a += sc[w + 2u * R] * v2; }
         if (r + 3u * R < CV) { a += sc[w + 3u * R] * v3; }
       }
-      let o = u * 1024u + 4u * tid;
-      red[o] = a.x;
-      red[o + 1u] = a.y;
-      red[o + 2u] = a.z;
-      red[o + 3u] = a.w;
+      red[u * 256u + tid] = a; // one store (four scalar ones hit a bank four ways)
     }
     workgroupBarrier();
     // Thread (u, d): head g0 + u, dimension d; sums the groups.
@@ -469,7 +505,7 @@ fn main_v(wid: vec3<u32>, tid: u32) {
       var s = 0.0;
       for (var i = 0u; i < gr; i++) {
         // group i's thread for vec4 d / 4 is i * n4 + d / 4.
-        s += red[u * 1024u + 4u * (i * n4 + d / 4u) + d % 4u];
+        s += red[u * 256u + i * n4 + d / 4u][d % 4u];
       }
       writePartial(h0 + g, c, g, d, s);
     }
