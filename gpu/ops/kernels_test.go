@@ -507,6 +507,33 @@ func TestRoute(t *testing.T) {
 
 // The router's product and the routing in one dispatch (route_mv) match
 // the float64 reference of both: ids exactly, logits as a product.
+// TestRouterRouteTies: two experts whose router rows are the same get
+// the same logit to the bit, and the lower index is chosen first.
+func TestRouterRouteTies(t *testing.T) {
+	d, k := shared.d, shared.k
+	r := rng(t)
+	const cols = 4096
+	s := RouteShape{Tokens: 1, Experts: 8, K: 3, Mode: abi.RouteSoftmaxTopK}
+	w, x := randF32(r, s.Experts*cols, 1/math.Sqrt(cols)), randF32(r, cols, 1)
+	for i := range cols {
+		// Rows 6 and 2: x / 64, a logit near |x|^2 / 64 (~21) above the
+		// others (~1); row 6 written first so that the higher index is
+		// not the first one filled.
+		w[6*cols+i] = x[i] / 64
+		w[2*cols+i] = x[i] / 64
+	}
+	wb, xb := uploadF32(t, d, w), uploadF32(t, d, x)
+	logits, ids, wts := poisoned(t, d, s.Experts*4), poisoned(t, d, s.K*4), poisoned(t, d, s.K*4)
+	run(t, d, func(b *gpu.Batch) error { return k.RouterRoute(ctxT(t), b, wb, xb, logits, nil, ids, wts, s, cols) })
+	l := readF32(t, d, logits, s.Experts)
+	if l[2] != l[6] {
+		t.Fatalf("logits of the same rows differ: %v and %v", l[2], l[6])
+	}
+	if got := readU32(t, d, ids, s.K); got[0] != 2 || got[1] != 6 {
+		t.Fatalf("ids %v; want 2 then 6 (a tie goes to the lower index)", got)
+	}
+}
+
 func TestRouterRoute(t *testing.T) {
 	d, k := shared.d, shared.k
 	r := rng(t)

@@ -56,6 +56,97 @@ struct Params {
 
 //+NORM const WG: u32 = 256u;
 //+NORM var<workgroup> red: array<f32, WG>;
+//+NORM const GS: u32 = 16u; // total's first level
+//+NORM const NG: u32 = 16u; // WG / GS
+//+NORM var<workgroup> red2: array<f32, NG>;
+//+NORM
+//+NORM // total is the sum of v over the workgroup in two barriers (rmsnorm.wgsl's).
+//+NORM fn total(tid: u32, v: f32) -> f32 {
+//+NORM   red[tid] = v;
+//+NORM   workgroupBarrier();
+//+NORM   if (tid < NG) {
+//+NORM     var t = 0.0;
+//+NORM     for (var i = 0u; i < GS; i++) {
+//+NORM       t += red[tid * GS + i];
+//+NORM     }
+//+NORM     red2[tid] = t;
+//+NORM   }
+//+NORM   workgroupBarrier();
+//+NORM   var s = 0.0;
+//+NORM   for (var i = 0u; i < NG; i++) {
+//+NORM     s += red2[i];
+//+NORM   }
+//+NORM   return s;
+//+NORM }
+//+NORM
+//+NORM // one is main for rows of at most WG groups (a decode step's 4096
+//+NORM // values: one group a thread), its row's chain of latencies short:
+//+NORM // x, w and (ADD) the added rows loaded together (the added rows two at a
+//+NORM // time), kept in registers through the sum (not read back from x), and
+//+NORM // the sum in two barriers instead of a tree of eight. The same
+//+NORM // arithmetic in the same order as the loop below, but the sum's.
+//+NORM fn one(tid: u32, groups: u32, base: u32) {
+//+NORM   let live = tid < groups;
+//+NORM   let g = min(tid, groups - 1u);
+//+NORM   let o = 4u * (base + g);
+//+NORM   var a = x[o];
+//+NORM   var b = x[o + 1u];
+//+NORM   var c = x[o + 2u];
+//+NORM   var e = x[o + 3u];
+//+NORM   let w0 = w[4u * g];
+//+NORM   let w1 = w[4u * g + 1u];
+//+NORM   let w2 = w[4u * g + 2u];
+//+NORM   let w3 = w[4u * g + 3u];
+//+ADD   let kk = min(p.k, 16u);
+//+ADD   let d4 = p.d / 4u;
+//+ADD   var j = 0u;
+//+ADD   for (; j + 1u < kk; j += 2u) {
+//+ADD     let wa = wts[p.woff + j];
+//+ADD     let wb = wts[p.woff + j + 1u];
+//+ADD     let oa = j * d4 + 4u * g;
+//+ADD     let ob = oa + d4;
+//+ADD     let a0 = src[oa];
+//+ADD     let a1 = src[oa + 1u];
+//+ADD     let a2 = src[oa + 2u];
+//+ADD     let a3 = src[oa + 3u];
+//+ADD     let b0 = src[ob];
+//+ADD     let b1 = src[ob + 1u];
+//+ADD     let b2 = src[ob + 2u];
+//+ADD     let b3 = src[ob + 3u];
+//+ADD     a += wa * a0;
+//+ADD     b += wa * a1;
+//+ADD     c += wa * a2;
+//+ADD     e += wa * a3;
+//+ADD     a += wb * b0;
+//+ADD     b += wb * b1;
+//+ADD     c += wb * b2;
+//+ADD     e += wb * b3;
+//+ADD   }
+//+ADD   if (j < kk) {
+//+ADD     let wa = wts[p.woff + j];
+//+ADD     let oa = j * d4 + 4u * g;
+//+ADD     a += wa * src[oa];
+//+ADD     b += wa * src[oa + 1u];
+//+ADD     c += wa * src[oa + 2u];
+//+ADD     e += wa * src[oa + 3u];
+//+ADD   }
+//+ADD   if (live) {
+//+ADD     x[4u * g] = a;
+//+ADD     x[4u * g + 1u] = b;
+//+ADD     x[4u * g + 2u] = c;
+//+ADD     x[4u * g + 3u] = e;
+//+ADD   }
+//+NORM   let s = select(0.0, dot(a, a) + dot(b, b) + dot(c, c) + dot(e, e), live);
+//+NORM   let inv = 1.0 / sqrt(total(tid, s) / f32(p.d) + p.eps);
+//+NORM   if (live) {
+//+NORM     let v = array<vec4<f32>, 4>(a * inv * w0, b * inv * w1, c * inv * w2, e * inv * w3);
+//+NORM     y[o] = v[0];
+//+NORM     y[o + 1u] = v[1];
+//+NORM     y[o + 2u] = v[2];
+//+NORM     y[o + 3u] = v[3];
+//+NORM     quantize(v, base + g);
+//+NORM   }
+//+NORM }
 //+NORM
 //+NORM @compute @workgroup_size(256)
 //+NORM fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
@@ -65,6 +156,10 @@ struct Params {
 //+NORM   }
 //+NORM   let groups = p.d / 16u;
 //+NORM   let base = row * groups; // in groups; x's vec4 at 4 * group
+//+NORM   if (groups <= WG) {
+//+NORM     one(tid, groups, base);
+//+NORM     return;
+//+NORM   }
 //+NORM   var s = 0.0;
 //+NORM   for (var g = tid; g < groups; g += WG) {
 //+NORM     var a = x[4u * (base + g)];

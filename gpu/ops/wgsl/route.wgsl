@@ -48,6 +48,8 @@ var<workgroup> ri: array<u32, WG>;
 var<workgroup> gscore: array<f32, 64>;
 var<workgroup> gkeep: array<u32, 64>;
 var<workgroup> chosen: array<u32, 32>;
+//-MV const MV: bool = false;
+//+MV const MV: bool = true;
 
 fn better(v: f32, i: u32, bv: f32, bi: u32) -> bool {
   return v > bv || (v == bv && i < bi);
@@ -68,6 +70,18 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 //+MV    if (e < p.n_exp) {
 //+MV      let row = e * p.cols4;
 //+MV      var i = lane;
+//+MV      // Eight loads of the row in flight (one workgroup: registers are
+//+MV      // not what limits it, its chain of round trips is), then four.
+//+MV      for (; i + 7u * p.tpe < p.cols4; i += 8u * p.tpe) {
+//+MV        var wv: array<vec4<f32>, 8>;
+//+MV        var xv: array<vec4<f32>, 8>;
+//+MV        for (var u = 0u; u < 8u; u++) {
+//+MV          wv[u] = rw[row + i + u * p.tpe];
+//+MV          xv[u] = rx[i + u * p.tpe];
+//+MV        }
+//+MV        a += wv[0] * xv[0] + wv[1] * xv[1] + wv[2] * xv[2] + wv[3] * xv[3];
+//+MV        a += wv[4] * xv[4] + wv[5] * xv[5] + wv[6] * xv[6] + wv[7] * xv[7];
+//+MV      }
 //+MV      for (; i + 3u * p.tpe < p.cols4; i += 4u * p.tpe) {
 //+MV        let w0 = rw[row + i];
 //+MV        let w1 = rw[row + i + p.tpe];
@@ -153,7 +167,26 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     workgroupBarrier();
   }
-  for (var j = 0u; j < p.k; j++) {
+  if (MV) {
+    // At most 16 experts: one thread picks the k in turn (the same
+    // choices as the tree below, ties to the lower index), instead of a
+    // tree of nine barriers a choice.
+    if (tid == 0u) {
+      for (var j = 0u; j < p.k; j++) {
+        var bv = NEG;
+        var bi = 0xffffffffu;
+        for (var e = 0u; e < p.n_exp; e++) {
+          if (bi == 0xffffffffu || better(sel[e], e, bv, bi)) {
+            bv = sel[e];
+            bi = e;
+          }
+        }
+        chosen[j] = bi;
+        sel[bi] = -3.4e38;
+      }
+    }
+  }
+  for (var j = 0u; j < select(p.k, 0u, MV); j++) {
     var bv = NEG;
     var bi = 0xffffffffu;
     for (var e = tid; e < p.n_exp; e += WG) {
