@@ -400,8 +400,8 @@ func TestAttention(t *testing.T) {
 		// and a count that is not a multiple of 8.
 		{Heads: 128, KVHeads: 8, HeadDim: 128, KVLen: 70},
 		{Heads: 12, KVHeads: 1, HeadDim: 64, KVLen: 200},
-		// More chunks than the merge's 256 threads load in one batch of
-		// eight each (2048).
+		// Many batches of the merge (each column's 32 groups load 256
+		// chunks a batch, eight each).
 		{Heads: 2, KVHeads: 1, HeadDim: 32, KVLen: 40000},
 	} {
 		// Every chunk size the kernel takes (attnChunk, the rule's, first).
@@ -505,8 +505,6 @@ func TestRoute(t *testing.T) {
 	}
 }
 
-// The router's product and the routing in one dispatch (route_mv) match
-// the float64 reference of both: ids exactly, logits as a product.
 // TestRouterRouteTies: two experts whose router rows are the same get
 // the same logit to the bit, and the lower index is chosen first.
 func TestRouterRouteTies(t *testing.T) {
@@ -534,6 +532,8 @@ func TestRouterRouteTies(t *testing.T) {
 	}
 }
 
+// The router's product and the routing in one dispatch (route_mv) match
+// the float64 reference of both: ids exactly, logits as a product.
 func TestRouterRoute(t *testing.T) {
 	d, k := shared.d, shared.k
 	r := rng(t)
@@ -549,6 +549,7 @@ func TestRouterRoute(t *testing.T) {
 		{"short-rows", RouteShape{Tokens: 1, Experts: 5, K: 1, Mode: abi.RouteSoftmaxTopK}, 1000, false},
 		{"sigmoid-bias", RouteShape{Tokens: 1, Experts: 16, K: 4, Mode: abi.RouteSigmoidTopK, Scale: 2.5}, 1024, true},
 		{"sigmoid-groups", RouteShape{Tokens: 1, Experts: 16, K: 3, Mode: abi.RouteSigmoidTopK, Groups: 4, TopKGroup: 2}, 512, false},
+		{"all-of-16", RouteShape{Tokens: 1, Experts: 16, K: 16, Mode: abi.RouteSoftmaxTopK}, 256, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			s := c.s

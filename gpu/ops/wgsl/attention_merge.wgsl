@@ -10,7 +10,7 @@
 // of each column meet in five steps of a tree, each pair rescaled to the
 // larger max. hd <= 256. It replaced a merge that first reduced the
 // chunks' maxima over the workgroup, then kept their weights in workgroup
-// memory and summed: three rounds of loads and 21 barriers instead of one
+// memory and summed: three rounds of loads and 26 barriers instead of one
 // and six.
 //
 // The XQ flavor (attention_merge_xq) also writes out quantized into q for

@@ -84,17 +84,6 @@ const TWO_PI_HI: f32 = 6.28125;
 const TWO_PI_LO: f32 = 0.0019353071795864769;
 const INV_TWO_PI: f32 = 0.15915494309189535;
 
-// qload is vec4 i of query head h0's group (i over g_n heads of hd):
-// rotated with ROPE.
-fn qload(h0: u32, hd: u32, i: u32) -> vec4<f32> {
-  let b = h0 * hd + 4u * i;
-  var pa = vec4<f32>(0.0);
-  if (ROPE) {
-    pa = q4at(qpair(b, hd));
-  }
-  return qturn(q4at(b), pa, b, hd);
-}
-
 // qpair is where the rotation partners of q's vec4 at float b start.
 fn qpair(b: u32, hd: u32) -> u32 {
   let half = hd / 2u;
@@ -135,16 +124,9 @@ const PP: u32 = WG / LANES;
 const NEG: f32 = -3.0e38;
 
 var<workgroup> qs: array<vec4<f32>, 256>;   // the G query heads (G * hd <= 1024)
-var<workgroup> red: array<vec4<f32>, 512>;  // MAXG * WG partial sums (rget, rset; main_v's outputs as vec4s)
-
-// rget and rset are float i of red.
-fn rget(i: u32) -> f32 {
-  return red[i >> 2u][i & 3u];
-}
-
-fn rset(i: u32, x: f32) {
-  red[i >> 2u][i & 3u] = x;
-}
+// MAXG * WG partial sums; main_v's outputs as four planes of 264 floats
+// for each of two heads (2 * 1056: see there).
+var<workgroup> red: array<f32, 2112>;
 var<workgroup> sc: array<f32, 512>;         // MAXG * CH scores, then weights
 var<workgroup> ml: array<f32, 16>;          // per head: max, sum
 
@@ -182,31 +164,31 @@ fn chunkSoftmax(tid: u32, g_n: u32, t0: u32) {
     if (live) {
       x = sc[g * CH + pi];
     }
-    rset(tid, x);
+    red[tid] = x;
     for (var st = CH / 2u; st > 0u; st >>= 1u) {
       workgroupBarrier();
       if (pi < st) {
-        rset(tid, max(rget(tid), rget(tid + st)));
+        red[tid] = max(red[tid], red[tid + st]);
       }
     }
     workgroupBarrier();
-    let m = rget(tid - pi);
+    let m = red[tid - pi];
     workgroupBarrier();
     let e = select(0.0, exp(x - m), live && t0 + pi < p.kv_len);
     if (live) {
       sc[g * CH + pi] = e;
     }
-    rset(tid, e);
+    red[tid] = e;
     for (var st = CH / 2u; st > 0u; st >>= 1u) {
       workgroupBarrier();
       if (pi < st) {
-        rset(tid, rget(tid) + rget(tid + st));
+        red[tid] += red[tid + st];
       }
     }
     workgroupBarrier();
     if (live && pi == 0u) {
       ml[2u * g] = m;
-      ml[2u * g + 1u] = rget(tid);
+      ml[2u * g + 1u] = red[tid];
     }
     workgroupBarrier();
   }
@@ -270,7 +252,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       }
     }
     for (var g = 0u; g < g_n; g++) {
-      rset(g * WG + tid, dots[g]);
+      red[g * WG + tid] = dots[g];
     }
     workgroupBarrier();
     if (lane == 0u && inside) {
@@ -279,7 +261,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         if (t < p.kv_len) {
           s = 0.0;
           for (var i = 0u; i < LANES; i++) {
-            s += rget(g * WG + tid + i);
+            s += red[g * WG + tid + i];
           }
           s *= p.scale;
         }
@@ -329,7 +311,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   workgroupBarrier(); // red is reused
   if (r < R) {
     for (var g = 0u; g < g_n; g++) {
-      rset(g * WG + tid, acc[g]);
+      red[g * WG + tid] = acc[g];
     }
   }
   workgroupBarrier();
@@ -337,7 +319,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     for (var g = 0u; g < g_n; g++) {
       var s = 0.0;
       for (var i = 0u; i < R; i++) {
-        s += rget(g * WG + i * hd + d);
+        s += red[g * WG + i * hd + d];
       }
       writePartial(h0 + g, c, g, d, s);
     }
@@ -455,7 +437,10 @@ fn main_v(wid: vec3<u32>, tid: u32) {
       if (lane + LANES < n4) { d += dot(q4(g, lane + LANES), k1); }
       if (lane + 2u * LANES < n4) { d += dot(q4(g, lane + 2u * LANES), k2); }
       if (lane + 3u * LANES < n4) { d += dot(q4(g, lane + 3u * LANES), k3); }
-      rset(g * WG + tid, d);
+      // Lane l of position pos at l * 32 + (pos + 4l) mod 32: the 32
+      // threads of a warp (four positions, eight lanes) write 32 banks,
+      // and the sums below read them the same way.
+      red[g * WG + lane * 32u + ((pos + 4u * lane) & 31u)] = d;
     }
   }
   workgroupBarrier();
@@ -466,12 +451,12 @@ fn main_v(wid: vec3<u32>, tid: u32) {
     if (g < g_n) {
       var s = NEG;
       if (t0 + ps < p.kv_len) {
-        // The eight lanes as two vec4 loads (eight scalar ones, eight
-        // positions a warp's 32 threads apart, hit one bank eight ways).
-        let b = (g * WG + ps * LANES) >> 2u;
-        let x = red[b];
-        let y = red[b + 1u];
-        s = (x.x + x.y + x.z + x.w + y.x + y.y + y.z + y.w) * p.scale;
+        // The eight lanes, laid out above so that a warp's 32 positions
+        // read 32 banks (a position's lanes side by side hit one bank
+        // eight ways).
+        let b = g * WG;
+        s = (red[b + (ps & 31u)] + red[b + 32u + ((ps + 4u) & 31u)] + red[b + 64u + ((ps + 8u) & 31u)] + red[b + 96u + ((ps + 12u) & 31u)] +
+          red[b + 128u + ((ps + 16u) & 31u)] + red[b + 160u + ((ps + 20u) & 31u)] + red[b + 192u + ((ps + 24u) & 31u)] + red[b + 224u + ((ps + 28u) & 31u)]) * p.scale;
       }
       sc[g * CV + ps] = s;
     }
@@ -493,7 +478,14 @@ fn main_v(wid: vec3<u32>, tid: u32) {
         if (r + 2u * R < CV) { a += sc[w + 2u * R] * v2; }
         if (r + 3u * R < CV) { a += sc[w + 3u * R] * v3; }
       }
-      red[u * 256u + tid] = a; // one store (four scalar ones hit a bank four ways)
+      // Component c of thread tid's sum at c * 264 + tid: each store hits
+      // 32 banks (a vec4's components side by side, four ways one bank),
+      // and the reads below, 264 = 8 mod 32 apart, do too.
+      let o = u * 1056u + tid;
+      red[o] = a.x;
+      red[o + 264u] = a.y;
+      red[o + 528u] = a.z;
+      red[o + 792u] = a.w;
     }
     workgroupBarrier();
     // Thread (u, d): head g0 + u, dimension d; sums the groups.
@@ -505,7 +497,7 @@ fn main_v(wid: vec3<u32>, tid: u32) {
       var s = 0.0;
       for (var i = 0u; i < gr; i++) {
         // group i's thread for vec4 d / 4 is i * n4 + d / 4.
-        s += red[u * 256u + i * n4 + d / 4u][d % 4u];
+        s += red[u * 1056u + (d % 4u) * 264u + i * n4 + d / 4u];
       }
       writePartial(h0 + g, c, g, d, s);
     }

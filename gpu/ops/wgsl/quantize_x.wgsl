@@ -89,10 +89,19 @@ struct Params {
 //+NORM   let live = tid < groups;
 //+NORM   let g = min(tid, groups - 1u);
 //+NORM   let o = 4u * (base + g);
-//+NORM   var a = x[o];
-//+NORM   var b = x[o + 1u];
-//+NORM   var c = x[o + 2u];
-//+NORM   var e = x[o + 3u];
+//+NORM   // Threads past the row's groups read nothing of x (ADD: the last
+//+NORM   // group's thread writes it); their loads of w and src are of the last
+//+NORM   // group, read-only, and their sums are dropped.
+//+NORM   var a = vec4<f32>(0.0);
+//+NORM   var b = a;
+//+NORM   var c = a;
+//+NORM   var e = a;
+//+NORM   if (live) {
+//+NORM     a = x[o];
+//+NORM     b = x[o + 1u];
+//+NORM     c = x[o + 2u];
+//+NORM     e = x[o + 3u];
+//+NORM   }
 //+NORM   let w0 = w[4u * g];
 //+NORM   let w1 = w[4u * g + 1u];
 //+NORM   let w2 = w[4u * g + 2u];

@@ -11,8 +11,9 @@
 // instead of two: one token, logits = rw x (rw [n_exp][cols] f32, x
 // [cols] f32, cols a multiple of 4), n_exp <= 16. Each expert's row has
 // tpe = 256 / (n_exp rounded up to a power of two) threads, which stride
-// over it with four loads in flight and meet in a tree; the logits are
-// also written to the logits binding.
+// over it with eight loads in flight (then four, then one) and meet in a
+// tree; the logits are also written to the logits binding. With at most
+// 16 experts one thread picks the k in turn.
 
 struct Params {
   n_tok: u32,
@@ -169,8 +170,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   }
   if (MV) {
     // At most 16 experts: one thread picks the k in turn (the same
-    // choices as the tree below, ties to the lower index), instead of a
-    // tree of nine barriers a choice.
+    // choices as the tree below, ties to the lower index), instead of ten
+    // barriers a choice.
     if (tid == 0u) {
       for (var j = 0u; j < p.k; j++) {
         var bv = NEG;
