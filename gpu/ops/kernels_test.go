@@ -416,6 +416,68 @@ func TestAttention(t *testing.T) {
 	}
 }
 
+// TestAttentionPipe: the split spread over fewer workgroups than chunks
+// (AttnShape.Workgroups, attention_split_pipe) writes the same partials,
+// so the same output bit for bit, as a workgroup a chunk; the rule keeps
+// the one-chunk split where it cannot (too few chunks, other chunk sizes
+// or head dims).
+func TestAttentionPipe(t *testing.T) {
+	d, k := shared.d, shared.k
+	r := rng(t)
+	for _, s := range []AttnShape{
+		{Heads: 32, KVHeads: 8, HeadDim: 128, KVLen: 4096},
+		{Heads: 8, KVHeads: 2, HeadDim: 64, KVLen: 300},
+		{Heads: 4, KVHeads: 2, HeadDim: 32, KVLen: 1025},
+		{Heads: 128, KVHeads: 8, HeadDim: 128, KVLen: 170}, // two z groups
+		{Heads: 12, KVHeads: 1, HeadDim: 64, KVLen: 200},
+		{Heads: 8, KVHeads: 1, HeadDim: 128, KVLen: 65},
+	} {
+		s.Scale = float32(1 / math.Sqrt(float64(s.HeadDim)))
+		q := uploadF32(t, d, randF32(r, s.Heads*s.HeadDim, 1))
+		kc := uploadF32(t, d, randF32(r, s.KVLen*s.KVHeads*s.HeadDim, 1))
+		vc := uploadF32(t, d, randF32(r, s.KVLen*s.KVHeads*s.HeadDim, 1))
+		decoy := uploadF32(t, d, randF32(r, s.Heads*s.HeadDim, 1))
+		attend := func(wg int) []float32 {
+			// A decoy query first, so that the scratch the partials live
+			// in (batches reuse it) holds other values where a chunk was
+			// left out.
+			out := poisoned(t, d, s.Heads*s.HeadDim*4)
+			run(t, d, func(b *gpu.Batch) error { return k.Attention(ctxT(t), b, decoy, kc, vc, out, s) })
+			s := s
+			s.Workgroups = wg
+			run(t, d, func(b *gpu.Batch) error { return k.Attention(ctxT(t), b, q, kc, vc, out, s) })
+			return readF32(t, d, out, s.Heads*s.HeadDim)
+		}
+		want := attend(0)
+		chunks := (s.KVLen + 31) / 32
+		for _, wg := range []int{1, 2, 5, 7, chunks - 1, chunks} {
+			split, _, _, err := AttentionLaunches(AttnShape{Heads: s.Heads, KVHeads: s.KVHeads, HeadDim: s.HeadDim, KVLen: s.KVLen, Scale: s.Scale, Workgroups: wg})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if pipe := split.Kernel == "attention_split_pipe"; pipe != (wg < chunks) || pipe && split.Groups[0] != uint32(wg) {
+				t.Fatalf("%+v, Workgroups %d: kernel %s over %d workgroups", s, wg, split.Kernel, split.Groups[0])
+			}
+			got := attend(wg)
+			for i := range want {
+				if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+					t.Fatalf("%+v, Workgroups %d: out[%d] = %v; a workgroup a chunk gives %v", s, wg, i, got[i], want[i])
+				}
+			}
+		}
+	}
+	// Where the kernel cannot: chunks of 16, a head dim of 100.
+	defer func(c int) { attnChunk = c }(attnChunk)
+	attnChunk = 16
+	if split, _, _, _ := AttentionLaunches(AttnShape{Heads: 8, KVHeads: 2, HeadDim: 128, KVLen: 300, Workgroups: 2}); split.Kernel != "attention_split" {
+		t.Errorf("chunks of 16: %s", split.Kernel)
+	}
+	attnChunk = 32
+	if split, _, _, _ := AttentionLaunches(AttnShape{Heads: 6, KVHeads: 1, HeadDim: 100, KVLen: 513, Workgroups: 2}); split.Kernel != "attention_split" {
+		t.Errorf("head dim 100: %s", split.Kernel)
+	}
+}
+
 // TestAttentionLargeScores: scores of hundreds, whose exp overflows
 // float32 unless each chunk's softmax and the merge subtract the true
 // maximum (of the chunk, then of all chunks). A float32 score of ~400 is

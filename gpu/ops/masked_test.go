@@ -575,11 +575,15 @@ func TestRopeAttention(t *testing.T) {
 		if rot == 0 {
 			rot = c.hd
 		}
-		for _, xq := range []bool{false, true} {
-			if xq && c.hd%XQGroup != 0 {
+		for _, tc := range []struct {
+			xq bool
+			wg int // the fused split's Workgroups (attention_split_rope_pipe where below the chunks)
+		}{{false, 0}, {true, 0}, {false, 2}, {true, 3}} {
+			xq := tc.xq
+			if xq && c.hd%XQGroup != 0 || tc.wg > 0 && !c.fused {
 				continue
 			}
-			t.Run(fmt.Sprintf("%+v/xq=%v", c, xq), func(t *testing.T) {
+			t.Run(fmt.Sprintf("%+v/xq=%v/wg=%d", c, xq, tc.wg), func(t *testing.T) {
 				n := (c.nq + 2*c.nkv) * c.hd
 				kvn := c.nkv * c.hd
 				rows := c.pos + 2 // a row past the new one stays as it was
@@ -621,6 +625,8 @@ func TestRopeAttention(t *testing.T) {
 					}
 					run(t, d, func(b *gpu.Batch) error {
 						if fused {
+							as := as
+							as.Workgroups = tc.wg
 							return k.RopeAttention(ctxT(t), b, xb, freqs, kc, vc, out, outq, as, rs, kv)
 						}
 						if err := k.RopeKV(ctxT(t), b, xb, freqs, kc, vc, rs, kv); err != nil {

@@ -32,7 +32,7 @@ struct Params {
   kv_len: u32,
   scale: f32,
   n_chunks: u32,
-  _p0: u32,
+  n_wg: u32, // PIPE: the grid's x, workgroups a cache head and query group
   _p1: u32,
 //+ROPE  k_off: u32, // where the new k row starts in q (floats)
 //+ROPE  v_off: u32, // and the new v row
@@ -51,6 +51,8 @@ struct Params {
 
 //-ROPE const ROPE: bool = false;
 //+ROPE const ROPE: bool = true;
+//-PIPE const PIPE: bool = false;
+//+PIPE const PIPE: bool = true;
 
 // q4at is vec4 i (a float index, a multiple of 4) of q.
 fn q4at(i: u32) -> vec4<f32> {
@@ -196,6 +198,10 @@ fn chunkSoftmax(tid: u32, g_n: u32, t0: u32) {
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+  if (PIPE) {
+//+PIPE    main_p(wid, tid);
+    return;
+  }
   // Chunks of 32 and hd of 32, 64 or 128: every load at once (main_v).
   if (ROPE || (CH == 32u && (p.hd == 32u || p.hd == 64u || p.hd == 128u))) {
     main_v(wid, tid);
@@ -349,8 +355,6 @@ fn main_v(wid: vec3<u32>, tid: u32) {
   let big_g = p.n_heads / p.n_kv;
   let h0 = j * big_g + wid.z * MAXG;
   let g_n = min(MAXG, big_g - wid.z * MAXG);
-  let stride4 = (p.n_kv * hd) >> 2u;
-  let t0 = c * 32u;
   let zero = vec4<f32>(0.0);
 
   // The query heads' vec4 of this thread (g_n * n4 <= 256), loaded first
@@ -366,7 +370,79 @@ fn main_v(wid: vec3<u32>, tid: u32) {
       qp = q4at(qpair(qb, hd));
     }
   }
+  let kv = loadKV(c, j, wid.z, tid);
+  if (tid < qn) {
+    qs[tid] = qturn(qa, qp, qb, hd);
+  }
+  workgroupBarrier();
+  chunkOut(c, h0, g_n, tid, kv);
+}
 
+// main_p is main_v over chunks wid.x, wid.x + n_wg, ... (the PIPE flavor,
+// kernels attention_split_pipe and attention_split_rope_pipe: fewer
+// workgroups than chunks, each loading its next chunk before it computes
+// the one it has, so that its loads overlap its arithmetic instead of all
+// the workgroups loading, then all computing). The partials are the same
+// as main_v's, chunk for chunk.
+fn main_p(wid: vec3<u32>, tid: u32) {
+  let j = wid.y;
+  let hd = p.hd;
+  let n4 = hd >> 2u;
+  let big_g = p.n_heads / p.n_kv;
+  let h0 = j * big_g + wid.z * MAXG;
+  let g_n = min(MAXG, big_g - wid.z * MAXG);
+  let qn = g_n * n4;
+  let qb = h0 * hd + 4u * tid;
+  var qa = vec4<f32>(0.0);
+  var qp = qa;
+  if (tid < qn) {
+    qa = q4at(qb);
+    if (ROPE) {
+      qp = q4at(qpair(qb, hd));
+    }
+  }
+  var c = wid.x; // < n_chunks: the rule's grid is at most one a chunk
+  var kv = loadKV(c, j, wid.z, tid);
+  if (tid < qn) {
+    qs[tid] = qturn(qa, qp, qb, hd);
+  }
+  workgroupBarrier();
+  loop {
+    let cn = c + p.n_wg;
+    var next: KV;
+    if (cn < p.n_chunks) {
+      next = loadKV(cn, j, wid.z, tid);
+    }
+    chunkOut(c, h0, g_n, tid, kv); // ends in a barrier: its workgroup memory is free again
+    if (cn >= p.n_chunks) {
+      break;
+    }
+    kv = next;
+    c = cn;
+  }
+}
+
+// KV is a thread's share of a chunk's K and V in main_v's layout.
+struct KV {
+  k0: vec4<f32>,
+  k1: vec4<f32>,
+  k2: vec4<f32>,
+  k3: vec4<f32>,
+  v0: vec4<f32>,
+  v1: vec4<f32>,
+  v2: vec4<f32>,
+  v3: vec4<f32>,
+}
+
+// loadKV asks for chunk c's K and V of cache head j, the thread's share;
+// with ROPE the new position's rows come from q, and workgroup z 0
+// stores them into the caches.
+fn loadKV(c: u32, j: u32, z: u32, tid: u32) -> KV {
+  let hd = p.hd;
+  let n4 = hd >> 2u;
+  let stride4 = (p.n_kv * hd) >> 2u;
+  let t0 = c * CV;
+  var o: KV; // zeros
   // K: position pos = tid / 8, vec4s lane, lane + 8, ... of its row (fewer
   // than four when hd < 128).
   let lane = tid % LANES;
@@ -374,10 +450,6 @@ fn main_v(wid: vec3<u32>, tid: u32) {
   let t = t0 + pos;
   let kin = t < p.kv_len;
   let kb = t * stride4 + j * n4;
-  var k0 = zero;
-  var k1 = zero;
-  var k2 = zero;
-  var k3 = zero;
   if (ROPE && t == p.kv_len - 1u) {
     // The new position: q's k row, rotated (hd 64: vec4s lane and lane
     // + 8 are a pair; 128: lane and lane + 16, lane + 8 and lane + 24),
@@ -386,29 +458,29 @@ fn main_v(wid: vec3<u32>, tid: u32) {
 //+ROPE    let a0 = q4at(kr + 4u * lane);
 //+ROPE    let a1 = q4at(kr + 4u * (lane + LANES));
 //+ROPE    if (n4 == 16u) {
-//+ROPE      k0 = rot4(a0, a1, 4u * lane, true);
-//+ROPE      k1 = rot4(a1, a0, 4u * lane, false);
+//+ROPE      o.k0 = rot4(a0, a1, 4u * lane, true);
+//+ROPE      o.k1 = rot4(a1, a0, 4u * lane, false);
 //+ROPE    } else {
 //+ROPE      let a2 = q4at(kr + 4u * (lane + 2u * LANES));
 //+ROPE      let a3 = q4at(kr + 4u * (lane + 3u * LANES));
-//+ROPE      k0 = rot4(a0, a2, 4u * lane, true);
-//+ROPE      k1 = rot4(a1, a3, 4u * (lane + LANES), true);
-//+ROPE      k2 = rot4(a2, a0, 4u * lane, false);
-//+ROPE      k3 = rot4(a3, a1, 4u * (lane + LANES), false);
+//+ROPE      o.k0 = rot4(a0, a2, 4u * lane, true);
+//+ROPE      o.k1 = rot4(a1, a3, 4u * (lane + LANES), true);
+//+ROPE      o.k2 = rot4(a2, a0, 4u * lane, false);
+//+ROPE      o.k3 = rot4(a3, a1, 4u * (lane + LANES), false);
 //+ROPE    }
-//+ROPE    if (wid.z == 0u) {
-//+ROPE      k[kb + lane] = k0;
-//+ROPE      k[kb + lane + LANES] = k1;
+//+ROPE    if (z == 0u) {
+//+ROPE      k[kb + lane] = o.k0;
+//+ROPE      k[kb + lane + LANES] = o.k1;
 //+ROPE      if (n4 == 32u) {
-//+ROPE        k[kb + lane + 2u * LANES] = k2;
-//+ROPE        k[kb + lane + 3u * LANES] = k3;
+//+ROPE        k[kb + lane + 2u * LANES] = o.k2;
+//+ROPE        k[kb + lane + 3u * LANES] = o.k3;
 //+ROPE      }
 //+ROPE    }
   } else if (kin) {
-    k0 = k[kb + lane];
-    if (lane + LANES < n4) { k1 = k[kb + lane + LANES]; }
-    if (lane + 2u * LANES < n4) { k2 = k[kb + lane + 2u * LANES]; }
-    if (lane + 3u * LANES < n4) { k3 = k[kb + lane + 3u * LANES]; }
+    o.k0 = k[kb + lane];
+    if (lane + LANES < n4) { o.k1 = k[kb + lane + LANES]; }
+    if (lane + 2u * LANES < n4) { o.k2 = k[kb + lane + 2u * LANES]; }
+    if (lane + 3u * LANES < n4) { o.k3 = k[kb + lane + 3u * LANES]; }
   }
   // V: vec4 dv of rows r, r + R, r + 2R, r + 3R of the chunk (R = 256 /
   // n4 rows at a time: 8, 16 or 32; rows past 32 are not read).
@@ -416,27 +488,32 @@ fn main_v(wid: vec3<u32>, tid: u32) {
   let r = tid / n4;
   let R = WG / n4;
   let vb = j * n4 + dv;
-  var v0 = zero;
-  var v1 = zero;
-  var v2 = zero;
-  var v3 = zero;
-  if (r < CV && t0 + r < p.kv_len) { v0 = vrow(t0 + r, stride4, vb, wid.z); }
-  if (r + R < CV && t0 + r + R < p.kv_len) { v1 = vrow(t0 + r + R, stride4, vb, wid.z); }
-  if (r + 2u * R < CV && t0 + r + 2u * R < p.kv_len) { v2 = vrow(t0 + r + 2u * R, stride4, vb, wid.z); }
-  if (r + 3u * R < CV && t0 + r + 3u * R < p.kv_len) { v3 = vrow(t0 + r + 3u * R, stride4, vb, wid.z); }
+  if (r < CV && t0 + r < p.kv_len) { o.v0 = vrow(t0 + r, stride4, vb, z); }
+  if (r + R < CV && t0 + r + R < p.kv_len) { o.v1 = vrow(t0 + r + R, stride4, vb, z); }
+  if (r + 2u * R < CV && t0 + r + 2u * R < p.kv_len) { o.v2 = vrow(t0 + r + 2u * R, stride4, vb, z); }
+  if (r + 3u * R < CV && t0 + r + 3u * R < p.kv_len) { o.v3 = vrow(t0 + r + 3u * R, stride4, vb, z); }
 
-  if (tid < qn) {
-    qs[tid] = qturn(qa, qp, qb, hd);
-  }
-  workgroupBarrier();
+  return o;
+}
 
+// chunkOut writes chunk c's partials for query heads h0 .. h0 + g_n - 1,
+// which qs holds, from kv (loadKV's).
+fn chunkOut(c: u32, h0: u32, g_n: u32, tid: u32, kv: KV) {
+  let hd = p.hd;
+  let n4 = hd >> 2u;
+  let t0 = c * CV;
+  let zero = vec4<f32>(0.0);
+  let lane = tid % LANES;
+  let pos = tid / LANES;
+  let r = tid / n4;
+  let R = WG / n4;
   // Scores.
   for (var g = 0u; g < MAXG; g++) {
     if (g < g_n) {
-      var d = dot(q4(g, lane), k0);
-      if (lane + LANES < n4) { d += dot(q4(g, lane + LANES), k1); }
-      if (lane + 2u * LANES < n4) { d += dot(q4(g, lane + 2u * LANES), k2); }
-      if (lane + 3u * LANES < n4) { d += dot(q4(g, lane + 3u * LANES), k3); }
+      var d = dot(q4(g, lane), kv.k0);
+      if (lane + LANES < n4) { d += dot(q4(g, lane + LANES), kv.k1); }
+      if (lane + 2u * LANES < n4) { d += dot(q4(g, lane + 2u * LANES), kv.k2); }
+      if (lane + 3u * LANES < n4) { d += dot(q4(g, lane + 3u * LANES), kv.k3); }
       // Lane l of position pos at l * 32 + (pos + 4l) mod 32: the 32
       // threads of a warp (four positions, eight lanes) write 32 banks,
       // and the sums below read them the same way.
@@ -473,10 +550,10 @@ fn main_v(wid: vec3<u32>, tid: u32) {
       var a = zero;
       if (g < g_n && r < CV) {
         let w = g * CV + r;
-        a = sc[w] * v0;
-        if (r + R < CV) { a += sc[w + R] * v1; }
-        if (r + 2u * R < CV) { a += sc[w + 2u * R] * v2; }
-        if (r + 3u * R < CV) { a += sc[w + 3u * R] * v3; }
+        a = sc[w] * kv.v0;
+        if (r + R < CV) { a += sc[w + R] * kv.v1; }
+        if (r + 2u * R < CV) { a += sc[w + 2u * R] * kv.v2; }
+        if (r + 3u * R < CV) { a += sc[w + 3u * R] * kv.v3; }
       }
       // Component c of thread tid's sum at c * 264 + tid: each store hits
       // 32 banks (a vec4's components side by side, four ways one bank),
