@@ -114,7 +114,8 @@ func AttentionLaunches(s AttnShape) (split, merge Launch, partials uint64, err e
 // Attention records decode attention of q ([Heads][HeadDim]) over the
 // cache k, v ([>= KVLen][KVHeads][HeadDim]) into out ([Heads][HeadDim]).
 // It runs split over positions (flash-decoding): chunks of 32 positions
-// (attnChunk) per workgroup, every cache head's query heads
+// (attnChunk) per workgroup (or, with s.Workgroups, that many workgroups
+// a cache head taking the chunks in turn), every cache head's query heads
 // together, then a merge of the chunks' softmax partials; the partials
 // live in a scratch buffer of the batch.
 func (k *Kernels) Attention(ctx context.Context, b *gpu.Batch, q, kc, vc, out gpu.Region, s AttnShape) error {
@@ -180,7 +181,9 @@ func (k *Kernels) splitMerge(ctx context.Context, b *gpu.Batch, split, merge Lau
 }
 
 // RopeAttentionLaunches are the dispatch rules of RopeAttention where
-// one split dispatch can rotate and store (attention_split_rope: chunks
+// one split dispatch can rotate and store (attention_split_rope, or
+// attention_split_rope_pipe where AttentionLaunches chose the pipelined
+// split: chunks
 // of 32, HeadDim 64 or 128, NeoX over whole heads, one token whose row
 // is the cache's last, q k v stacked as one product writes them), ok
 // false where it cannot. Bindings of the split: q k v, k cache, v cache,

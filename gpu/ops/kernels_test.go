@@ -458,6 +458,11 @@ func TestAttentionPipe(t *testing.T) {
 			if pipe := split.Kernel == "attention_split_pipe"; pipe != (wg < chunks) || pipe && split.Groups[0] != uint32(wg) {
 				t.Fatalf("%+v, Workgroups %d: kernel %s over %d workgroups", s, wg, split.Kernel, split.Groups[0])
 			}
+			// The kernel's stride (n_wg, the seventh word) is the grid: a
+			// smaller one would only repeat chunks, the same bits.
+			if n := binary.LittleEndian.Uint32(split.Params[24:]); wg < chunks && n != uint32(wg) {
+				t.Fatalf("%+v, Workgroups %d: n_wg %d", s, wg, n)
+			}
 			got := attend(wg)
 			for i := range want {
 				if math.Float32bits(got[i]) != math.Float32bits(want[i]) {

@@ -566,6 +566,7 @@ func TestRopeAttention(t *testing.T) {
 	}{
 		{32, 8, 128, 0, true, abi.RopeNeoX, 0}, {32, 8, 128, 31, true, abi.RopeNeoX, 0}, {32, 8, 128, 32, true, abi.RopeNeoX, 0}, {32, 8, 128, 300, true, abi.RopeNeoX, 0},
 		{8, 2, 64, 63, true, abi.RopeNeoX, 0}, {16, 1, 64, 5, true, abi.RopeNeoX, 0}, {128, 8, 128, 70, true, abi.RopeNeoX, 0}, // 16 query heads a cache head: two z groups
+		{8, 2, 64, 200, true, abi.RopeNeoX, 0}, // seven chunks: the pipelined split at head dim 64
 		{4, 2, 32, 40, false, abi.RopeNeoX, 0}, // hd 32: a pair's halves in two threads
 		{6, 3, 36, 9, false, abi.RopeNeoX, 0},
 		{8, 2, 64, 40, false, abi.RopeGPTJ, 0},   // pairs the kernel does not make
@@ -595,6 +596,15 @@ func TestRopeAttention(t *testing.T) {
 				kv := KVShape{Dim: kvn, KOff: c.nq * c.hd, VOff: (c.nq + c.nkv) * c.hd, Pos: c.pos}
 				if _, _, _, ok, err := RopeAttentionLaunches(as, rs, kv); err != nil || ok != c.fused {
 					t.Fatalf("RopeAttentionLaunches: fused %v, %v; want fused %v", ok, err, c.fused)
+				}
+				if c.fused && tc.wg > 0 {
+					as := as
+					as.Workgroups = tc.wg
+					split, _, _, _, _ := RopeAttentionLaunches(as, rs, kv)
+					pipe := tc.wg < (as.KVLen+31)/32
+					if (split.Kernel == "attention_split_rope_pipe") != pipe || pipe && split.Groups[0] != uint32(tc.wg) {
+						t.Fatalf("Workgroups %d over %d positions: kernel %s over %d workgroups", tc.wg, as.KVLen, split.Kernel, split.Groups[0])
+					}
 				}
 				if c.fused {
 					// The kernel rotates at position KVLen - 1 and stores

@@ -20,6 +20,11 @@
 // caches for the steps after. The arithmetic is rope.wgsl's: the same
 // bits as rope_kv and then attention_split.
 //
+// The PIPE flavor (attention_split_pipe, attention_split_rope_pipe;
+// main_p) spreads a cache head's chunks over the grid's x = n_wg
+// workgroups, each taking chunks x, x + n_wg, ... and loading its next
+// chunk before it computes the one it holds; the partials are the same.
+//
 // Scores: 8 threads per position, interleaved over the row's vec4s, for
 // all G heads. Softmax of the chunk: 64 threads a head. Outputs: R =
 // 256 / hd threads per dimension, each a share of the positions, summed in
@@ -413,7 +418,10 @@ fn main_p(wid: vec3<u32>, tid: u32) {
     if (cn < p.n_chunks) {
       next = loadKV(cn, j, wid.z, tid);
     }
-    chunkOut(c, h0, g_n, tid, kv); // ends in a barrier: its workgroup memory is free again
+    // chunkOut ends in a barrier (its last output round's): red, sc and
+    // ml are free for the next chunk's only because of it (lavapipe's
+    // tests cannot see that race).
+    chunkOut(c, h0, g_n, tid, kv);
     if (cn >= p.n_chunks) {
       break;
     }
