@@ -254,10 +254,7 @@ func (t *Trace) PrefetchesTo(level Level) *Trace {
 }
 
 func report(t, demands *Trace, fractions []float64) []SimResult {
-	var total int64
-	for _, k := range t.Keys {
-		total += k.Size
-	}
+	total := t.Bytes()
 	var out []SimResult
 	// Learning over every key at each step's end, and a victim's refresh
 	// of a group changed since the last: the keys times the steps, and
@@ -293,10 +290,7 @@ func report(t, demands *Trace, fractions []float64) []SimResult {
 
 // PrintReport writes a report as a table.
 func PrintReport(w io.Writer, t *Trace, rs []SimResult) {
-	var total int64
-	for _, k := range t.Keys {
-		total += k.Size
-	}
+	total := t.Bytes()
 	fmt.Fprintf(w, "%-8s %8s %8s %9s %9s %9s\n", "budget", "policy", "hit rate", "of MIN", "evictions", "loads")
 	for _, r := range rs {
 		if r.Skipped != "" {

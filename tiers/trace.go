@@ -24,6 +24,16 @@ type Trace struct {
 	Tokens map[int]int
 }
 
+// Bytes is the size of all the trace's keys together: the budget that
+// holds every one of them.
+func (t *Trace) Bytes() int64 {
+	var n int64
+	for _, k := range t.Keys {
+		n += k.Size
+	}
+	return n
+}
+
 // TraceKey is one key of a trace: its size and a label (for MoE traces,
 // "L<layer>E<expert>"; for cache keys, "<cid>:<off>+<len>"), and its
 // group (the layer whose walk uses it; -1: none).

@@ -79,7 +79,7 @@ func TestGeneratePrefetchSureRange(t *testing.T) {
 func TestSimulateWithPrefetchesTo(t *testing.T) {
 	home := t.TempDir()
 	trace := filepath.Join(home, "t.trace")
-	if err := os.WriteFile(trace, []byte("# rdrr-trace/1\nk 0 5 a\nk 1 5 b\nk 2 5 c\np 0 1 vram\np 0 2 ram\np 0 0\na 0 1\na 0 2\n"), 0o644); err != nil {
+	if err := os.WriteFile(trace, []byte("# rdrr-trace/1\nk 0 5 a\nk 1 5 b\nk 2 5 c\nk 3 5 d\np 0 1 vram\np 0 3 vram\np 0 2 ram\np 0 0\na 0 1\na 0 2\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	prefetches := func(flag string) int {
@@ -94,7 +94,7 @@ func TestSimulateWithPrefetchesTo(t *testing.T) {
 		}
 		return n
 	}
-	for flag, want := range map[string]int{"--with-prefetches": 3, "--with-prefetches=vram": 2, "--with-prefetches=ram": 2, "--with-prefetches=false": 0} {
+	for flag, want := range map[string]int{"--with-prefetches": 4, "--with-prefetches=vram": 3, "--with-prefetches=ram": 2, "--with-prefetches=false": 0} {
 		if got := prefetches(flag); got != want {
 			t.Errorf("%s: %d prefetches replayed; want %d", flag, got, want)
 		}

@@ -296,20 +296,13 @@ tokens. --profile-gpu times every dispatch on the GPU.`,
 				// file): the hit rate no eviction policy can beat without
 				// prefetching, where the budget does not hold every matrix
 				// the run used (experts were paged).
-				var vramHit float64
-				var belady *tiers.SimResult
-				if s := stats[tiers.VRAM]; s.Budget > 0 && s.Hits+s.Misses > 0 {
-					var used int64
-					for _, k := range tr.Keys {
-						used += k.Size
+				var belady *tiers.SimResult // nil: no MIN to report
+				vram := stats[tiers.VRAM]
+				if vram.Budget > 0 && vram.Hits+vram.Misses > 0 && vram.Budget < tr.Bytes() {
+					if r := tiers.Belady(tr, vram.Budget); r.HitRate > 0 {
+						belady = &r
+						res["belady"] = map[string]any{"budget": r.Budget, "hitRate": r.HitRate, "ofMin": vram.HitRate / r.HitRate}
 					}
-					if s.Budget < used {
-						r := tiers.Belady(tr, s.Budget)
-						belady, vramHit = &r, s.HitRate
-					}
-				}
-				if belady != nil && belady.HitRate > 0 {
-					res["belady"] = map[string]any{"budget": belady.Budget, "hitRate": belady.HitRate, "ofMin": vramHit / belady.HitRate}
 				}
 				var leads []experts.GuessCount
 				if ls, ok := step.(interface{ Leads() []experts.GuessCount }); ok && predicted > 0 {
@@ -392,9 +385,9 @@ tokens. --profile-gpu times every dispatch on the GPU.`,
 							fmt.Fprintf(w, "  %-6s hits %d, misses %d (hit rate %.2f), %s up, %d evictions\n", s.Level, s.Hits, s.Misses, s.HitRate, formatBytes(s.BytesUp), s.Evictions)
 						}
 					}
-					if belady != nil && belady.HitRate > 0 {
+					if belady != nil {
 						fmt.Fprintf(w, "  Belady's MIN on this run's demands at the VRAM budget (%s): hit rate %.3f; this run %.3f, %.2f of it (sure prefetches count as hits here, not in MIN)\n",
-							formatBytes(belady.Budget), belady.HitRate, vramHit, vramHit/belady.HitRate)
+							formatBytes(belady.Budget), belady.HitRate, vram.HitRate, vram.HitRate/belady.HitRate)
 					}
 				})
 			})

@@ -44,8 +44,19 @@ bytes).`,
 			return cobra.NoArgs(cmd, args)
 		},
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			// Which prefetches replay: none (nil), all of them (the
+			// trace as read) or the run's to one level.
+			var prefetched func(*tiers.Trace) *tiers.Trace
 			switch withPrefetches {
-			case "", "false", "all", "true", "vram", "ram":
+			case "", "false":
+			case "all", "true":
+				prefetched = func(t *tiers.Trace) *tiers.Trace { return t }
+			case "vram", "ram": // the run's own prefetches to that level
+				lvl := tiers.VRAM
+				if withPrefetches == "ram" {
+					lvl = tiers.RAM
+				}
+				prefetched = func(t *tiers.Trace) *tiers.Trace { return t.PrefetchesTo(lvl) }
 			default:
 				return fmt.Errorf("--with-prefetches %q: want all, vram or ram", withPrefetches)
 			}
@@ -100,15 +111,10 @@ bytes).`,
 				}
 			}
 			var rs []tiers.SimResult
-			switch withPrefetches {
-			case "", "false":
+			if prefetched != nil {
+				rs = tiers.ReportWithPrefetches(prefetched(tr), budgets)
+			} else {
 				rs = tiers.Report(tr, budgets)
-			case "all", "true":
-				rs = tiers.ReportWithPrefetches(tr, budgets)
-			case "vram": // the run's own prefetches into VRAM
-				rs = tiers.ReportWithPrefetches(tr.PrefetchesTo(tiers.VRAM), budgets)
-			case "ram":
-				rs = tiers.ReportWithPrefetches(tr.PrefetchesTo(tiers.RAM), budgets)
 			}
 			return a.print(map[string]any{"keys": len(tr.Keys), "accesses": len(tr.Accesses), "results": rs}, func(w io.Writer) {
 				fmt.Fprintf(w, "%d keys, %d accesses\n", len(tr.Keys), len(tr.Accesses))

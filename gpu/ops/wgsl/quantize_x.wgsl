@@ -79,33 +79,14 @@ struct Params {
 //+NORM   return s;
 //+NORM }
 //+NORM
-//+NORM // one is main for rows of at most WG groups (a decode step's 4096
-//+NORM // values: one group a thread), its row's chain of latencies short:
-//+NORM // x, w and (ADD) the added rows loaded together (the added rows two at a
-//+NORM // time), kept in registers through the sum (not read back from x), and
-//+NORM // the sum in two barriers instead of a tree of eight. The same
-//+NORM // arithmetic in the same order as the loop below, but the sum's.
-//+NORM fn one(tid: u32, groups: u32, base: u32) {
-//+NORM   let live = tid < groups;
-//+NORM   let g = min(tid, groups - 1u);
-//+NORM   let o = 4u * (base + g);
-//+NORM   // Threads past the row's groups read nothing of x (ADD: the last
-//+NORM   // group's thread writes it); their loads of w and src are of the last
-//+NORM   // group, read-only, and their sums are dropped.
-//+NORM   var a = vec4<f32>(0.0);
-//+NORM   var b = a;
-//+NORM   var c = a;
-//+NORM   var e = a;
-//+NORM   if (live) {
-//+NORM     a = x[o];
-//+NORM     b = x[o + 1u];
-//+NORM     c = x[o + 2u];
-//+NORM     e = x[o + 3u];
-//+NORM   }
-//+NORM   let w0 = w[4u * g];
-//+NORM   let w1 = w[4u * g + 1u];
-//+NORM   let w2 = w[4u * g + 2u];
-//+NORM   let w3 = w[4u * g + 3u];
+//+ADD // added is group g's 16 values of x, v, plus the weighted rows: v +
+//+ADD // sum_j wts[woff + j] * src[j * d ..] in order of j (the accumulate
+//+ADD // kernel's sum), the rows' loads two at a time.
+//+ADD fn added(g: u32, v: array<vec4<f32>, 4>) -> array<vec4<f32>, 4> {
+//+ADD   var a = v[0];
+//+ADD   var b = v[1];
+//+ADD   var c = v[2];
+//+ADD   var e = v[3];
 //+ADD   let kk = min(p.k, 16u);
 //+ADD   let d4 = p.d / 4u;
 //+ADD   var j = 0u;
@@ -139,6 +120,41 @@ struct Params {
 //+ADD     c += wa * src[oa + 2u];
 //+ADD     e += wa * src[oa + 3u];
 //+ADD   }
+//+ADD   return array<vec4<f32>, 4>(a, b, c, e);
+//+ADD }
+//+NORM
+//+NORM // one is main for rows of at most WG groups (a decode step's 4096
+//+NORM // values: one group a thread), its row's chain of latencies short:
+//+NORM // x, w and (ADD) the added rows loaded together (the added rows two at a
+//+NORM // time), kept in registers through the sum (not read back from x), and
+//+NORM // the sum in two barriers instead of a tree of eight. The same
+//+NORM // arithmetic in the same order as the loop below, but the sum's.
+//+NORM fn one(tid: u32, groups: u32, base: u32) {
+//+NORM   let live = tid < groups;
+//+NORM   let g = min(tid, groups - 1u);
+//+NORM   let o = 4u * (base + g);
+//+NORM   // Threads past the row's groups read nothing of x (ADD: the last
+//+NORM   // group's thread writes it); their loads of w and src are of the last
+//+NORM   // group, read-only, and their sums are dropped.
+//+NORM   var a = vec4<f32>(0.0);
+//+NORM   var b = a;
+//+NORM   var c = a;
+//+NORM   var e = a;
+//+NORM   if (live) {
+//+NORM     a = x[o];
+//+NORM     b = x[o + 1u];
+//+NORM     c = x[o + 2u];
+//+NORM     e = x[o + 3u];
+//+NORM   }
+//+NORM   let w0 = w[4u * g];
+//+NORM   let w1 = w[4u * g + 1u];
+//+NORM   let w2 = w[4u * g + 2u];
+//+NORM   let w3 = w[4u * g + 3u];
+//+ADD   let v = added(g, array<vec4<f32>, 4>(a, b, c, e));
+//+ADD   a = v[0];
+//+ADD   b = v[1];
+//+ADD   c = v[2];
+//+ADD   e = v[3];
 //+ADD   if (live) {
 //+ADD     x[4u * g] = a;
 //+ADD     x[4u * g + 1u] = b;
@@ -175,14 +191,11 @@ struct Params {
 //+NORM     var b = x[4u * (base + g) + 1u];
 //+NORM     var c = x[4u * (base + g) + 2u];
 //+NORM     var e = x[4u * (base + g) + 3u];
-//+ADD     for (var j = 0u; j < min(p.k, 16u); j++) {
-//+ADD       let wj = wts[p.woff + j];
-//+ADD       let o = j * (p.d / 4u) + 4u * g;
-//+ADD       a += wj * src[o];
-//+ADD       b += wj * src[o + 1u];
-//+ADD       c += wj * src[o + 2u];
-//+ADD       e += wj * src[o + 3u];
-//+ADD     }
+//+ADD     let v = added(g, array<vec4<f32>, 4>(a, b, c, e));
+//+ADD     a = v[0];
+//+ADD     b = v[1];
+//+ADD     c = v[2];
+//+ADD     e = v[3];
 //+ADD     x[4u * g] = a;
 //+ADD     x[4u * g + 1u] = b;
 //+ADD     x[4u * g + 2u] = c;
