@@ -170,17 +170,6 @@ type GPUModel struct {
 	// 200.0 and 199.3 without (4.6%, 2 of 2 pairs).
 	accNorm bool
 	pending pendingAcc
-	// normRoute has a MoE layer's router run inside the dispatch of its
-	// FFN's norm (ops.AccumulateRMSNormXQRoute: the accumulate pending
-	// from the o product, the norm, its quantized row and the routing in
-	// one workgroup) instead of a route_mv dispatch after it: 32
-	// dependent dispatches a Mixtral-shaped step fewer. Where that
-	// kernel's shape allows it (at most 8 experts, softmax routing, rows
-	// of at most 4096), with xq, accNorm and fuseRouter and no shared
-	// experts (their products read the float norm it does not write); a
-	// paged layer's choice takes the same form. On unless
-	// RDRR_GPU_NORMROUTE=0 (for measurements).
-	normRoute bool
 	// ropeAttn rotates q and k and stores the new KV row inside the
 	// attention's split dispatch (ops.RopeAttention, where its shape
 	// allows) instead of a rope_kv dispatch before it: 32 dependent
@@ -298,7 +287,6 @@ func NewGPUModel(ctx context.Context, m *Manifest, d *gpu.Device, cache *tiers.C
 	g.xqAttn = g.xq && os.Getenv("RDRR_GPU_XQ") == "all"
 	g.noYQ = os.Getenv("RDRR_GPU_YQ") == "0"
 	g.accNorm = os.Getenv("RDRR_GPU_ACCNORM") != "0"
-	g.normRoute = os.Getenv("RDRR_GPU_NORMROUTE") != "0"
 	g.ropeAttn = os.Getenv("RDRR_GPU_ROPE") != "0"
 	if n, err := strconv.Atoi(os.Getenv("RDRR_GPU_ATTN_WG")); err == nil && n > 0 {
 		g.attnWG = n
@@ -1005,15 +993,19 @@ func (g *GPUModel) begin(ctx context.Context, token int, onGPU bool, hd head) (_
 			// A masked layer reads the FFN's norm from the accumulate
 			// before it (partNorm); the others from a dispatch of its own.
 			normed := layer != nil && g.partNorm
+			if normed {
+				g.k.MatVecNormed(ctx, b, g.dense[p+"mlp.gate.weight"], g.normed, B["rlogits"], c.Experts(), c.HiddenSize)
+			} else {
+				g.normFFN(ctx, b, l)
+			}
 			if layer != nil {
 				// The choice goes straight into the out buffer, read back
 				// with the logits.
 				sel := B["out"].Sub(g.idsAt(l), uint64(k*4))
 				if normed {
-					g.k.MatVecNormed(ctx, b, g.dense[p+"mlp.gate.weight"], g.normed, B["rlogits"], c.Experts(), c.HiddenSize)
 					g.k.Route(ctx, b, B["rlogits"], nil, sel, B["w"], g.route())
 				} else {
-					g.choose(ctx, b, l, sel, g.fuseRouter)
+					g.router(ctx, b, l, B["xn"], B["rlogits"], sel, B["w"], g.route(), g.fuseRouter)
 				}
 				if err := section("router"); err != nil {
 					return nil, err
@@ -1369,11 +1361,9 @@ func (g *GPUModel) compile(ctx context.Context) error {
 			continue
 		}
 		p := fmt.Sprintf("model.layers.%d.", l)
-		g.accumulate(ctx, b, B["o"], B["ones"], ops.AccumShape{Experts: 1, Dim: h}) // o's, pending as a step leaves it
-		g.choose(ctx, b, l, B["ids"], g.fuseRouter && !g.partNorm)                  // layers' choices (with the norm where normRouted)
-		g.normFFN(ctx, b, l)                                                        // and where not
-		g.router(ctx, b, l, B["xn"], B["rlogits"], B["ids"], B["w"], g.route(), g.fuseRouter && !g.partNorm)
-		g.router(ctx, b, l, B["xn"], B["rlogits"], B["ids"], B["w"], g.route(), false) // the next layer's guess
+		g.normFFN(ctx, b, l)
+		g.router(ctx, b, l, B["xn"], B["rlogits"], B["ids"], B["w"], g.route(), g.fuseRouter && !g.partNorm) // layers' choices
+		g.router(ctx, b, l, B["xn"], B["rlogits"], B["ids"], B["w"], g.route(), false)                       // the next layer's guess
 		var slots [3][]int
 		for j := range slots {
 			slots[j] = make([]int, k)
@@ -1701,8 +1691,8 @@ func (g *GPUModel) lmHead(ctx context.Context, b *gpu.Batch, logits gpu.Region) 
 	g.k.Q4KMatVec(ctx, b, g.dense["lm_head.weight"], g.buf["xn"], logits, c.VocabSize, c.HiddenSize)
 }
 
-// recordChoice records layer l's FFN norm and router and its routing
-// into the ids buffer (choose), and, with prefetch on and a MoE layer after it, that
+// recordChoice records layer l's router on xn and its routing into the
+// ids buffer, and, with prefetch on and a MoE layer after it, that
 // layer's router on this hidden state: the guess of its experts, read back
 // with the choice. It reports whether it recorded the guess.
 func (g *GPUModel) recordChoice(ctx context.Context, b *gpu.Batch, l int) bool {
@@ -1710,7 +1700,7 @@ func (g *GPUModel) recordChoice(ctx context.Context, b *gpu.Batch, l int) bool {
 	B, k := g.buf, c.NumExpertsPerTok
 	// Fused as a masked layer's (fuseRouter): the same logits' bits
 	// whether the layer runs masked or paged.
-	g.choose(ctx, b, l, B["ids"], g.fuseRouter && !g.partNorm)
+	g.router(ctx, b, l, B["xn"], B["rlogits"], B["ids"], B["w"], g.route(), g.fuseRouter && !g.partNorm)
 	predict := g.Prefetch && l+1 < c.NumHiddenLayers && c.IsMoE(l+1)
 	if predict {
 		// Layer l+1's router on this hidden state, normalized as l+1
@@ -1726,35 +1716,6 @@ func (g *GPUModel) recordChoice(ctx context.Context, b *gpu.Batch, l int) bool {
 		}
 	}
 	return predict
-}
-
-// choose records MoE layer l's FFN norm of x (normFFN) and its router's
-// routing of it into ids and the w buffer (router, fused as there): in
-// one dispatch where normRoute allows (normRouted), which writes the
-// norm only quantized (xnq).
-func (g *GPUModel) choose(ctx context.Context, b *gpu.Batch, l int, ids gpu.Region, fused bool) {
-	B := g.buf
-	if g.normRouted(fused) {
-		c := &g.m.Config
-		p := g.pending
-		g.pending = pendingAcc{}
-		g.k.AccumulateRMSNormXQRoute(ctx, b, p.src, p.wts, B["x"], g.dense[fmt.Sprintf("model.layers.%d.post_attention_layernorm.weight", l)],
-			g.gateX(), g.dense[fmt.Sprintf("model.layers.%d.mlp.gate.weight", l)], ids, B["w"], p.shape, float32(c.RMSNormEps), g.route())
-		return
-	}
-	g.normFFN(ctx, b, l)
-	g.router(ctx, b, l, B["xn"], B["rlogits"], ids, B["w"], g.route(), fused)
-}
-
-// normRouted reports whether choose records one dispatch (its router
-// fused, as router's fused).
-func (g *GPUModel) normRouted(fused bool) bool {
-	c := &g.m.Config
-	if !g.normRoute || !fused || !g.xq || !g.pending.set || c.NumSharedExperts > 0 {
-		return false
-	}
-	_, err := ops.AccumulateRMSNormXQRouteLaunch(g.pending.shape, float32(c.RMSNormEps), g.route())
-	return err == nil
 }
 
 // router records MoE layer l's router on x (its logits into logits) and
@@ -1992,6 +1953,7 @@ func (g *GPUModel) encodeFixed(ctx context.Context, prev, l int) (*fixedLayer, e
 	nb := g.d.Batch()
 	g.finishLayer(ctx, nb, prev)
 	g.recordAttention(ctx, nb, l)
+	g.normFFN(ctx, nb, l)
 	predict := g.recordChoice(ctx, nb, l)
 	enc, err := nb.Encode(ctx)
 	if err != nil {

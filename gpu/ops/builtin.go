@@ -53,7 +53,6 @@ var builtins = map[string]builtin{
 	"q4k_matmul_masked_glu_xq_yq": {"q4k_matmul.wgsl", []gpu.Access{ro, ro, rw, ro, rw}, 176, "MASKED GLU XQ QOUT"},
 	"rmsnorm_xq":                  {"quantize_x.wgsl", []gpu.Access{ro, ro, rw, rw}, 16, "NORM"},
 	"accumulate_rmsnorm_xq":       {"quantize_x.wgsl", []gpu.Access{ro, ro, rw, ro, rw, rw}, 32, "NORM ADD"},
-	"accumulate_rmsnorm_xq_route": {"quantize_x.wgsl", []gpu.Access{ro, ro, rw, ro, rw, ro, rw, rw}, 48, "NORM ADD ROUTE"},
 	"attention_merge_xq":          {"attention_merge.wgsl", []gpu.Access{ro, rw, rw}, 16, "XQ"},
 	"accumulate_norm":             {"accumulate.wgsl", []gpu.Access{ro, ro, rw, ro, rw, rw}, 16, "NORM"},
 	"q4k_dequant":                 {"q4k_dequant.wgsl", []gpu.Access{ro, rw}, 8, ""},

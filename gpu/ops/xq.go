@@ -4,7 +4,6 @@ import (
 	"context"
 
 	"github.com/rdrr/peer/gpu"
-	"github.com/rdrr/peer/gpu/abi"
 )
 
 // XQGroup is how many values of x share a scale in the quantized form
@@ -84,41 +83,4 @@ func AccumulateRMSNormXQLaunch(a AccumShape, eps float32) (Launch, error) {
 func (k *Kernels) AccumulateRMSNormXQ(ctx context.Context, b *gpu.Batch, src, wts, x, w, y, q gpu.Region, a AccumShape, eps float32) error {
 	l, err := AccumulateRMSNormXQLaunch(a, eps)
 	return k.launch(ctx, b, l, err, src, wts, x, w, y, q)
-}
-
-// MaxNormRouteExperts is the most experts AccumulateRMSNormXQRoute routes
-// among.
-const MaxNormRouteExperts = 8
-
-// AccumulateRMSNormXQRouteLaunch is the dispatch rule of
-// AccumulateRMSNormXQRoute: accumulate_rmsnorm_xq_route, one workgroup,
-// for rows of at most 4096 values and r a Mixtral routing (RouteSoftmaxTopK,
-// one token, at most MaxNormRouteExperts experts). Bindings: src,
-// weights, x (read and written), norm weight, q, router weights, ids,
-// routing weights.
-func AccumulateRMSNormXQRouteLaunch(a AccumShape, eps float32, r RouteShape) (Launch, error) {
-	const name = "accumulate_rmsnorm_xq_route"
-	l, err := AccumulateRMSNormXQLaunch(a, eps)
-	if err != nil {
-		return Launch{}, &gpu.KernelError{Kernel: name, Op: "shape", Err: err}
-	}
-	if a.Dim > 256*XQGroup || r.Tokens != 1 || r.Mode != abi.RouteSoftmaxTopK || r.Experts <= 0 || r.Experts > MaxNormRouteExperts || r.K <= 0 || r.K > r.Experts {
-		return Launch{}, shapeErr(name, "%d values, routing %+v (at most %d values; one token, softmax top-k of 1..%d experts)", a.Dim, r, 256*XQGroup, MaxNormRouteExperts)
-	}
-	l.Kernel = name
-	l.Params = l.Params.U32(0).U32(0).U32(uint32(r.Experts)).U32(uint32(r.K)).U32(0).U32(0)
-	l.Bindings = append(l.Bindings[:4:4], l.Bindings[5], Binding{"router weights", uint64(r.Experts * a.Dim * 4)},
-		Binding{"ids", uint64(r.K * 4)}, Binding{"routing weights", uint64(r.K * 4)})
-	return l, nil
-}
-
-// AccumulateRMSNormXQRoute records AccumulateRMSNormXQ without its float
-// output, and the top-k routing r of the normalized row by the router rw
-// ([r.Experts][a.Dim] f32) into ids and weights, in one dispatch: a MoE
-// layer's accumulate, norm and router, whose experts read q. The logits
-// are the row's dot products with rw's rows, with 1/rms applied to the
-// sums (the bits of RouterRoute's on the norm's output may differ).
-func (k *Kernels) AccumulateRMSNormXQRoute(ctx context.Context, b *gpu.Batch, src, wts, x, w, q, rw, ids, weights gpu.Region, a AccumShape, eps float32, r RouteShape) error {
-	l, err := AccumulateRMSNormXQRouteLaunch(a, eps, r)
-	return k.launch(ctx, b, l, err, src, wts, x, w, q, rw, ids, weights)
 }

@@ -5,11 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"slices"
 	"testing"
 
 	"github.com/rdrr/peer/gpu"
-	"github.com/rdrr/peer/gpu/abi"
 	"github.com/rdrr/peer/gpu/ref"
 )
 
@@ -381,100 +379,5 @@ func TestAccumulateRMSNormXQ(t *testing.T) {
 	k.AccumulateRMSNormXQ(ctxT(t), b, x, x, x, x, x, x, AccumShape{Experts: 17, Dim: 256}, 1e-5)
 	if err := b.Submit(ctxT(t)); !errors.Is(err, gpu.ErrShape) {
 		t.Errorf("17 experts: %v; want gpu.ErrShape", err)
-	}
-}
-
-// The accumulate, norm and router in one dispatch
-// (accumulate_rmsnorm_xq_route) write x and the quantized row with the
-// bits of AccumulateRMSNormXQ's, and the experts and weights of the
-// float64 reference's routing of that kernel's normalized row.
-func TestAccumulateRMSNormXQRoute(t *testing.T) {
-	d, k := shared.d, shared.k
-	r := rng(t)
-	const eps = 1e-5
-	for _, c := range []struct {
-		name                           string
-		adds, dim, woff, experts, topk int
-		tie                            bool // rows 2 and 6 of the router the same, far above the others
-	}{
-		{"mixtral", 1, 4096, 0, 8, 2, false},
-		{"all-of-8", 2, 256, 3, 8, 8, false},
-		{"three-groups", 3, 48, 1, 5, 2, false},
-		{"one-expert", 1, 1024, 0, 1, 1, false},
-		{"dead-thread", 2, 4080, 2, 3, 3, false},
-		{"tie", 1, 4096, 0, 8, 3, true},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			src := uploadF32(t, d, randF32(r, c.adds*c.dim, 1))
-			wts := uploadF32(t, d, randF32(r, c.woff+c.adds, 1))
-			x0 := randF32(r, c.dim, 1)
-			g := uploadF32(t, d, randF32(r, c.dim, 1))
-			a := AccumShape{Experts: c.adds, Dim: c.dim, WeightOff: c.woff}
-			rs := RouteShape{Tokens: 1, Experts: c.experts, K: c.topk, Mode: abi.RouteSoftmaxTopK}
-			// The unfused kernel's x, y and q.
-			xa, ya, qa := uploadF32(t, d, x0), poisoned(t, d, c.dim*4), poisoned(t, d, int(XQBytes(c.dim)))
-			run(t, d, func(b *gpu.Batch) error { return k.AccumulateRMSNormXQ(ctxT(t), b, src, wts, xa, g, ya, qa, a, eps) })
-			y := readF32(t, d, ya, c.dim)
-			// A router whose logits on y are not near-ties (the kernel sums
-			// in another order), or with the tie.
-			var w []float32
-			var want, mag []float64
-			for try := 0; ; try++ {
-				w = randF32(r, c.experts*c.dim, 1/math.Sqrt(float64(c.dim)))
-				if c.tie {
-					for i := range c.dim {
-						w[6*c.dim+i] = y[i] / 64
-						w[2*c.dim+i] = y[i] / 64
-					}
-				}
-				want, mag = ref.MatMul(ref.F32(w), ref.F32(y), c.experts, c.dim, 1)
-				if c.tie || apart(want, mag, 1e-4) || try == 100 {
-					break
-				}
-			}
-			wantIDs, wantW := ref.TopK(want, 1, c.experts, ref.Route{Mode: abi.RouteSoftmaxTopK, K: c.topk})
-			if c.tie {
-				wantIDs[0], wantIDs[1] = 2, 6 // a tie goes to the lower index
-			}
-			xb, qb := uploadF32(t, d, x0), poisoned(t, d, int(XQBytes(c.dim)))
-			ids, rw := poisoned(t, d, c.topk*4), poisoned(t, d, c.topk*4)
-			wb := uploadF32(t, d, w)
-			run(t, d, func(b *gpu.Batch) error {
-				return k.AccumulateRMSNormXQRoute(ctxT(t), b, src, wts, xb, g, qb, wb, ids, rw, a, eps, rs)
-			})
-			if got, want := readU32(t, d, xb, c.dim), readU32(t, d, xa, c.dim); !slices.Equal(got, want) {
-				t.Fatalf("x differs from AccumulateRMSNormXQ's")
-			}
-			if got, want := readU32(t, d, qb, int(XQBytes(c.dim))/4), readU32(t, d, qa, int(XQBytes(c.dim))/4); !slices.Equal(got, want) {
-				t.Fatalf("q differs from AccumulateRMSNormXQ's")
-			}
-			gotIDs := readU32(t, d, ids, c.topk)
-			for i := range wantIDs {
-				if int(gotIDs[i]) != wantIDs[i] {
-					t.Fatalf("ids %v; want %v (logits %v)", gotIDs, wantIDs, want)
-				}
-			}
-			if err := ref.Compare(readF32(t, d, rw, c.topk), wantW, nil, ref.Tolerance(ref.OpRoute)); err != nil {
-				t.Fatalf("weights: %v", err)
-			}
-		})
-	}
-	// Shapes it refuses.
-	a := AccumShape{Experts: 1, Dim: 4096}
-	for _, bad := range []struct {
-		a AccumShape
-		r RouteShape
-	}{
-		{a, RouteShape{Tokens: 1, Experts: 9, K: 2}},
-		{a, RouteShape{Tokens: 2, Experts: 8, K: 2}},
-		{a, RouteShape{Tokens: 1, Experts: 8, K: 9}},
-		{a, RouteShape{Tokens: 1, Experts: 8, K: 0}},
-		{a, RouteShape{Tokens: 1, Experts: 8, K: 2, Mode: abi.RouteSigmoidTopK}},
-		{AccumShape{Experts: 1, Dim: 4112}, RouteShape{Tokens: 1, Experts: 8, K: 2}},
-		{AccumShape{Experts: 17, Dim: 4096}, RouteShape{Tokens: 1, Experts: 8, K: 2}},
-	} {
-		if _, err := AccumulateRMSNormXQRouteLaunch(bad.a, 1e-5, bad.r); !errors.Is(err, gpu.ErrShape) {
-			t.Errorf("AccumulateRMSNormXQRouteLaunch(%+v, %+v): %v; want gpu.ErrShape", bad.a, bad.r, err)
-		}
 	}
 }

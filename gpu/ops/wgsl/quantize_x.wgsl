@@ -16,16 +16,6 @@
 // accumulate kernel's sum, in its order), writes x, and normalizes the
 // new x: the accumulate after a layer's o or expert products and the
 // norm that follows it in one dispatch (one row).
-//
-// The NORM ADD ROUTE flavor (kernel accumulate_rmsnorm_xq_route) is NORM
-// ADD for rows of at most 4096 values that then routes the normalized
-// row as route.wgsl's mode 0 does (the router's logits rtw . y, the k
-// largest, softmax over them; ties to the lower index) for at most 8
-// experts: a MoE layer's norm and its router in one dispatch. It writes
-// q, ids and weights, not y (what reads the row reads q). Each thread
-// takes the router's columns of its own group, with the norm's 1/rms
-// factored out of the sums, which meet with the norm's sum in the same
-// two barriers.
 
 struct Params {
 //-NORM  groups: u32,
@@ -38,10 +28,6 @@ struct Params {
 //+ADD  woff: u32,
 //+ADD  _p0: u32,
 //+ADD  _p1: u32,
-//+ROUTE  n_exp: u32,
-//+ROUTE  topk: u32,
-//+ROUTE  _r0: u32,
-//+ROUTE  _r1: u32,
 }
 
 //-ADD @group(0) @binding(0) var<storage, read> x: array<vec4<f32>>;
@@ -53,12 +39,8 @@ struct Params {
 //+ADD @group(0) @binding(1) var<storage, read> wts: array<f32>;
 //+ADD @group(0) @binding(2) var<storage, read_write> x: array<vec4<f32>>;
 //+ADD @group(0) @binding(3) var<storage, read> w: array<vec4<f32>>;
-//+ADD //-ROUTE @group(0) @binding(4) var<storage, read_write> y: array<vec4<f32>>;
-//+ADD //-ROUTE @group(0) @binding(5) var<storage, read_write> q: array<vec4<u32>>;
-//+ROUTE @group(0) @binding(4) var<storage, read_write> q: array<vec4<u32>>;
-//+ROUTE @group(0) @binding(5) var<storage, read> rtw: array<vec4<f32>>;
-//+ROUTE @group(0) @binding(6) var<storage, read_write> ids: array<u32>;
-//+ROUTE @group(0) @binding(7) var<storage, read_write> weights: array<f32>;
+//+ADD @group(0) @binding(4) var<storage, read_write> y: array<vec4<f32>>;
+//+ADD @group(0) @binding(5) var<storage, read_write> q: array<vec4<u32>>;
 @group(1) @binding(0) var<uniform> p: Params;
 
 //#include quantize.inc
@@ -97,70 +79,6 @@ struct Params {
 //+NORM   return s;
 //+NORM }
 //+NORM
-//+ROUTE const MAXR: u32 = 8u; // experts
-//+ROUTE const NV: u32 = 9u;   // the norm's sum and MAXR router sums
-//+ROUTE var<workgroup> rred: array<f32, 2304>; // NV * WG
-//+ROUTE var<workgroup> rred2: array<f32, 144>; // NV * NG
-//+ROUTE
-//+ROUTE // totals sums the NV values of every thread in rred (value i of thread
-//+ROUTE // t at i * WG + t) over the workgroup in two barriers, each as total
-//+ROUTE // sums it (the norm's sum has its bits), and returns the norm's; the
-//+ROUTE // router's are left in rred2.
-//+ROUTE fn totals(tid: u32) -> f32 {
-//+ROUTE   workgroupBarrier();
-//+ROUTE   if (tid < NV * NG) {
-//+ROUTE     let at = (tid / NG) * WG + (tid % NG) * GS;
-//+ROUTE     var t = 0.0;
-//+ROUTE     for (var i = 0u; i < GS; i++) {
-//+ROUTE       t += rred[at + i];
-//+ROUTE     }
-//+ROUTE     rred2[tid] = t;
-//+ROUTE   }
-//+ROUTE   workgroupBarrier();
-//+ROUTE   var s = 0.0;
-//+ROUTE   for (var i = 0u; i < NG; i++) {
-//+ROUTE     s += rred2[i];
-//+ROUTE   }
-//+ROUTE   return s;
-//+ROUTE }
-//+ROUTE
-//+ROUTE // choose picks the k largest logits (rred2's router sums times inv)
-//+ROUTE // in turn, ties to the lower index, and writes their ids and softmax
-//+ROUTE // weights: route.wgsl's mode 0 by one thread.
-//+ROUTE fn choose(inv: f32) {
-//+ROUTE   var lg: array<f32, 8>;
-//+ROUTE   for (var r = 0u; r < MAXR; r++) {
-//+ROUTE     var t = 0.0;
-//+ROUTE     for (var i = 0u; i < NG; i++) {
-//+ROUTE       t += rred2[(1u + r) * NG + i];
-//+ROUTE     }
-//+ROUTE     lg[r] = t * inv;
-//+ROUTE   }
-//+ROUTE   var taken = 0u; // a bit an expert
-//+ROUTE   var ch: array<u32, 8>;
-//+ROUTE   for (var j = 0u; j < p.topk; j++) {
-//+ROUTE     var bi = 0xffffffffu;
-//+ROUTE     var bv = 0.0;
-//+ROUTE     for (var r = 0u; r < p.n_exp; r++) {
-//+ROUTE       if ((taken & (1u << r)) == 0u && (bi == 0xffffffffu || lg[r] > bv)) {
-//+ROUTE         bv = lg[r];
-//+ROUTE         bi = r;
-//+ROUTE       }
-//+ROUTE     }
-//+ROUTE     taken |= 1u << bi;
-//+ROUTE     ch[j] = bi;
-//+ROUTE   }
-//+ROUTE   let m = lg[ch[0]];
-//+ROUTE   var sum = 0.0;
-//+ROUTE   for (var j = 0u; j < p.topk; j++) {
-//+ROUTE     sum += exp(lg[ch[j]] - m);
-//+ROUTE   }
-//+ROUTE   for (var j = 0u; j < p.topk; j++) {
-//+ROUTE     ids[j] = ch[j];
-//+ROUTE     weights[j] = exp(lg[ch[j]] - m) / sum;
-//+ROUTE   }
-//+ROUTE }
-//+ROUTE
 //+ADD // added is group g's 16 values of x, v, plus the weighted rows: v +
 //+ADD // sum_j wts[woff + j] * src[j * d ..] in order of j (the accumulate
 //+ADD // kernel's sum), the rows' loads two at a time.
@@ -232,12 +150,6 @@ struct Params {
 //+NORM   let w1 = w[4u * g + 1u];
 //+NORM   let w2 = w[4u * g + 2u];
 //+NORM   let w3 = w[4u * g + 3u];
-//+ROUTE   // The router's columns of this group, every expert's (the last
-//+ROUTE   // one's again past n_exp: read, not summed).
-//+ROUTE   var rc: array<vec4<f32>, 32>;
-//+ROUTE   for (var i = 0u; i < 4u * MAXR; i++) {
-//+ROUTE     rc[i] = rtw[min(i / 4u, p.n_exp - 1u) * (p.d / 4u) + 4u * g + (i & 3u)];
-//+ROUTE   }
 //+ADD   let v = added(g, array<vec4<f32>, 4>(a, b, c, e));
 //+ADD   a = v[0];
 //+ADD   b = v[1];
@@ -250,28 +162,15 @@ struct Params {
 //+ADD     x[4u * g + 3u] = e;
 //+ADD   }
 //+NORM   let s = select(0.0, dot(a, a) + dot(b, b) + dot(c, c) + dot(e, e), live);
-//+NORM //-ROUTE   let inv = 1.0 / sqrt(total(tid, s) / f32(p.d) + p.eps);
-//+ROUTE   rred[tid] = s;
-//+ROUTE   let u0 = a * w0;
-//+ROUTE   let u1 = b * w1;
-//+ROUTE   let u2 = c * w2;
-//+ROUTE   let u3 = e * w3;
-//+ROUTE   for (var r = 0u; r < MAXR; r++) {
-//+ROUTE     let t = dot(u0, rc[4u * r]) + dot(u1, rc[4u * r + 1u]) + dot(u2, rc[4u * r + 2u]) + dot(u3, rc[4u * r + 3u]);
-//+ROUTE     rred[(1u + r) * WG + tid] = select(0.0, t, live && r < p.n_exp);
-//+ROUTE   }
-//+ROUTE   let inv = 1.0 / sqrt(totals(tid) / f32(p.d) + p.eps);
+//+NORM   let inv = 1.0 / sqrt(total(tid, s) / f32(p.d) + p.eps);
 //+NORM   if (live) {
 //+NORM     let v = array<vec4<f32>, 4>(a * inv * w0, b * inv * w1, c * inv * w2, e * inv * w3);
-//+NORM //-ROUTE     y[o] = v[0];
-//+NORM //-ROUTE     y[o + 1u] = v[1];
-//+NORM //-ROUTE     y[o + 2u] = v[2];
-//+NORM //-ROUTE     y[o + 3u] = v[3];
+//+NORM     y[o] = v[0];
+//+NORM     y[o + 1u] = v[1];
+//+NORM     y[o + 2u] = v[2];
+//+NORM     y[o + 3u] = v[3];
 //+NORM     quantize(v, base + g);
 //+NORM   }
-//+ROUTE   if (tid == 0u) {
-//+ROUTE     choose(inv);
-//+ROUTE   }
 //+NORM }
 //+NORM
 //+NORM @compute @workgroup_size(256)
@@ -316,10 +215,10 @@ struct Params {
 //+NORM     let o = 4u * (base + g);
 //+NORM     let v = array<vec4<f32>, 4>(x[o] * inv * w[4u * g], x[o + 1u] * inv * w[4u * g + 1u],
 //+NORM       x[o + 2u] * inv * w[4u * g + 2u], x[o + 3u] * inv * w[4u * g + 3u]);
-//+NORM //-ROUTE     y[o] = v[0];
-//+NORM //-ROUTE     y[o + 1u] = v[1];
-//+NORM //-ROUTE     y[o + 2u] = v[2];
-//+NORM //-ROUTE     y[o + 3u] = v[3];
+//+NORM     y[o] = v[0];
+//+NORM     y[o + 1u] = v[1];
+//+NORM     y[o + 2u] = v[2];
+//+NORM     y[o + 3u] = v[3];
 //+NORM     quantize(v, base + g);
 //+NORM   }
 //+NORM }
