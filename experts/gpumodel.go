@@ -176,12 +176,6 @@ type GPUModel struct {
 	// dispatches a Mixtral-shaped step fewer. RDRR_GPU_ROPE=0 turns it
 	// off, for measurements.
 	ropeAttn bool
-	// attnWG is the attention split's AttnShape.Workgroups: above 0, a
-	// cache head's chunks beyond that many are spread over that many
-	// workgroups that load their next chunk while they compute one
-	// (RDRR_GPU_ATTN_WG; an experiment, 0 by default, not measured on a
-	// GPU yet).
-	attnWG int
 	// pipeline has Generate record each step while the GPU runs the one
 	// before it (generatePipelined); RDRR_GPU_PIPELINE=0 turns it off,
 	// for measurements.
@@ -288,9 +282,6 @@ func NewGPUModel(ctx context.Context, m *Manifest, d *gpu.Device, cache *tiers.C
 	g.noYQ = os.Getenv("RDRR_GPU_YQ") == "0"
 	g.accNorm = os.Getenv("RDRR_GPU_ACCNORM") != "0"
 	g.ropeAttn = os.Getenv("RDRR_GPU_ROPE") != "0"
-	if n, err := strconv.Atoi(os.Getenv("RDRR_GPU_ATTN_WG")); err == nil && n > 0 {
-		g.attnWG = n
-	}
 	g.perSubmit = maskedPerSubmit
 	if n, err := strconv.Atoi(os.Getenv("RDRR_GPU_PER_SUBMIT")); err == nil && n > 0 {
 		g.perSubmit, g.perSubmitSet = n, true
@@ -1478,7 +1469,7 @@ func (g *GPUModel) recordAttention(ctx context.Context, b *gpu.Batch, l int) {
 		g.normX(ctx, b, p+"input_layernorm.weight")
 	}
 	q := gpu.Region(B["q"])
-	attn := ops.AttnShape{Heads: nq, KVHeads: nkv, HeadDim: hd, KVLen: g.pos + 1, Scale: float32(1 / math.Sqrt(float64(hd))), Workgroups: g.attnWG}
+	attn := ops.AttnShape{Heads: nq, KVHeads: nkv, HeadDim: hd, KVLen: g.pos + 1, Scale: float32(1 / math.Sqrt(float64(hd)))}
 	if w := g.qkv[l]; w != nil {
 		// q, k and v in one product, then RoPE on q and k and k and v
 		// into the cache at this position in one dispatch: the

@@ -57,13 +57,6 @@ func (k *Kernels) Rope(ctx context.Context, b *gpu.Batch, x, freqs gpu.Region, s
 type AttnShape struct {
 	Heads, KVHeads, HeadDim, KVLen int
 	Scale                          float32
-	// Workgroups, above 0 and below the chunks, spreads a cache head's
-	// chunks over that many workgroups, each taking every Workgroups-th
-	// chunk and loading its next chunk while it computes one
-	// (attention_split_pipe; chunks of 32, HeadDim 32, 64 or 128);
-	// otherwise a workgroup takes one chunk. An experiment, off (0) by
-	// default: not measured on a GPU yet.
-	Workgroups int
 }
 
 // check validates s and returns the bindings q, k, v, out.
@@ -97,13 +90,9 @@ func AttentionLaunches(s AttnShape) (split, merge Launch, partials uint64, err e
 	chunks := (s.KVLen + ch - 1) / ch
 	partials = uint64(s.Heads * chunks * (s.HeadDim + 2) * 4)
 	groups := (s.Heads/s.KVHeads + 7) / 8 // query heads of a cache head, 8 a workgroup
-	kernel, x, nwg := "attention_split", chunks, 0
-	if s.Workgroups > 0 && s.Workgroups < chunks && ch == 32 && (s.HeadDim == 32 || s.HeadDim == 64 || s.HeadDim == 128) {
-		kernel, x, nwg = "attention_split_pipe", s.Workgroups, s.Workgroups
-	}
-	split = Launch{Kernel: kernel, Constants: map[string]float64{"CH": float64(ch)}, Groups: [3]uint32{uint32(x), uint32(s.KVHeads), uint32(groups)},
+	split = Launch{Kernel: "attention_split", Constants: map[string]float64{"CH": float64(ch)}, Groups: [3]uint32{uint32(chunks), uint32(s.KVHeads), uint32(groups)},
 		Params: gpu.Params{}.U32(uint32(s.Heads)).U32(uint32(s.KVHeads)).U32(uint32(s.HeadDim)).U32(uint32(s.KVLen)).F32(s.Scale).
-			U32(uint32(chunks)).U32(uint32(nwg)).U32(0),
+			U32(uint32(chunks)).U32(0).U32(0),
 		Bindings: append(binds[:3:3], Binding{"partials", partials})}
 	merge = Launch{Kernel: "attention_merge", Groups: [3]uint32{uint32(s.Heads), uint32((s.HeadDim + 31) / 32), 1},
 		Params:   gpu.Params{}.U32(uint32(s.Heads)).U32(uint32(s.HeadDim)).U32(uint32(chunks)).U32(0),
@@ -114,8 +103,7 @@ func AttentionLaunches(s AttnShape) (split, merge Launch, partials uint64, err e
 // Attention records decode attention of q ([Heads][HeadDim]) over the
 // cache k, v ([>= KVLen][KVHeads][HeadDim]) into out ([Heads][HeadDim]).
 // It runs split over positions (flash-decoding): chunks of 32 positions
-// (attnChunk) per workgroup (or, with s.Workgroups, that many workgroups
-// a cache head taking the chunks in turn), every cache head's query heads
+// (attnChunk) per workgroup, every cache head's query heads
 // together, then a merge of the chunks' softmax partials; the partials
 // live in a scratch buffer of the batch.
 func (k *Kernels) Attention(ctx context.Context, b *gpu.Batch, q, kc, vc, out gpu.Region, s AttnShape) error {
@@ -181,9 +169,7 @@ func (k *Kernels) splitMerge(ctx context.Context, b *gpu.Batch, split, merge Lau
 }
 
 // RopeAttentionLaunches are the dispatch rules of RopeAttention where
-// one split dispatch can rotate and store (attention_split_rope, or
-// attention_split_rope_pipe where AttentionLaunches chose the pipelined
-// split: chunks
+// one split dispatch can rotate and store (attention_split_rope: chunks
 // of 32, HeadDim 64 or 128, NeoX over whole heads, one token whose row
 // is the cache's last, q k v stacked as one product writes them), ok
 // false where it cannot. Bindings of the split: q k v, k cache, v cache,
@@ -202,11 +188,7 @@ func RopeAttentionLaunches(s AttnShape, rs RopeShape, kv KVShape) (split, merge 
 		kv.Pos != s.KVLen-1 || rs.Pos0 != kv.Pos {
 		return split, merge, partials, false, nil
 	}
-	if split.Kernel == "attention_split_pipe" {
-		split.Kernel = "attention_split_rope_pipe"
-	} else {
-		split.Kernel = "attention_split_rope"
-	}
+	split.Kernel = "attention_split_rope"
 	split.Params = split.Params.U32(uint32(kv.KOff)).U32(uint32(kv.VOff)).U32(0).U32(0)
 	split.Bindings = []Binding{{"q k v", uint64(kv.VOff+kv.Dim) * 4}, split.Bindings[1], split.Bindings[2], split.Bindings[3], {"freqs", uint64(hd / 2 * 4)}}
 	return split, merge, partials, true, nil

@@ -7,7 +7,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"sort"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -617,11 +616,6 @@ func (m *meter) attention(b *testing.B, heads, kvHeads, hd, kvLen int) result {
 	}
 	outs := [2]*gpu.Buffer{m.alloc(b, uint64(heads*hd*4)), m.alloc(b, uint64(heads*hd*4))}
 	s := AttnShape{Heads: heads, KVHeads: kvHeads, HeadDim: hd, KVLen: kvLen, Scale: 0.088}
-	// RDRR_BENCH_ATTN_WG=N: the split over N workgroups a cache head
-	// (AttnShape.Workgroups), so that one binary alternates the two.
-	if n, err := strconv.Atoi(os.Getenv("RDRR_BENCH_ATTN_WG")); err == nil && n > 0 {
-		s.Workgroups = n
-	}
 	record := func(bt *gpu.Batch, i int) error {
 		return m.k.Attention(ctx, bt, q, ks[i%nr], vs[i%nr], outs[i%2], s)
 	}

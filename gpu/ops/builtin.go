@@ -64,8 +64,6 @@ var builtins = map[string]builtin{
 	"rope_kv":                     {"rope.wgsl", []gpu.Access{rw, ro, rw, rw}, 44, "KV"},
 	"attention_split":             {"attention_split.wgsl", []gpu.Access{ro, ro, ro, rw}, 32, ""},
 	"attention_split_rope":        {"attention_split.wgsl", []gpu.Access{ro, rw, rw, rw, ro}, 48, "ROPE"},
-	"attention_split_pipe":        {"attention_split.wgsl", []gpu.Access{ro, ro, ro, rw}, 32, "PIPE"},
-	"attention_split_rope_pipe":   {"attention_split.wgsl", []gpu.Access{ro, rw, rw, rw, ro}, 48, "ROPE PIPE"},
 	"attention_merge":             {"attention_merge.wgsl", []gpu.Access{ro, rw}, 16, ""},
 	"route":                       {"route.wgsl", []gpu.Access{ro, ro, rw, rw}, 32, ""},
 	"route_mv":                    {"route.wgsl", []gpu.Access{rw, ro, rw, rw, ro, ro}, 48, "MV"},

@@ -20,11 +20,6 @@
 // caches for the steps after. The arithmetic is rope.wgsl's: the same
 // bits as rope_kv and then attention_split.
 //
-// The PIPE flavor (attention_split_pipe, attention_split_rope_pipe;
-// main_p) spreads a cache head's chunks over the grid's x = n_wg
-// workgroups, each taking chunks x, x + n_wg, ... and loading its next
-// chunk before it computes the one it holds; the partials are the same.
-//
 // Scores: 8 threads per position, interleaved over the row's vec4s, for
 // all G heads. Softmax of the chunk: 64 threads a head. Outputs: R =
 // 256 / hd threads per dimension, each a share of the positions, summed in
@@ -37,7 +32,7 @@ struct Params {
   kv_len: u32,
   scale: f32,
   n_chunks: u32,
-  n_wg: u32, // PIPE: the grid's x, workgroups a cache head and query group
+  _p0: u32,
   _p1: u32,
 //+ROPE  k_off: u32, // where the new k row starts in q (floats)
 //+ROPE  v_off: u32, // and the new v row
@@ -56,8 +51,6 @@ struct Params {
 
 //-ROPE const ROPE: bool = false;
 //+ROPE const ROPE: bool = true;
-//-PIPE const PIPE: bool = false;
-//+PIPE const PIPE: bool = true;
 
 // q4at is vec4 i (a float index, a multiple of 4) of q.
 fn q4at(i: u32) -> vec4<f32> {
@@ -203,10 +196,6 @@ fn chunkSoftmax(tid: u32, g_n: u32, t0: u32) {
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
-  if (PIPE) {
-//+PIPE    main_p(wid, tid);
-    return;
-  }
   // Chunks of 32 and hd of 32, 64 or 128: every load at once (main_v).
   if (ROPE || (CH == 32u && (p.hd == 32u || p.hd == 64u || p.hd == 128u))) {
     main_v(wid, tid);
@@ -381,53 +370,6 @@ fn main_v(wid: vec3<u32>, tid: u32) {
   }
   workgroupBarrier();
   chunkOut(c, h0, g_n, tid, kv);
-}
-
-// main_p is main_v over chunks wid.x, wid.x + n_wg, ... (the PIPE flavor,
-// kernels attention_split_pipe and attention_split_rope_pipe: fewer
-// workgroups than chunks, each loading its next chunk before it computes
-// the one it has, so that its loads overlap its arithmetic instead of all
-// the workgroups loading, then all computing). The partials are the same
-// as main_v's, chunk for chunk.
-fn main_p(wid: vec3<u32>, tid: u32) {
-  let j = wid.y;
-  let hd = p.hd;
-  let n4 = hd >> 2u;
-  let big_g = p.n_heads / p.n_kv;
-  let h0 = j * big_g + wid.z * MAXG;
-  let g_n = min(MAXG, big_g - wid.z * MAXG);
-  let qn = g_n * n4;
-  let qb = h0 * hd + 4u * tid;
-  var qa = vec4<f32>(0.0);
-  var qp = qa;
-  if (tid < qn) {
-    qa = q4at(qb);
-    if (ROPE) {
-      qp = q4at(qpair(qb, hd));
-    }
-  }
-  var c = wid.x; // < n_chunks: the rule's grid is at most one a chunk
-  var kv = loadKV(c, j, wid.z, tid);
-  if (tid < qn) {
-    qs[tid] = qturn(qa, qp, qb, hd);
-  }
-  workgroupBarrier();
-  loop {
-    let cn = c + p.n_wg;
-    var next: KV;
-    if (cn < p.n_chunks) {
-      next = loadKV(cn, j, wid.z, tid);
-    }
-    // chunkOut ends in a barrier (its last output round's): red, sc and
-    // ml are free for the next chunk's only because of it (lavapipe's
-    // tests cannot see that race).
-    chunkOut(c, h0, g_n, tid, kv);
-    if (cn >= p.n_chunks) {
-      break;
-    }
-    kv = next;
-    c = cn;
-  }
 }
 
 // KV is a thread's share of a chunk's K and V in main_v's layout.
