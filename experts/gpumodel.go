@@ -176,6 +176,19 @@ type GPUModel struct {
 	// dispatches a Mixtral-shaped step fewer. RDRR_GPU_ROPE=0 turns it
 	// off, for measurements.
 	ropeAttn bool
+	// l2Router has a MoE layer's FFN norm dispatch joined by a read of
+	// its router's weights into the GPU's L2 cache (ops.Prefetch, which
+	// runs beside the one-workgroup norm), so that the router's product
+	// after the norm finds them there: for routers of at most
+	// maxL2Router bytes. On an H200 (experts/BENCHMARKS.md) the resident
+	// step took 4496 us against 4543 without (-1.0%; the two alternated
+	// every 10 steps of one generation), where prefetching a layer's q k
+	// v and o weights (14 and 9 MB) the same way beside its attention's
+	// norm and merge made it 3% slower (those latency-bound dispatches
+	// wait on loads that queue behind the prefetch's). On unless
+	// RDRR_GPU_L2=0 (for measurements).
+	l2Router bool
+	sinks    []*gpu.Buffer // each layer's router prefetch's own (ops.Prefetch)
 	// pipeline has Generate record each step while the GPU runs the one
 	// before it (generatePipelined); RDRR_GPU_PIPELINE=0 turns it off,
 	// for measurements.
@@ -281,6 +294,7 @@ func NewGPUModel(ctx context.Context, m *Manifest, d *gpu.Device, cache *tiers.C
 	g.xqAttn = g.xq && os.Getenv("RDRR_GPU_XQ") == "all"
 	g.noYQ = os.Getenv("RDRR_GPU_YQ") == "0"
 	g.accNorm = os.Getenv("RDRR_GPU_ACCNORM") != "0"
+	g.l2Router = os.Getenv("RDRR_GPU_L2") != "0"
 	g.ropeAttn = os.Getenv("RDRR_GPU_ROPE") != "0"
 	g.perSubmit = maskedPerSubmit
 	if n, err := strconv.Atoi(os.Getenv("RDRR_GPU_PER_SUBMIT")); err == nil && n > 0 {
@@ -375,6 +389,14 @@ func NewGPUModel(ctx context.Context, m *Manifest, d *gpu.Device, cache *tiers.C
 		g.buf[name] = b
 	}
 	g.normed = ops.Normed{XG: g.buf["xg"], Parts: g.buf["parts"], Eps: float32(c.RMSNormEps)}
+	for range c.NumHiddenLayers {
+		b, err := d.Alloc(16)
+		if err != nil {
+			g.Close()
+			return nil, err
+		}
+		g.sinks = append(g.sinks, b)
+	}
 	kv := uint64(maxPos * nkv * hd * 4)
 	for l := 0; l < c.NumHiddenLayers; l++ {
 		kb, err1 := d.Alloc(kv)
@@ -789,6 +811,9 @@ func (g *GPUModel) Close() {
 		if b != nil {
 			b.Release()
 		}
+	}
+	for _, b := range g.sinks {
+		b.Release()
 	}
 	g.k.Close()
 }
@@ -1552,7 +1577,8 @@ func (g *GPUModel) embedNorm(ctx context.Context, b *gpu.Batch) {
 	}
 }
 
-// normFFN records layer l's FFN input: xn = the FFN's RMSNorm of x.
+// normFFN records layer l's FFN input: xn = the FFN's RMSNorm of x (and,
+// for a MoE layer with l2Router, the prefetch of its router's weights).
 // With xq, a MoE layer's xn is also quantized into xnq for the gate and
 // up products, by the same dispatch.
 func (g *GPUModel) normFFN(ctx context.Context, b *gpu.Batch, l int) {
@@ -1560,10 +1586,19 @@ func (g *GPUModel) normFFN(ctx context.Context, b *gpu.Batch, l int) {
 	c := &g.m.Config
 	if g.xq && c.IsMoE(l) {
 		g.normXQ(ctx, b, weight, ops.NormShape{Rows: 1, Dim: c.HiddenSize, Eps: float32(c.RMSNormEps)})
-		return
+	} else {
+		g.normX(ctx, b, weight)
 	}
-	g.normX(ctx, b, weight)
+	if rw := g.dense[fmt.Sprintf("model.layers.%d.mlp.gate.weight", l)]; g.l2Router && c.IsMoE(l) && rw != nil && gpu.SpanOf(rw).Size() <= maxL2Router {
+		// Beside the norm, for the router's product after it.
+		g.k.Prefetch(ctx, b, rw, g.sinks[l])
+	}
 }
+
+// maxL2Router bounds the router weights that l2Router prefetches: a
+// Mixtral router is 128 KB; DeepSeek-V3's 7 MB would load the memory
+// system under the norm as the q k v weights did.
+const maxL2Router = 1 << 20
 
 // pendingAcc is an accumulate into x not recorded yet (see accNorm).
 type pendingAcc struct {
