@@ -177,7 +177,7 @@ type GPUModel struct {
 	// off, for measurements.
 	ropeAttn bool
 	// l2Router has a MoE layer's FFN norm dispatch joined by a read of
-	// its router's weights into the GPU's L2 cache (ops.Prefetch, which
+	// its router's weights into the GPU's L2 cache (ops.L2Prefetch, which
 	// runs beside the one-workgroup norm), so that the router's product
 	// after the norm finds them there: for routers of at most
 	// maxL2Router bytes. On an H200 (experts/BENCHMARKS.md) the resident
@@ -187,8 +187,12 @@ type GPUModel struct {
 	// norm and merge made it 3% slower (those latency-bound dispatches
 	// wait on loads that queue behind the prefetch's). On unless
 	// RDRR_GPU_L2=0 (for measurements).
+	// routerL2 is each layer's router weights that l2Router reads (nil
+	// where it reads none), and sinks each such read's own sink (by
+	// layer too).
 	l2Router bool
-	sinks    []*gpu.Buffer // each layer's router prefetch's own (ops.Prefetch)
+	routerL2 []gpu.Region
+	sinks    []*gpu.Buffer
 	// pipeline has Generate record each step while the GPU runs the one
 	// before it (generatePipelined); RDRR_GPU_PIPELINE=0 turns it off,
 	// for measurements.
@@ -389,19 +393,29 @@ func NewGPUModel(ctx context.Context, m *Manifest, d *gpu.Device, cache *tiers.C
 		g.buf[name] = b
 	}
 	g.normed = ops.Normed{XG: g.buf["xg"], Parts: g.buf["parts"], Eps: float32(c.RMSNormEps)}
-	for range c.NumHiddenLayers {
+	for l := range c.NumHiddenLayers {
+		rw := g.dense[fmt.Sprintf("model.layers.%d.mlp.gate.weight", l)]
+		if !g.l2Router || !c.IsMoE(l) || rw == nil || gpu.SpanOf(rw).Size() > maxL2Router {
+			g.routerL2, g.sinks = append(g.routerL2, nil), append(g.sinks, nil)
+			continue
+		}
 		b, err := d.Alloc(16)
 		if err != nil {
 			g.Close()
 			return nil, err
 		}
-		g.sinks = append(g.sinks, b)
+		g.routerL2, g.sinks = append(g.routerL2, rw), append(g.sinks, b)
 	}
 	kv := uint64(maxPos * nkv * hd * 4)
 	for l := 0; l < c.NumHiddenLayers; l++ {
 		kb, err1 := d.Alloc(kv)
 		vb, err2 := d.Alloc(kv)
 		if err1 != nil || err2 != nil {
+			for _, b := range []*gpu.Buffer{kb, vb} {
+				if b != nil {
+					b.Release() // the one that was allocated
+				}
+			}
 			g.Close()
 			return nil, fmt.Errorf("experts: KV cache: %v %v", err1, err2)
 		}
@@ -813,7 +827,9 @@ func (g *GPUModel) Close() {
 		}
 	}
 	for _, b := range g.sinks {
-		b.Release()
+		if b != nil {
+			b.Release()
+		}
 	}
 	g.k.Close()
 }
@@ -1589,9 +1605,9 @@ func (g *GPUModel) normFFN(ctx context.Context, b *gpu.Batch, l int) {
 	} else {
 		g.normX(ctx, b, weight)
 	}
-	if rw := g.dense[fmt.Sprintf("model.layers.%d.mlp.gate.weight", l)]; g.l2Router && c.IsMoE(l) && rw != nil && gpu.SpanOf(rw).Size() <= maxL2Router {
+	if rw := g.routerL2[l]; rw != nil {
 		// Beside the norm, for the router's product after it.
-		g.k.Prefetch(ctx, b, rw, g.sinks[l])
+		g.k.L2Prefetch(ctx, b, rw, g.sinks[l])
 	}
 }
 

@@ -73,7 +73,7 @@ var builtins = map[string]builtin{
 	"argmax_blocks":               {"argmax_blocks.wgsl", []gpu.Access{ro, rw}, 16, ""},
 	"topp_blocks":                 {"topp_blocks.wgsl", []gpu.Access{ro, rw, rw}, 32, ""},
 	"copy":                        {"copy.wgsl", []gpu.Access{ro, rw}, 8, ""},
-	"prefetch":                    {"prefetch.wgsl", []gpu.Access{ro, rw}, 16, ""},
+	"l2_prefetch":                 {"l2_prefetch.wgsl", []gpu.Access{ro, rw}, 16, ""},
 	"kv_store":                    {"kv_store.wgsl", []gpu.Access{ro, rw, rw}, 16, ""},
 }
 

@@ -86,6 +86,10 @@ func TestLaunchesMatchABI(t *testing.T) {
 	add("embed", l, err)
 	l, err = CopyLaunch(1 << 20)
 	add("copy", l, err)
+	for _, n := range []uint64{100, 128 << 10, 64 << 20} {
+		l, err = L2PrefetchLaunch(n)
+		add("l2_prefetch", l, err)
+	}
 	l, err = RopeLaunch(RopeShape{Tokens: 1, Heads: 8, HeadDim: 128, RotDim: 128, Pos0: 7, Style: abi.RopeGPTJ})
 	add("rope", l, err)
 	l, err = RopeKVLaunch(RopeShape{Tokens: 1, Heads: 40, HeadDim: 128, RotDim: 64, Pos0: 7}, KVShape{Dim: 1024, KOff: 4096, VOff: 5120, Pos: 9})

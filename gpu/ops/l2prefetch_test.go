@@ -9,20 +9,20 @@ import (
 	"github.com/rdrr/peer/gpu"
 )
 
-// Prefetch reads the first word of every 32-byte sector of its region
+// L2Prefetch reads the first word of every 32-byte sector of its region
 // and no other, and a thread writes its sink only when its words xor to
-// prefetchKey. With every sector's first word zero but one sector's,
-// prefetchKey: the sink is written (that sector was read, by a thread
+// l2PrefetchKey. With every sector's first word zero but one sector's,
+// l2PrefetchKey: the sink is written (that sector was read, by a thread
 // that read no other nonzero word); with that word one off the key, it
 // is not. The probed sectors are the first and last, and those at the
 // edges of a thread's rounds.
-func TestPrefetch(t *testing.T) {
+func TestL2Prefetch(t *testing.T) {
 	d, k := shared.d, shared.k
 	r := rng(t)
-	const key = prefetchKey
+	const key = l2PrefetchKey
 	// Sizes: one word, part of a sector, a few workgroups, past the
 	// threads' first round of 8 sectors and second, a ragged end.
-	for _, n := range []int{4, 100, 32 * 256 * 3, prefetchThreads*32*8 + 32*300 + 12} {
+	for _, n := range []int{4, 100, 32 * 256 * 3, l2PrefetchThreads*32*8 + 32*300 + 12} {
 		t.Run(fmt.Sprint(n), func(t *testing.T) {
 			sectors := (n + 31) / 32
 			data := make([]byte, n)
@@ -40,7 +40,7 @@ func TestPrefetch(t *testing.T) {
 			if err := d.Write(region, data); err != nil {
 				t.Fatal(err)
 			}
-			l, err := PrefetchLaunch(uint64(n))
+			l, err := L2PrefetchLaunch(uint64(n))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -58,7 +58,7 @@ func TestPrefetch(t *testing.T) {
 					word(s, v)
 					sink := poisoned(t, d, 4)
 					before := readU32(t, d, sink, 1)[0]
-					run(t, d, func(bt *gpu.Batch) error { return k.Prefetch(ctxT(t), bt, region, sink) })
+					run(t, d, func(bt *gpu.Batch) error { return k.L2Prefetch(ctxT(t), bt, region, sink) })
 					got := readU32(t, d, sink, 1)[0]
 					switch {
 					case v == key && got != key:
@@ -72,8 +72,8 @@ func TestPrefetch(t *testing.T) {
 		})
 	}
 	for _, n := range []uint64{0, 6} {
-		if _, err := PrefetchLaunch(n); !errors.Is(err, gpu.ErrShape) {
-			t.Errorf("PrefetchLaunch(%d): %v; want gpu.ErrShape", n, err)
+		if _, err := L2PrefetchLaunch(n); !errors.Is(err, gpu.ErrShape) {
+			t.Errorf("L2PrefetchLaunch(%d): %v; want gpu.ErrShape", n, err)
 		}
 	}
 }
