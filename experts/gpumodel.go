@@ -188,11 +188,14 @@ type GPUModel struct {
 	// wait on loads that queue behind the prefetch's). On unless
 	// RDRR_GPU_L2=0 (for measurements).
 	// routerL2 is each layer's router weights that l2Router reads (nil
-	// where it reads none), and sinks each such read's own sink (by
-	// layer too).
+	// where it would read none: not a MoE layer, or a router over
+	// maxL2Router), and sinks each such read's own sink (by layer too).
 	l2Router bool
 	routerL2 []gpu.Region
 	sinks    []*gpu.Buffer
+	// ab is the A/B inside the step that SetAB (or RDRR_GPU_AB) started,
+	// if any (ab.go).
+	ab *abTest
 	// pipeline has Generate record each step while the GPU runs the one
 	// before it (generatePipelined); RDRR_GPU_PIPELINE=0 turns it off,
 	// for measurements.
@@ -395,7 +398,7 @@ func NewGPUModel(ctx context.Context, m *Manifest, d *gpu.Device, cache *tiers.C
 	g.normed = ops.Normed{XG: g.buf["xg"], Parts: g.buf["parts"], Eps: float32(c.RMSNormEps)}
 	for l := range c.NumHiddenLayers {
 		rw := g.dense[fmt.Sprintf("model.layers.%d.mlp.gate.weight", l)]
-		if !g.l2Router || !c.IsMoE(l) || rw == nil || gpu.SpanOf(rw).Size() > maxL2Router {
+		if !c.IsMoE(l) || rw == nil || gpu.SpanOf(rw).Size() > maxL2Router {
 			g.routerL2, g.sinks = append(g.routerL2, nil), append(g.sinks, nil)
 			continue
 		}
@@ -430,6 +433,10 @@ func NewGPUModel(ctx context.Context, m *Manifest, d *gpu.Device, cache *tiers.C
 		return nil, err
 	}
 	if err := g.compile(ctx); err != nil {
+		g.Close()
+		return nil, err
+	}
+	if err := g.SetAB(os.Getenv("RDRR_GPU_AB")); err != nil {
 		g.Close()
 		return nil, err
 	}
@@ -898,6 +905,9 @@ type stepRun struct {
 func (g *GPUModel) begin(ctx context.Context, token int, onGPU bool, hd head) (_ *stepRun, err error) {
 	c := &g.m.Config
 	k := c.NumExpertsPerTok
+	if g.ab != nil {
+		g.abStep()
+	}
 	if !onGPU && (token < 0 || token >= c.VocabSize) {
 		return nil, fmt.Errorf("experts: token %d outside the vocabulary of %d", token, c.VocabSize)
 	}
@@ -1605,7 +1615,7 @@ func (g *GPUModel) normFFN(ctx context.Context, b *gpu.Batch, l int) {
 	} else {
 		g.normX(ctx, b, weight)
 	}
-	if rw := g.routerL2[l]; rw != nil {
+	if rw := g.routerL2[l]; rw != nil && g.l2Router {
 		// Beside the norm, for the router's product after it.
 		g.k.L2Prefetch(ctx, b, rw, g.sinks[l])
 	}

@@ -291,6 +291,15 @@ tokens. --profile-gpu times every dispatch on the GPU.`,
 					res["profile"] = prof
 					res["stallSeconds"] = prof.PageWait.Seconds()
 				}
+				var ab *experts.ABResult
+				if s, ok := step.(interface {
+					AB() (experts.ABResult, bool)
+				}); ok {
+					if r, ok := s.AB(); ok {
+						ab = &r
+						res["ab"] = r
+					}
+				}
 				// Belady's MIN on this run's demands at the VRAM level's
 				// budget (what `peer tiers simulate` gives on the --trace
 				// file): the hit rate no eviction policy can beat without
@@ -372,6 +381,14 @@ tokens. --profile-gpu times every dispatch on the GPU.`,
 						per := func(d time.Duration) string { return (d / time.Duration(prof.Steps)).Round(time.Microsecond).String() }
 						fmt.Fprintf(w, "  per step: %s = record+submit %s (%s of it ahead), router read-back %s, paging stall %s, logits read-back %s (%d submits, %d read-backs per step)\n",
 							per(prof.Total), per(prof.Record), per(prof.Ahead), per(prof.RouteWait), per(prof.PageWait), per(prof.LogitsWait), prof.Submits/prof.Steps, prof.Readbacks/prof.Steps)
+						if ab != nil {
+							ratio := "-"
+							if ab.Off.Median > 0 {
+								ratio = fmt.Sprintf("%.3f", float64(ab.On.Median)/float64(ab.Off.Median))
+							}
+							fmt.Fprintf(w, "  A/B inside the step (RDRR_GPU_AB=%s, alternated every %d steps): on %s a step (median of %d), off %s (of %d); on/off %s\n",
+								ab.Toggle, ab.Period, ab.On.Median.Round(time.Microsecond), ab.On.Steps, ab.Off.Median.Round(time.Microsecond), ab.Off.Steps, ratio)
+						}
 						if prof.Turns > 0 {
 							avg := func(d time.Duration, n int) string {
 								return (d / time.Duration(max(n, 1))).Round(time.Microsecond).String()
@@ -605,6 +622,7 @@ func (s gpuStepper) Activations() string                  { return s.g.Activatio
 func (s gpuStepper) Prefetched() (predicted, correct int) { return s.g.Predicted, s.g.Correct }
 func (s gpuStepper) Leads() []experts.GuessCount          { return s.g.Leads[:] }
 func (s gpuStepper) Profile() *experts.StepProfile        { return &s.g.Profile }
+func (s gpuStepper) AB() (experts.ABResult, bool)         { return s.g.AB() }
 func (s gpuStepper) ExpertKeys() []tiers.Key              { return s.g.ExpertKeys() }
 func (s gpuStepper) GPUTimes() map[string]time.Duration   { return s.g.GPUTimes }
 func (s gpuStepper) Generate(ctx context.Context, prompt []int, n int, smp experts.Sampling, emit func(int)) ([]int, error) {

@@ -1,0 +1,125 @@
+package experts
+
+import (
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+)
+
+// An A/B inside the decode step: one of the step's toggles alternated
+// every ABPeriod steps of one generation, off first, and each step's
+// interval (from its start to the next step's start) counted for the
+// setting it ran with, the first abSettle steps after each switch left
+// out (a switch may compile a pipeline). When Generate records a step
+// while the GPU runs the one before it, that interval is the GPU's step.
+// Both settings see the same GPU, clocks and positions, and with a toggle
+// that keeps the step's bits (l2, rope, yq) the same tokens: a kernel
+// benchmark times a kernel after itself, and on an H200 that did not
+// predict its cost between its neighbours in the step
+// (experts/BENCHMARKS.md, 2026-11-29). RDRR_GPU_AB names the toggle.
+
+// ABPeriod is how many steps an A/B runs each setting in turn.
+const ABPeriod = 10
+
+// abSettle is how many steps after each switch an A/B does not count.
+const abSettle = 2
+
+// abToggles are the toggles an A/B alternates, by name; each sets its
+// toggle on (the default) or off.
+var abToggles = map[string]func(g *GPUModel, on bool){
+	"l2":      func(g *GPUModel, on bool) { g.l2Router = on },   // the router's L2 prefetch
+	"rope":    func(g *GPUModel, on bool) { g.ropeAttn = on },   // RoPE and the KV store in the attention's split
+	"yq":      func(g *GPUModel, on bool) { g.noYQ = !on },      // gate and up products quantizing their output
+	"router":  func(g *GPUModel, on bool) { g.fuseRouter = on }, // the router's product in its routing dispatch
+	"accnorm": func(g *GPUModel, on bool) { g.accNorm = on },    // accumulates deferred to the next norm (with xq)
+}
+
+// ABToggles lists the toggles an A/B can alternate.
+func ABToggles() []string {
+	names := make([]string, 0, len(abToggles))
+	for n := range abToggles {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// ABResult is an A/B's outcome so far.
+type ABResult struct {
+	Toggle string `json:"toggle"`
+	Period int    `json:"period"`
+	On     ABSide `json:"on"`
+	Off    ABSide `json:"off"`
+}
+
+// ABSide is one setting's steps counted and their median interval.
+type ABSide struct {
+	Steps  int           `json:"steps"`
+	Median time.Duration `json:"medianNs"`
+}
+
+type abTest struct {
+	toggle string
+	set    func(g *GPUModel, on bool)
+	steps  int       // steps begun
+	last   time.Time // when the last one began
+	times  [2][]time.Duration
+}
+
+// SetAB starts an A/B of toggle (one of ABToggles) from the next step on;
+// "" stops one and leaves its toggle on.
+func (g *GPUModel) SetAB(toggle string) error {
+	if g.ab != nil {
+		g.ab.set(g, true)
+		g.ab = nil
+	}
+	if toggle == "" {
+		return nil
+	}
+	set, ok := abToggles[toggle]
+	if !ok {
+		return fmt.Errorf("experts: no A/B toggle %q (toggles: %s)", toggle, strings.Join(ABToggles(), ", "))
+	}
+	g.ab = &abTest{toggle: toggle, set: set}
+	return nil
+}
+
+// abStep counts the interval since the last step began for that step's
+// setting, and sets the toggle for the step beginning now.
+func (g *GPUModel) abStep() {
+	a := g.ab
+	now := time.Now()
+	if prev := a.steps - 1; prev >= 0 && prev%ABPeriod >= abSettle {
+		on := (prev/ABPeriod)%2 == 1
+		a.times[b2i(on)] = append(a.times[b2i(on)], now.Sub(a.last))
+	}
+	a.set(g, (a.steps/ABPeriod)%2 == 1)
+	a.steps++
+	a.last = now
+}
+
+// AB returns the A/B's outcome so far; ok is false without one.
+func (g *GPUModel) AB() (r ABResult, ok bool) {
+	a := g.ab
+	if a == nil {
+		return ABResult{}, false
+	}
+	side := func(ts []time.Duration) ABSide {
+		if len(ts) == 0 {
+			return ABSide{}
+		}
+		s := slices.Clone(ts)
+		slices.Sort(s)
+		return ABSide{Steps: len(s), Median: s[len(s)/2]}
+	}
+	return ABResult{Toggle: a.toggle, Period: ABPeriod, On: side(a.times[1]), Off: side(a.times[0])}, true
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
