@@ -26,14 +26,16 @@ const ABPeriod = 10
 // abSettle is how many steps after each switch an A/B does not count.
 const abSettle = 2
 
-// abToggles are the toggles an A/B alternates, by name; each sets its
-// toggle on (the default) or off.
-var abToggles = map[string]func(g *GPUModel, on bool){
-	"l2":      func(g *GPUModel, on bool) { g.l2Router = on },   // the router's L2 prefetch
-	"rope":    func(g *GPUModel, on bool) { g.ropeAttn = on },   // RoPE and the KV store in the attention's split
-	"yq":      func(g *GPUModel, on bool) { g.noYQ = !on },      // gate and up products quantizing their output
-	"router":  func(g *GPUModel, on bool) { g.fuseRouter = on }, // the router's product in its routing dispatch
-	"accnorm": func(g *GPUModel, on bool) { g.accNorm = on },    // accumulates deferred to the next norm (with xq)
+// abToggles are the toggles an A/B alternates, by name: each a field of
+// the model, true when the feature is in use (the default for all but
+// xqattn).
+var abToggles = map[string]func(g *GPUModel) *bool{
+	"l2":      func(g *GPUModel) *bool { return &g.l2Router },   // the router's L2 prefetch
+	"rope":    func(g *GPUModel) *bool { return &g.ropeAttn },   // RoPE and the KV store in the attention's split
+	"yq":      func(g *GPUModel) *bool { return &g.yq },         // gate and up products quantizing their output
+	"router":  func(g *GPUModel) *bool { return &g.fuseRouter }, // the router's product in its routing dispatch
+	"accnorm": func(g *GPUModel) *bool { return &g.accNorm },    // accumulates deferred to the next norm (with xq)
+	"xqattn":  func(g *GPUModel) *bool { return &g.xqAttn },     // q8 activations for the attention's products too (with xq)
 }
 
 // ABToggles lists the toggles an A/B can alternate.
@@ -62,27 +64,32 @@ type ABSide struct {
 
 type abTest struct {
 	toggle string
-	set    func(g *GPUModel, on bool)
+	flag   *bool     // the toggle's field
+	was    bool      // its setting before the A/B
 	steps  int       // steps begun
 	last   time.Time // when the last one began
 	times  [2][]time.Duration
 }
 
 // SetAB starts an A/B of toggle (one of ABToggles) from the next step on;
-// "" stops one and leaves its toggle on.
+// "" stops one and sets its toggle back as it was.
 func (g *GPUModel) SetAB(toggle string) error {
 	if g.ab != nil {
-		g.ab.set(g, true)
+		*g.ab.flag = g.ab.was
 		g.ab = nil
 	}
 	if toggle == "" {
 		return nil
 	}
-	set, ok := abToggles[toggle]
+	field, ok := abToggles[toggle]
 	if !ok {
 		return fmt.Errorf("experts: no A/B toggle %q (toggles: %s)", toggle, strings.Join(ABToggles(), ", "))
 	}
-	g.ab = &abTest{toggle: toggle, set: set}
+	if toggle == "xqattn" && !g.xq {
+		return fmt.Errorf("experts: the A/B toggle xqattn needs the experts' q8 activations (xq: RDRR_GPU_XQ not 0, SetActivations not f32)")
+	}
+	f := field(g)
+	g.ab = &abTest{toggle: toggle, flag: f, was: *f}
 	return nil
 }
 
@@ -95,7 +102,7 @@ func (g *GPUModel) abStep() {
 		on := (prev/ABPeriod)%2 == 1
 		a.times[b2i(on)] = append(a.times[b2i(on)], now.Sub(a.last))
 	}
-	a.set(g, (a.steps/ABPeriod)%2 == 1)
+	*a.flag = (a.steps/ABPeriod)%2 == 1
 	a.steps++
 	a.last = now
 }

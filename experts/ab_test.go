@@ -71,20 +71,34 @@ func TestGPUModelAB(t *testing.T) {
 				t.Fatalf("after %d steps the toggle is %v; want %v", steps, got, last)
 			}
 			if err := g.SetAB(""); err != nil || !abSetting(g, toggle) {
-				t.Fatalf("SetAB(\"\"): %v, toggle %v; want it on", err, abSetting(g, toggle))
+				t.Fatalf("SetAB(\"\"): %v, toggle %v; want it on as before", err, abSetting(g, toggle))
 			}
 			if _, ok := g.AB(); ok {
 				t.Fatal("AB() after SetAB(\"\") reports one")
 			}
 		})
 	}
+	// A toggle that changes the step's bits (the attention's products of
+	// quantized x) runs too, each setting counted.
+	// SetAB("") sets it back off, as it was.
+	if _, g := generate("xqattn"); g.ab == nil {
+		t.Fatal("xqattn: no A/B")
+	} else if r, _ := g.AB(); r.On.Steps == 0 || r.Off.Steps == 0 {
+		t.Fatalf("xqattn: %+v", r)
+	} else if err := g.SetAB(""); err != nil || g.xqAttn {
+		t.Fatalf("xqattn after SetAB(\"\"): %v, %v; want off, as before", err, g.xqAttn)
+	}
 	g, _ := testGPUModel(t, d, m, src, 3)
 	if err := g.SetAB("bogus"); err == nil {
 		t.Fatal("SetAB(\"bogus\") accepted")
 	}
+	g.xq = false
+	if err := g.SetAB("xqattn"); err == nil {
+		t.Fatal("xqattn accepted without xq")
+	}
 }
 
-// abSetting is toggle's setting in g (true: on, as by default).
+// abSetting is toggle's setting in g (true: the feature in use).
 func abSetting(g *GPUModel, toggle string) bool {
 	switch toggle {
 	case "l2":
@@ -92,7 +106,9 @@ func abSetting(g *GPUModel, toggle string) bool {
 	case "rope":
 		return g.ropeAttn
 	case "yq":
-		return !g.noYQ
+		return g.yq
+	case "xqattn":
+		return g.xqAttn
 	}
 	panic(toggle)
 }

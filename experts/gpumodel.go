@@ -156,9 +156,10 @@ type GPUModel struct {
 	// submission against 195.5 and 196.4 in submissions of 4 layers.
 	perSubmit    int
 	perSubmitSet bool
-	// noYQ has the gate and up products' output quantized by a dispatch
-	// of its own (RDRR_GPU_YQ=0, for measurements), not by the products.
-	noYQ bool
+	// yq has the gate and up products quantize their output themselves
+	// (where gluYQ allows); off (RDRR_GPU_YQ=0, for measurements), a
+	// dispatch of its own quantizes it.
+	yq bool
 	// accNorm defers the accumulates into x (after the o product, after
 	// the experts) to the norm of x that follows (pending): one dispatch,
 	// ops.AccumulateRMSNormXQ, whatever that norm's output (the attention's
@@ -299,7 +300,7 @@ func NewGPUModel(ctx context.Context, m *Manifest, d *gpu.Device, cache *tiers.C
 	}
 	g.xq = os.Getenv("RDRR_GPU_XQ") != "0" && g.canXQ()
 	g.xqAttn = g.xq && os.Getenv("RDRR_GPU_XQ") == "all"
-	g.noYQ = os.Getenv("RDRR_GPU_YQ") == "0"
+	g.yq = os.Getenv("RDRR_GPU_YQ") != "0"
 	g.accNorm = os.Getenv("RDRR_GPU_ACCNORM") != "0"
 	g.l2Router = os.Getenv("RDRR_GPU_L2") != "0"
 	g.ropeAttn = os.Getenv("RDRR_GPU_ROPE") != "0"
@@ -1705,7 +1706,7 @@ func (g *GPUModel) actq(from, to int) gpu.Span {
 // xq, where the shape allows it.
 func (g *GPUModel) gluYQ() bool {
 	c := &g.m.Config
-	return g.xq && !g.noYQ && ops.GLUQuantizesY(c.ExpertFFN(), c.HiddenSize, c.NumExpertsPerTok)
+	return g.xq && g.yq && ops.GLUQuantizesY(c.ExpertFFN(), c.HiddenSize, c.NumExpertsPerTok)
 }
 
 // quantizedO reports whether the o product reads the attention's output
