@@ -29,7 +29,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw: vec3
     var v: array<u32, 8>;
     for (var u = 0u; u < 8u; u++) {
       let j = ((i + u) * threads + t) * 8u;
-      v[u] = 0u; // every round: naga initializes a loop's var once
+      v[u] = 0u; // every round: the bundled naga initializes a loop's var once (DESIGN.md)
       if (j < p.n) {
         v[u] = w[j];
       }
