@@ -9,21 +9,25 @@ import (
 )
 
 // An A/B inside the decode step: one of the step's toggles alternated
-// every ABPeriod steps of one generation, off first, and each step's
-// interval (from its start to the next step's start) counted for the
-// setting it ran with, the first abSettle steps after each switch left
-// out (a switch may compile a pipeline). When Generate records a step
-// while the GPU runs the one before it, that interval is the GPU's step.
-// Both settings see the same GPU, clocks and positions, and with a toggle
-// that keeps the step's bits (l2, rope, yq) the same tokens: a kernel
-// benchmark times a kernel after itself, and on an H200 that did not
-// predict its cost between its neighbours in the step
+// every ABPeriod steps of one generation, off first, and the intervals
+// between the starts of generated steps (not the prompt's, which the host
+// runs one at a time) counted for the setting of their block, the first
+// abSettle intervals after each switch left out. When Generate records a
+// step while the GPU runs the one before it, such an interval is about
+// the GPU's time for the step before: the first interval of a block
+// measures the last step of the block before, so abSettle must stay at
+// least 1 (the second may compile a pipeline the switch needs). Both
+// settings see the same GPU and clocks, at positions that alternate in
+// blocks, and with a toggle that keeps the step's bits (l2, rope, yq) the
+// same tokens: a kernel benchmark times a kernel after itself, and on an
+// H200 that did not predict its cost between its neighbours in the step
 // (experts/BENCHMARKS.md, 2026-11-29). RDRR_GPU_AB names the toggle.
 
 // ABPeriod is how many steps an A/B runs each setting in turn.
 const ABPeriod = 10
 
-// abSettle is how many steps after each switch an A/B does not count.
+// abSettle is how many intervals after each switch an A/B does not count
+// (at least 1: see above).
 const abSettle = 2
 
 // abToggles are the toggles an A/B alternates, by name: each a field of
@@ -37,6 +41,10 @@ var abToggles = map[string]func(g *GPUModel) *bool{
 	"accnorm": func(g *GPUModel) *bool { return &g.accNorm },    // accumulates deferred to the next norm (with xq)
 	"xqattn":  func(g *GPUModel) *bool { return &g.xqAttn },     // q8 activations for the attention's products too (with xq)
 }
+
+// abNeedXQ are the toggles that mean something only with the experts' q8
+// activations (xq).
+var abNeedXQ = map[string]bool{"yq": true, "accnorm": true, "xqattn": true}
 
 // ABToggles lists the toggles an A/B can alternate.
 func ABToggles() []string {
@@ -64,16 +72,27 @@ type ABSide struct {
 
 type abTest struct {
 	toggle string
-	flag   *bool     // the toggle's field
-	was    bool      // its setting before the A/B
-	steps  int       // steps begun
-	last   time.Time // when the last one began
-	times  [2][]time.Duration
+	flag   *bool // the toggle's field
+	was    bool  // its setting before the A/B
+	steps  int   // steps begun
+	// last is when the last step began, if it was a generated one (its
+	// token on the GPU), else zero: nothing is counted until the next.
+	last  time.Time
+	times [2][]time.Duration
+	now   func() time.Time // time.Now; tests fake it
 }
 
-// SetAB starts an A/B of toggle (one of ABToggles) from the next step on;
-// "" stops one and sets its toggle back as it was.
+// SetAB starts an A/B of toggle (one of ABToggles) from the next step on,
+// after stopping one that runs; "" stops one and sets its toggle back as
+// it was. SetActivations starts it again from its own setting.
 func (g *GPUModel) SetAB(toggle string) error {
+	field, ok := abToggles[toggle]
+	switch {
+	case toggle != "" && !ok:
+		return fmt.Errorf("experts: no A/B toggle %q (toggles: %s)", toggle, strings.Join(ABToggles(), ", "))
+	case abNeedXQ[toggle] && !g.xq:
+		return fmt.Errorf("experts: the A/B toggle %s needs the experts' q8 activations (RDRR_GPU_XQ not 0, activations not f32)", toggle)
+	}
 	if g.ab != nil {
 		*g.ab.flag = g.ab.was
 		g.ab = nil
@@ -81,30 +100,35 @@ func (g *GPUModel) SetAB(toggle string) error {
 	if toggle == "" {
 		return nil
 	}
-	field, ok := abToggles[toggle]
-	if !ok {
-		return fmt.Errorf("experts: no A/B toggle %q (toggles: %s)", toggle, strings.Join(ABToggles(), ", "))
-	}
-	if toggle == "xqattn" && !g.xq {
-		return fmt.Errorf("experts: the A/B toggle xqattn needs the experts' q8 activations (xq: RDRR_GPU_XQ not 0, SetActivations not f32)")
-	}
 	f := field(g)
-	g.ab = &abTest{toggle: toggle, flag: f, was: *f}
+	g.ab = &abTest{toggle: toggle, flag: f, was: *f, now: time.Now}
 	return nil
 }
 
-// abStep counts the interval since the last step began for that step's
+// abStep counts the interval since the last step began, if both are
+// generated steps (onGPU: their token on the GPU), for the last step's
 // setting, and sets the toggle for the step beginning now.
-func (g *GPUModel) abStep() {
+func (g *GPUModel) abStep(onGPU bool) {
 	a := g.ab
-	now := time.Now()
-	if prev := a.steps - 1; prev >= 0 && prev%ABPeriod >= abSettle {
+	now := a.now()
+	if prev := a.steps - 1; !a.last.IsZero() && prev%ABPeriod >= abSettle {
 		on := (prev/ABPeriod)%2 == 1
 		a.times[b2i(on)] = append(a.times[b2i(on)], now.Sub(a.last))
 	}
 	*a.flag = (a.steps/ABPeriod)%2 == 1
 	a.steps++
-	a.last = now
+	a.last = time.Time{}
+	if onGPU {
+		a.last = now
+	}
+}
+
+// abStart tells a running A/B that a generation starts: the interval
+// from the last one's last step is not a step's.
+func (g *GPUModel) abStart() {
+	if g.ab != nil {
+		g.ab.last = time.Time{}
+	}
 }
 
 // AB returns the A/B's outcome so far; ok is false without one.

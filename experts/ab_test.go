@@ -4,20 +4,25 @@ import (
 	"context"
 	"slices"
 	"testing"
+	"time"
 )
 
 // An A/B inside the step alternates its toggle every ABPeriod steps, off
-// first, and counts every step but the first abSettle after each switch
-// for the setting it ran with; a toggle that keeps the step's bits keeps
-// the tokens (greedy, every expert resident: one pipelined step after
-// another). SetAB("") leaves the toggle on; an unknown toggle is refused.
+// first, and counts the intervals between generated steps' starts (not
+// the prompt's), but the first abSettle after each switch, for the
+// setting of the step that began each (a fake clock that runs slower
+// with the toggle on tells them apart); a toggle that keeps the step's
+// bits keeps the tokens (greedy, every expert resident: one pipelined
+// step after another). SetAB("") sets the toggle back as it was; an
+// unknown toggle, or one that needs the experts' q8 without it, is
+// refused, and SetActivations starts an A/B again from its setting.
 func TestGPUModelAB(t *testing.T) {
 	d := openTestDevice(t, 0)
 	m, src := tinyInStore(t, 1)
 	defer func(tk *Tokenizer) { m.Tokenizer = tk }(m.Tokenizer)
 	m.Tokenizer = nil // no end of text: every step runs
 	ctx := context.Background()
-	prompt := ByteTokens("The swarm is")
+	prompt := ByteTokens("The swarm is here") // its last step at a counted place of a block, were it counted
 	n := 3*ABPeriod + 7
 	if raceEnabled && testing.Short() {
 		n = ABPeriod + 3
@@ -31,6 +36,17 @@ func TestGPUModelAB(t *testing.T) {
 		if err := g.SetAB(toggle); err != nil {
 			t.Fatal(err)
 		}
+		if a := g.ab; a != nil {
+			// A step takes 2 ms with the toggle on, 1 ms off.
+			var now time.Time
+			a.now = func() time.Time {
+				now = now.Add(time.Millisecond)
+				if *a.flag {
+					now = now.Add(time.Millisecond)
+				}
+				return now
+			}
+		}
 		toks, err := g.Generate(ctx, prompt, n, Sampling{}, nil)
 		if err != nil {
 			t.Fatal(err)
@@ -40,6 +56,8 @@ func TestGPUModelAB(t *testing.T) {
 	want, _ := generate("")
 	for _, toggle := range []string{"l2", "rope", "yq"} {
 		t.Run(toggle, func(t *testing.T) {
+			probe, _ := testGPUModel(t, d, m, src, 3)
+			before := abSetting(probe, toggle) // as the environment has it
 			got, g := generate(toggle)
 			if !slices.Equal(got, want) {
 				t.Fatalf("tokens %v; without the A/B %v", got, want)
@@ -49,11 +67,11 @@ func TestGPUModelAB(t *testing.T) {
 				t.Fatalf("AB() = %+v, %v", r, ok)
 			}
 			steps := g.ab.steps
-			if steps < len(prompt)+n-1 { // the last token is not embedded
+			if steps != len(prompt)+n-1 { // the last token is not embedded
 				t.Fatalf("%d steps begun; the generation has %d", steps, len(prompt)+n-1)
 			}
-			var on, off int // steps counted: every one with a later step, but the settling ones
-			for i := range steps - 1 {
+			var on, off int // intervals counted: from each generated step to the next, but the settling ones
+			for i := len(prompt); i < steps-1; i++ {
 				switch {
 				case i%ABPeriod < abSettle:
 				case (i/ABPeriod)%2 == 1:
@@ -62,39 +80,76 @@ func TestGPUModelAB(t *testing.T) {
 					off++
 				}
 			}
-			if r.On.Steps != on || r.Off.Steps != off || on == 0 || r.On.Median <= 0 || r.Off.Median <= 0 {
-				t.Fatalf("%+v; want %d steps on and %d off, each with a median", r, on, off)
+			if r.On.Steps != on || r.Off.Steps != off || on == 0 || r.On.Median != 2*time.Millisecond || r.Off.Median != time.Millisecond {
+				t.Fatalf("%+v; want %d steps on at 2ms and %d off at 1ms", r, on, off)
 			}
+			for side, want := range map[int]time.Duration{0: time.Millisecond, 1: 2 * time.Millisecond} {
+				for i, d := range g.ab.times[side] {
+					if d != want {
+						t.Fatalf("interval %d of side %d: %v; want %v (every one, not only the median)", i, side, d, want)
+					}
+				}
+			}
+			// A second generation does not count the time from the first's
+			// last step (it would be huge here).
+			g.ab.last = time.Time{}.Add(-time.Hour) // an hour before the fake clock's first reading
+			if _, err := g.Generate(ctx, prompt[:2], 2, Sampling{}, nil); err != nil {
+				t.Fatal(err)
+			}
+			for side := range g.ab.times {
+				for _, d := range g.ab.times[side] {
+					if d > 2*time.Millisecond {
+						t.Fatalf("side %d counted %v: the gap between generations", side, d)
+					}
+				}
+			}
+			steps = g.ab.steps
 			// The last step ran with the setting of its block.
 			last := ((steps-1)/ABPeriod)%2 == 1
 			if got := abSetting(g, toggle); got != last {
 				t.Fatalf("after %d steps the toggle is %v; want %v", steps, got, last)
 			}
-			if err := g.SetAB(""); err != nil || !abSetting(g, toggle) {
-				t.Fatalf("SetAB(\"\"): %v, toggle %v; want it on as before", err, abSetting(g, toggle))
+			if err := g.SetAB(""); err != nil || abSetting(g, toggle) != before {
+				t.Fatalf("SetAB(\"\"): %v, toggle %v; want %v as before", err, abSetting(g, toggle), before)
 			}
 			if _, ok := g.AB(); ok {
 				t.Fatal("AB() after SetAB(\"\") reports one")
 			}
 		})
 	}
-	// A toggle that changes the step's bits (the attention's products of
-	// quantized x) runs too, each setting counted.
-	// SetAB("") sets it back off, as it was.
-	if _, g := generate("xqattn"); g.ab == nil {
-		t.Fatal("xqattn: no A/B")
-	} else if r, _ := g.AB(); r.On.Steps == 0 || r.Off.Steps == 0 {
-		t.Fatalf("xqattn: %+v", r)
-	} else if err := g.SetAB(""); err != nil || g.xqAttn {
-		t.Fatalf("xqattn after SetAB(\"\"): %v, %v; want off, as before", err, g.xqAttn)
-	}
 	g, _ := testGPUModel(t, d, m, src, 3)
 	if err := g.SetAB("bogus"); err == nil {
 		t.Fatal("SetAB(\"bogus\") accepted")
 	}
-	g.xq = false
-	if err := g.SetAB("xqattn"); err == nil {
-		t.Fatal("xqattn accepted without xq")
+	if !g.xq {
+		t.Skip("the experts' q8 is off (RDRR_GPU_XQ=0): xqattn and SetActivations' A/B need it")
+	}
+	// A toggle that changes the step's bits (the attention's products of
+	// quantized x) runs too, each setting counted.
+	xqAttn := g.xqAttn
+	if _, g := generate("xqattn"); g.ab == nil {
+		t.Fatal("xqattn: no A/B")
+	} else if r, _ := g.AB(); r.On.Steps == 0 || r.Off.Steps == 0 {
+		t.Fatalf("xqattn: %+v", r)
+	} else if err := g.SetAB(""); err != nil || g.xqAttn != xqAttn {
+		t.Fatalf("xqattn after SetAB(\"\"): %v, %v; want %v, as before", err, g.xqAttn, xqAttn)
+	}
+	// SetActivations: q8 starts it again with xqattn on as its setting;
+	// f32 leaves yq no meaning.
+	if err := g.SetAB("xqattn"); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.SetActivations(ctx, "q8"); err != nil || g.ab == nil || !g.ab.was {
+		t.Fatalf("SetActivations(q8) with an A/B of xqattn: %v, %+v", err, g.ab)
+	}
+	if err := g.SetAB("yq"); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.SetActivations(ctx, "f32"); err == nil {
+		t.Fatal("SetActivations(f32) with an A/B of yq accepted")
+	}
+	if err := g.SetAB("yq"); err == nil {
+		t.Fatal("yq accepted without xq")
 	}
 }
 

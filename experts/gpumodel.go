@@ -716,7 +716,14 @@ func (g *GPUModel) canXQ() bool {
 // experts' products only, q k v and o of float x) or as float32 ("f32":
 // the exact arithmetic), and compiles what that needs. The default is
 // q8-experts (RDRR_GPU_XQ=0: f32, =all: q8). Call it before generating.
+// An A/B (SetAB) starts again from the setting these activations give its
+// toggle, or stops with an error where they leave it no meaning.
 func (g *GPUModel) SetActivations(ctx context.Context, a string) error {
+	var ab string // an A/B that runs: stopped, then started again from these activations
+	if g.ab != nil {
+		ab = g.ab.toggle
+		g.SetAB("")
+	}
 	switch a {
 	case "f32":
 		g.xq, g.xqAttn = false, false
@@ -728,6 +735,9 @@ func (g *GPUModel) SetActivations(ctx context.Context, a string) error {
 		}
 	default:
 		return fmt.Errorf("experts: activations %q (q8, q8-experts or f32)", a)
+	}
+	if err := g.SetAB(ab); err != nil {
+		return err
 	}
 	return g.compile(ctx)
 }
@@ -906,14 +916,14 @@ type stepRun struct {
 func (g *GPUModel) begin(ctx context.Context, token int, onGPU bool, hd head) (_ *stepRun, err error) {
 	c := &g.m.Config
 	k := c.NumExpertsPerTok
-	if g.ab != nil {
-		g.abStep()
-	}
 	if !onGPU && (token < 0 || token >= c.VocabSize) {
 		return nil, fmt.Errorf("experts: token %d outside the vocabulary of %d", token, c.VocabSize)
 	}
 	if g.pos >= g.MaxPos {
 		return nil, fmt.Errorf("experts: position %d: the KV cache holds %d", g.pos, g.MaxPos)
+	}
+	if g.ab != nil {
+		g.abStep(onGPU)
 	}
 	switch {
 	case !onGPU:
@@ -2247,6 +2257,7 @@ func (g *GPUModel) recordGLU(ctx context.Context, b *gpu.Batch, experts []int, h
 // ones may differ from the float64 reference's where a draw falls within
 // f32 rounding of a boundary.
 func (g *GPUModel) Generate(ctx context.Context, prompt []int, maxTokens int, s Sampling, emit func(int)) ([]int, error) {
+	g.abStart()
 	if g.pipeline && !g.ProfileGPU && maxTokens > 1 && len(prompt) > 0 {
 		return g.generatePipelined(ctx, prompt, maxTokens, s, emit)
 	}

@@ -622,9 +622,18 @@ func (s gpuStepper) Activations() string                  { return s.g.Activatio
 func (s gpuStepper) Prefetched() (predicted, correct int) { return s.g.Predicted, s.g.Correct }
 func (s gpuStepper) Leads() []experts.GuessCount          { return s.g.Leads[:] }
 func (s gpuStepper) Profile() *experts.StepProfile        { return &s.g.Profile }
-func (s gpuStepper) AB() (experts.ABResult, bool)         { return s.g.AB() }
-func (s gpuStepper) ExpertKeys() []tiers.Key              { return s.g.ExpertKeys() }
-func (s gpuStepper) GPUTimes() map[string]time.Duration   { return s.g.GPUTimes }
+
+// AB returns the A/B's result and stops it, its toggle set back (so that
+// what the output says of the model, its activations, is its setting).
+func (s gpuStepper) AB() (experts.ABResult, bool) {
+	r, ok := s.g.AB()
+	if ok {
+		s.g.SetAB("")
+	}
+	return r, ok
+}
+func (s gpuStepper) ExpertKeys() []tiers.Key            { return s.g.ExpertKeys() }
+func (s gpuStepper) GPUTimes() map[string]time.Duration { return s.g.GPUTimes }
 func (s gpuStepper) Generate(ctx context.Context, prompt []int, n int, smp experts.Sampling, emit func(int)) ([]int, error) {
 	return s.g.Generate(ctx, prompt, n, smp, emit)
 }
