@@ -2,8 +2,8 @@ package experts
 
 import (
 	"fmt"
+	"maps"
 	"slices"
-	"sort"
 	"strings"
 	"time"
 )
@@ -30,31 +30,26 @@ const ABPeriod = 10
 // (at least 1: see above).
 const abSettle = 2
 
-// abToggles are the toggles an A/B alternates, by name: each a field of
-// the model, true when the feature is in use (the default for all but
-// xqattn).
-var abToggles = map[string]func(g *GPUModel) *bool{
-	"l2":      func(g *GPUModel) *bool { return &g.l2Router },   // the router's L2 prefetch
-	"rope":    func(g *GPUModel) *bool { return &g.ropeAttn },   // RoPE and the KV store in the attention's split
-	"yq":      func(g *GPUModel) *bool { return &g.yq },         // gate and up products quantizing their output
-	"router":  func(g *GPUModel) *bool { return &g.fuseRouter }, // the router's product in its routing dispatch
-	"accnorm": func(g *GPUModel) *bool { return &g.accNorm },    // accumulates deferred to the next norm (with xq)
-	"xqattn":  func(g *GPUModel) *bool { return &g.xqAttn },     // q8 activations for the attention's products too (with xq)
+// abToggle is a toggle an A/B alternates: a field of the model, true
+// when the feature is in use (the default for all but xqattn), and
+// whether it means anything only with the experts' q8 activations (xq).
+type abToggle struct {
+	field  func(g *GPUModel) *bool
+	needXQ bool
 }
 
-// abNeedXQ are the toggles that mean something only with the experts' q8
-// activations (xq).
-var abNeedXQ = map[string]bool{"yq": true, "accnorm": true, "xqattn": true}
+// abToggles are the toggles an A/B alternates, by name.
+var abToggles = map[string]abToggle{
+	"l2":      {func(g *GPUModel) *bool { return &g.l2Router }, false},   // the router's L2 prefetch
+	"rope":    {func(g *GPUModel) *bool { return &g.ropeAttn }, false},   // RoPE and the KV store in the attention's split
+	"yq":      {func(g *GPUModel) *bool { return &g.yq }, true},          // gate and up products quantizing their output
+	"router":  {func(g *GPUModel) *bool { return &g.fuseRouter }, false}, // the router's product in its routing dispatch
+	"accnorm": {func(g *GPUModel) *bool { return &g.accNorm }, true},     // accumulates deferred to the next norm
+	"xqattn":  {func(g *GPUModel) *bool { return &g.xqAttn }, true},      // q8 activations for the attention's products too
+}
 
 // ABToggles lists the toggles an A/B can alternate.
-func ABToggles() []string {
-	names := make([]string, 0, len(abToggles))
-	for n := range abToggles {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	return names
-}
+func ABToggles() []string { return slices.Sorted(maps.Keys(abToggles)) }
 
 // ABResult is an A/B's outcome so far.
 type ABResult struct {
@@ -78,19 +73,19 @@ type abTest struct {
 	// last is when the last step began, if it was a generated one (its
 	// token on the GPU), else zero: nothing is counted until the next.
 	last  time.Time
-	times [2][]time.Duration
-	now   func() time.Time // time.Now; tests fake it
+	times [2][]time.Duration // by setting: 0 off, 1 on
+	now   func() time.Time   // time.Now; tests fake it
 }
 
 // SetAB starts an A/B of toggle (one of ABToggles) from the next step on,
 // after stopping one that runs; "" stops one and sets its toggle back as
 // it was. SetActivations starts it again from its own setting.
 func (g *GPUModel) SetAB(toggle string) error {
-	field, ok := abToggles[toggle]
+	tg, ok := abToggles[toggle]
 	switch {
 	case toggle != "" && !ok:
 		return fmt.Errorf("experts: no A/B toggle %q (toggles: %s)", toggle, strings.Join(ABToggles(), ", "))
-	case abNeedXQ[toggle] && !g.xq:
+	case tg.needXQ && !g.xq:
 		return fmt.Errorf("experts: the A/B toggle %s needs the experts' q8 activations (RDRR_GPU_XQ not 0, activations not f32)", toggle)
 	}
 	if g.ab != nil {
@@ -100,7 +95,7 @@ func (g *GPUModel) SetAB(toggle string) error {
 	if toggle == "" {
 		return nil
 	}
-	f := field(g)
+	f := tg.field(g)
 	g.ab = &abTest{toggle: toggle, flag: f, was: *f, now: time.Now}
 	return nil
 }
@@ -112,8 +107,8 @@ func (g *GPUModel) abStep(onGPU bool) {
 	a := g.ab
 	now := a.now()
 	if prev := a.steps - 1; !a.last.IsZero() && prev%ABPeriod >= abSettle {
-		on := (prev/ABPeriod)%2 == 1
-		a.times[b2i(on)] = append(a.times[b2i(on)], now.Sub(a.last))
+		on := (prev / ABPeriod) % 2 // off first
+		a.times[on] = append(a.times[on], now.Sub(a.last))
 	}
 	*a.flag = (a.steps/ABPeriod)%2 == 1
 	a.steps++
@@ -146,11 +141,4 @@ func (g *GPUModel) AB() (r ABResult, ok bool) {
 		return ABSide{Steps: len(s), Median: s[len(s)/2]}
 	}
 	return ABResult{Toggle: a.toggle, Period: ABPeriod, On: side(a.times[1]), Off: side(a.times[0])}, true
-}
-
-func b2i(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
 }

@@ -188,12 +188,11 @@ type GPUModel struct {
 	// norm and merge made it 3% slower (those latency-bound dispatches
 	// wait on loads that queue behind the prefetch's). On unless
 	// RDRR_GPU_L2=0 (for measurements).
-	// routerL2 is each layer's router weights that l2Router reads (nil
-	// where it would read none: not a MoE layer, or a router over
-	// maxL2Router), and sinks each such read's own sink (by layer too).
 	l2Router bool
-	routerL2 []gpu.Region
-	sinks    []*gpu.Buffer
+	// routerL2 is, by layer, the router weights l2Router reads and the
+	// read's own sink (zero where it reads none: not a MoE layer, or a
+	// router over maxL2Router).
+	routerL2 []l2Read
 	// ab is the A/B inside the step that SetAB (or RDRR_GPU_AB) started,
 	// if any (ab.go).
 	ab *abTest
@@ -397,18 +396,18 @@ func NewGPUModel(ctx context.Context, m *Manifest, d *gpu.Device, cache *tiers.C
 		g.buf[name] = b
 	}
 	g.normed = ops.Normed{XG: g.buf["xg"], Parts: g.buf["parts"], Eps: float32(c.RMSNormEps)}
-	for l := range c.NumHiddenLayers {
+	g.routerL2 = make([]l2Read, c.NumHiddenLayers)
+	for l := range g.routerL2 {
 		rw := g.dense[fmt.Sprintf("model.layers.%d.mlp.gate.weight", l)]
 		if !c.IsMoE(l) || rw == nil || gpu.SpanOf(rw).Size() > maxL2Router {
-			g.routerL2, g.sinks = append(g.routerL2, nil), append(g.sinks, nil)
 			continue
 		}
-		b, err := d.Alloc(16)
+		sink, err := d.Alloc(16)
 		if err != nil {
 			g.Close()
 			return nil, err
 		}
-		g.routerL2, g.sinks = append(g.routerL2, rw), append(g.sinks, b)
+		g.routerL2[l] = l2Read{rw, sink}
 	}
 	kv := uint64(maxPos * nkv * hd * 4)
 	for l := 0; l < c.NumHiddenLayers; l++ {
@@ -844,9 +843,9 @@ func (g *GPUModel) Close() {
 			b.Release()
 		}
 	}
-	for _, b := range g.sinks {
-		if b != nil {
-			b.Release()
+	for _, r := range g.routerL2 {
+		if r.sink != nil {
+			r.sink.Release()
 		}
 	}
 	g.k.Close()
@@ -1626,10 +1625,17 @@ func (g *GPUModel) normFFN(ctx context.Context, b *gpu.Batch, l int) {
 	} else {
 		g.normX(ctx, b, weight)
 	}
-	if rw := g.routerL2[l]; rw != nil && g.l2Router {
+	if r := g.routerL2[l]; r.sink != nil && g.l2Router {
 		// Beside the norm, for the router's product after it.
-		g.k.L2Prefetch(ctx, b, rw, g.sinks[l])
+		g.k.L2Prefetch(ctx, b, r.weights, r.sink)
 	}
+}
+
+// l2Read is a read of weights into the L2 cache (ops.L2Prefetch) and
+// the sink of its own that it binds.
+type l2Read struct {
+	weights gpu.Region
+	sink    *gpu.Buffer
 }
 
 // maxL2Router bounds the router weights that l2Router prefetches: a

@@ -36,12 +36,12 @@ func L2PrefetchLaunch(n uint64) (Launch, error) {
 // L2Prefetch records a read of every 32-byte sector of region, so that a
 // later dispatch finds it in the L2 cache. Its output is of no use: a
 // thread whose words xor to l2PrefetchKey writes that to sink, which is
-// bound so that the loads have an effect the compiler must keep. Recorded right after a dispatch that
-// leaves the GPU mostly idle and binds nothing in common with it except
-// read-only, it runs beside that dispatch; the barrier before the next
-// dependent dispatch waits for both. Give each L2Prefetch of a batch its
-// own sink buffer: two dispatches that write one buffer have a barrier
-// between them.
+// bound so that the loads have an effect the compiler must keep.
+// Recorded right after a dispatch that leaves the GPU mostly idle and
+// binds nothing in common with it except read-only, it runs beside that
+// dispatch; the barrier before the next dependent dispatch waits for
+// both. Give each L2Prefetch of a batch its own sink buffer: two
+// dispatches that write one buffer have a barrier between them.
 func (k *Kernels) L2Prefetch(ctx context.Context, b *gpu.Batch, region, sink gpu.Region) error {
 	l, err := L2PrefetchLaunch(gpu.SpanOf(region).Size())
 	return k.launch(ctx, b, l, err, region, sink)
