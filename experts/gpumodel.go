@@ -140,13 +140,18 @@ type GPUModel struct {
 	// took 52 us against 71, the down products 27 against 38
 	// (gpu/BENCHMARKS.md, 2026-11-28, evening).
 	xq bool
-	// xqAttn is xq for the attention's products (q k v and o) too: off
-	// unless RDRR_GPU_XQ=all or SetActivations("q8"). Their quantized
-	// input turns the router's choices on tiny-moe (8 and 15 changed
-	// counts of a layer's expert in 32 steps, for q k v and o) where the
-	// experts' does not (none): the logits then differ from the float
-	// model's by up to 0.29 of the largest against 0.016. On an H200 it
-	// made the step 3-6% faster (experts/BENCHMARKS.md).
+	// xqAttn is xq for the attention's products (q k v and o) too: on
+	// with xq unless RDRR_GPU_XQ=experts or SetActivations("q8-experts"),
+	// as llama.cpp's CUDA path quantizes every quantized product's x (to 8
+	// bits in groups of 32; these groups are 16). Inside the resident
+	// step on an H200 it takes 3.6% off (4.49 -> 4.33 ms, alternated every
+	// 10 steps, twice; experts/BENCHMARKS.md, 2026-11-29). Its rounding
+	// turns router choices on tiny-moe, an untrained model whose routers'
+	// margins are small (8 and 15 changed counts of a layer's expert in 32
+	// steps, for q k v and o, against none with the experts' alone): its
+	// logits then differ from the float model's by up to 0.29 of the
+	// largest against 0.016, and match the reference that quantizes as
+	// it does within 1.1e-2.
 	xqAttn bool
 	// perSubmit is how many masked layers a step records before it
 	// submits them, unless it is recorded ahead (see begin):
@@ -298,7 +303,7 @@ func NewGPUModel(ctx context.Context, m *Manifest, d *gpu.Device, cache *tiers.C
 		g.partNorm = g.partNorm && m.Config.IsMoE(l)
 	}
 	g.xq = os.Getenv("RDRR_GPU_XQ") != "0" && g.canXQ()
-	g.xqAttn = g.xq && os.Getenv("RDRR_GPU_XQ") == "all"
+	g.xqAttn = g.xq && os.Getenv("RDRR_GPU_XQ") != "experts"
 	g.yq = os.Getenv("RDRR_GPU_YQ") != "0"
 	g.accNorm = os.Getenv("RDRR_GPU_ACCNORM") != "0"
 	g.l2Router = os.Getenv("RDRR_GPU_L2") != "0"
@@ -700,7 +705,7 @@ func (g *GPUModel) Activations() string {
 }
 
 // ActivationModes are SetActivations' choices, the default first.
-var ActivationModes = []string{"q8-experts", "q8", "f32"}
+var ActivationModes = []string{"q8", "q8-experts", "f32"}
 
 // canXQ reports whether the model's forms allow products of quantized x:
 // gate and up together, no norm handed over, whole groups of x.
@@ -714,7 +719,7 @@ func (g *GPUModel) canXQ() bool {
 // forms allow it: GLU on, the norms not handed over; "q8-experts": the
 // experts' products only, q k v and o of float x) or as float32 ("f32":
 // the exact arithmetic), and compiles what that needs. The default is
-// q8-experts (RDRR_GPU_XQ=0: f32, =all: q8). Call it before generating.
+// q8 (RDRR_GPU_XQ=0: f32, =experts: q8-experts). Call it before generating.
 // An A/B (SetAB) starts again from the setting these activations give its
 // toggle, or stops with an error where they leave it no meaning.
 func (g *GPUModel) SetActivations(ctx context.Context, a string) error {

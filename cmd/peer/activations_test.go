@@ -7,8 +7,8 @@ import (
 
 // --activations picks what the GPU engine's Q4_K products read and says
 // so in --json: f32 gives the float64 reference engine's greedy tokens
-// (the exact arithmetic), q8-experts (the default) runs the experts'
-// products of quantized x, q8 every product of the layers so;
+// (the exact arithmetic), q8 (the default) runs every product of the
+// layers of quantized x, q8-experts only the experts' products so;
 // a value other than q8 or f32, or the flag without --engine gpu, is
 // refused.
 func TestGenerateActivations(t *testing.T) {
@@ -26,8 +26,8 @@ func TestGenerateActivations(t *testing.T) {
 	if a, toks := gen("--engine", "gpu", "--vram", "1GiB", "--activations", "f32"); a != "f32" || fmt.Sprint(toks) != fmt.Sprint(ref) {
 		t.Errorf("--activations f32: %q, tokens %v; want f32 and the reference's %v", a, toks, ref)
 	}
-	if a, toks := gen("--engine", "gpu", "--vram", "1GiB"); a != "q8-experts" || len(toks) != 6 {
-		t.Errorf("default: %q, %d tokens; want q8-experts and 6", a, len(toks))
+	if a, toks := gen("--engine", "gpu", "--vram", "1GiB"); a != "q8" || len(toks) != 6 {
+		t.Errorf("default: %q, %d tokens; want q8 and 6", a, len(toks))
 	}
 	for _, want := range []string{"q8", "q8-experts"} {
 		if a, toks := gen("--engine", "gpu", "--vram", "1GiB", "--activations", want); a != want || len(toks) != 6 {

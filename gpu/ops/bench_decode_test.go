@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strconv"
 	"testing"
 	"time"
 
@@ -173,7 +174,9 @@ const (
 // dispatch after another: experts experts, kSel of them chosen, in form
 // f (gate and up products read one shared x, rows x cols each; down
 // products read their expert's x). Weights alternate between two arenas
-// so that a dispatch never reads what the previous one left in the L2.
+// so that a dispatch never reads what the previous one left in the L2
+// (RDRR_BENCH_ARENAS=N: N arenas, as a step's 32 layers' experts spread
+// over many gigabytes; what memory first touched costs).
 func (m *meter) q4kMaskedSerial(b *testing.B, rows, cols, experts, kSel int, f maskedForm, xq bool, cfg *Q4KConfig) (float64, time.Duration) {
 	ctx := context.Background()
 	wBytes := abi.Q4K.Bytes(rows * cols)
@@ -186,7 +189,10 @@ func (m *meter) q4kMaskedSerial(b *testing.B, rows, cols, experts, kSel int, f m
 		b.Skipf("%d products of %d bytes pass the storage binding limit", products, wBytes)
 	}
 	blocks := benchQ4K(rows * cols / 256)
-	var arenas [2]*gpu.Buffer
+	arenas := make([]*gpu.Buffer, 2)
+	if n, err := strconv.Atoi(os.Getenv("RDRR_BENCH_ARENAS")); err == nil && n >= 2 && n <= 64 {
+		arenas = make([]*gpu.Buffer, n)
+	}
 	for i := range arenas {
 		arenas[i] = m.alloc(b, uint64(products)*wBytes)
 		for s := range products {
@@ -246,7 +252,7 @@ func (m *meter) q4kMaskedSerial(b *testing.B, rows, cols, experts, kSel int, f m
 		b.Fatal(err)
 	}
 	per := m.timeDispatches(b, func(bt *gpu.Batch, i int) error {
-		return m.k.launch(ctx, bt, l, nil, arenas[i%2], x, y, sel)
+		return m.k.launch(ctx, bt, l, nil, arenas[i%len(arenas)], x, y, sel)
 	})
 	run := kSel
 	if gateUp {
