@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 
@@ -608,6 +609,81 @@ func TestRouterRoute(t *testing.T) {
 	} {
 		if _, err := RouterRouteLaunch(bad.s, bad.cols, false); err == nil {
 			t.Errorf("RouterRouteLaunch(%+v, %d) accepted", bad.s, bad.cols)
+		}
+	}
+}
+
+// The router of the FFN's RMSNorm of x + o in one dispatch
+// (route_mv_norm) matches the float64 reference of the norm, the
+// product and the routing: ids exactly, logits as a product of the norm.
+func TestRouterRouteNorm(t *testing.T) {
+	d, k := shared.d, shared.k
+	r := rng(t)
+	const eps = 1e-5
+	for _, c := range []struct {
+		name string
+		s    RouteShape
+		cols int
+	}{
+		{"mixtral", RouteShape{Tokens: 1, Experts: 8, K: 2, Mode: abi.RouteSoftmaxTopK}, 4096},
+		{"single", RouteShape{Tokens: 1, Experts: 1, K: 1, Mode: abi.RouteSoftmaxTopK}, 16},
+		{"odd", RouteShape{Tokens: 1, Experts: 3, K: 2, Mode: abi.RouteSoftmaxTopK}, 48},
+		{"ragged-groups", RouteShape{Tokens: 1, Experts: 5, K: 3, Mode: abi.RouteSoftmaxTopK}, 1008},
+		{"tiny-moe", RouteShape{Tokens: 1, Experts: 4, K: 2, Mode: abi.RouteSoftmaxTopK}, 256},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := c.s
+			rr := ref.Route{Mode: abi.RouteMode(s.Mode), K: s.K, Scale: 1}
+			var w, x, o, g []float32
+			var want, mag []float64
+			for try := 0; ; try++ {
+				w, x, o = randF32(r, s.Experts*c.cols, 1/math.Sqrt(float64(c.cols))), randF32(r, c.cols, 1), randF32(r, c.cols, 0.5)
+				g = randF32(r, c.cols, 1)
+				v := make([]float64, c.cols)
+				for i := range v {
+					v[i] = float64(x[i] + o[i]) // the accumulate's f32 sum
+				}
+				xn := ref.RMSNorm(v, ref.F32(g), 1, c.cols, eps)
+				want, mag = ref.MatMul(ref.F32(w), xn, s.Experts, c.cols, 1)
+				if apart(want, mag, 1e-4) || try == 100 {
+					break
+				}
+			}
+			wantIDs, wantW := ref.TopK(want, 1, s.Experts, rr)
+			wb, xb, ob, gb := uploadF32(t, d, w), uploadF32(t, d, x), uploadF32(t, d, o), uploadF32(t, d, g)
+			logits := poisoned(t, d, s.Experts*4)
+			ids := poisoned(t, d, s.K*4)
+			wts := poisoned(t, d, s.K*4)
+			run(t, d, func(b *gpu.Batch) error {
+				return k.RouterRouteNorm(ctxT(t), b, wb, xb, ob, gb, logits, ids, wts, s, c.cols, eps)
+			})
+			if err := ref.Compare(readF32(t, d, logits, s.Experts), want, mag, ref.Tolerance(ref.OpMatMul)); err != nil {
+				t.Fatalf("logits: %v", err)
+			}
+			if got := readU32(t, d, ids, s.K); fmt.Sprint(got) != fmt.Sprint(wantIDs) {
+				t.Fatalf("ids: got %v; want %v", got, wantIDs)
+			}
+			if err := ref.Compare(readF32(t, d, wts, s.K), wantW, nil, ref.Tolerance(ref.OpRoute)); err != nil {
+				t.Fatal(err)
+			}
+			if got := readF32(t, d, xb, c.cols); !slices.Equal(got, x) {
+				t.Fatal("x written")
+			}
+		})
+	}
+	// Shapes it refuses: several tokens, too many experts, ragged groups
+	// or rows past a thread a group.
+	for _, bad := range []struct {
+		s    RouteShape
+		cols int
+	}{
+		{RouteShape{Tokens: 2, Experts: 8, K: 2}, 4096},
+		{RouteShape{Tokens: 1, Experts: 9, K: 2}, 4096},
+		{RouteShape{Tokens: 1, Experts: 8, K: 2}, 4088},
+		{RouteShape{Tokens: 1, Experts: 8, K: 2}, 4112},
+	} {
+		if _, err := RouterRouteNormLaunch(bad.s, bad.cols, eps); err == nil {
+			t.Errorf("RouterRouteNormLaunch(%+v, %d) accepted", bad.s, bad.cols)
 		}
 	}
 }

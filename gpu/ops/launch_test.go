@@ -101,6 +101,15 @@ func TestLaunchesMatchABI(t *testing.T) {
 	add("kv_store", l, err)
 	l, err = RouteLaunch(RouteShape{Tokens: 2, Experts: 256, K: 8, Mode: abi.RouteSigmoidTopK, Groups: 8, TopKGroup: 4}, true)
 	add("route", l, err)
+	mixtral := RouteShape{Tokens: 1, Experts: 8, K: 2, Mode: abi.RouteSoftmaxTopK}
+	l, err = RouterRouteLaunch(mixtral, 4096, false)
+	add("route_mv", l, err)
+	l, err = RouterRouteNormLaunch(mixtral, 4096, 1e-5)
+	add("route_mv_norm", l, err)
+	l, err = AccumulateRMSNormXQLaunch(AccumShape{Experts: 3, Dim: 4096, WeightOff: 2}, 1e-5)
+	add("accumulate_rmsnorm_xq", l, err)
+	l, err = AccumulateRMSNormXQToLaunch(AccumShape{Experts: 3, Dim: 4096, WeightOff: 2}, 1e-5)
+	add("accumulate_rmsnorm_xq_out", l, err)
 	for _, n := range []int{1000, 152064} {
 		ls, _, err := ArgmaxLaunches(n)
 		for _, l := range ls {

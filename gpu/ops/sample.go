@@ -87,6 +87,39 @@ func (k *Kernels) RouterRoute(ctx context.Context, b *gpu.Batch, rw, x, logits, 
 	return k.launch(ctx, b, l, err, logits, bias, ids, weights, rw, x)
 }
 
+// MaxRouterNormExperts bounds the experts of RouterRouteNorm.
+const MaxRouterNormExperts = 8
+
+// RouterRouteNormLaunch is the dispatch rule of RouterRouteNorm:
+// route_mv_norm, one workgroup, for one token, at most
+// MaxRouterNormExperts experts, no bias, cols a multiple of 16 up to 4096
+// (a thread a group of 16). Bindings: logits (written), bias (unread),
+// ids, weights, router weights, x, o, norm weight.
+func RouterRouteNormLaunch(s RouteShape, cols int, eps float32) (Launch, error) {
+	const name = "route_mv_norm"
+	if s.Tokens != 1 || s.Experts > MaxRouterNormExperts || cols <= 0 || cols%16 != 0 || cols > 4096 {
+		return Launch{}, shapeErr(name, "%d tokens, %d experts, %d columns (one token, at most %d experts, columns a positive multiple of 16 up to 4096)", s.Tokens, s.Experts, cols, MaxRouterNormExperts)
+	}
+	l, err := RouterRouteLaunch(s, cols, false)
+	if err != nil {
+		return Launch{}, err
+	}
+	l.Kernel = name
+	l.Params = l.Params[:len(l.Params)-8].F32(eps).U32(0)
+	l.Bindings = append(l.Bindings, Binding{"o", uint64(cols * 4)}, Binding{"norm weight", uint64(cols * 4)})
+	return l, nil
+}
+
+// RouterRouteNorm records RouterRoute of the RMSNorm of x + o with the
+// norm weight g (eps), the norm computed in the same workgroup as
+// AccumulateRMSNormXQ computes it from x and o (its bits): the router of
+// a layer whose FFN norm (AccumulateRMSNormXQTo) runs beside it. Mixtral
+// routing (no bias).
+func (k *Kernels) RouterRouteNorm(ctx context.Context, b *gpu.Batch, rw, x, o, g, logits, ids, weights gpu.Region, s RouteShape, cols int, eps float32) error {
+	l, err := RouterRouteNormLaunch(s, cols, eps)
+	return k.launch(ctx, b, l, err, logits, x, ids, weights, rw, x, o, g)
+}
+
 // Route records top-k routing: ids ([Tokens][K] u32) and weights
 // ([Tokens][K] f32) from logits ([Tokens][Experts]). bias ([Experts]) may
 // be nil.

@@ -76,6 +76,28 @@ func AccumulateRMSNormXQLaunch(a AccumShape, eps float32) (Launch, error) {
 			{"norm weight", uint64(d * 4)}, {"y", uint64(d * 4)}, {"q", XQBytes(d)}}}, nil
 }
 
+// AccumulateRMSNormXQToLaunch is the dispatch rule of
+// AccumulateRMSNormXQTo: AccumulateRMSNormXQLaunch's, kernel
+// accumulate_rmsnorm_xq_out, x read only and a seventh binding, x out.
+func AccumulateRMSNormXQToLaunch(a AccumShape, eps float32) (Launch, error) {
+	l, err := AccumulateRMSNormXQLaunch(a, eps)
+	if err != nil {
+		return Launch{}, err
+	}
+	l.Kernel = "accumulate_rmsnorm_xq_out"
+	l.Bindings = append(l.Bindings, Binding{"x out", uint64(a.Dim * 4)})
+	return l, nil
+}
+
+// AccumulateRMSNormXQTo is AccumulateRMSNormXQ with the new x written to
+// xo instead of x (the same bits; x is only read): a norm that writes
+// nothing the dispatches before it in a command buffer read, so that it
+// runs beside them without a barrier.
+func (k *Kernels) AccumulateRMSNormXQTo(ctx context.Context, b *gpu.Batch, src, wts, x, w, y, q, xo gpu.Region, a AccumShape, eps float32) error {
+	l, err := AccumulateRMSNormXQToLaunch(a, eps)
+	return k.launch(ctx, b, l, err, src, wts, x, w, y, q, xo)
+}
+
 // AccumulateRMSNormXQ records Accumulate (x += the weighted sum of a.Experts
 // vectors of src) and then RMSNormXQ of the new x (y, and y quantized into
 // q) in one dispatch: the accumulate after a layer's products and the

@@ -16,6 +16,12 @@
 // accumulate kernel's sum, in its order), writes x, and normalizes the
 // new x: the accumulate after a layer's o or expert products and the
 // norm that follows it in one dispatch (one row).
+//
+// The NORM ADD OUT flavor (kernel accumulate_rmsnorm_xq_out) reads x and
+// writes the new x to xo instead: the same bits, x left as it was. A
+// decode step's FFN norm writes a buffer no dispatch before it in the
+// step used, so that it needs no barrier behind the dispatch recorded
+// before it (the router, which reads x: route_mv_norm).
 
 struct Params {
 //-NORM  groups: u32,
@@ -37,13 +43,22 @@ struct Params {
 //+NORM //-ADD @group(0) @binding(3) var<storage, read_write> q: array<vec4<u32>>;
 //+ADD @group(0) @binding(0) var<storage, read> src: array<vec4<f32>>;
 //+ADD @group(0) @binding(1) var<storage, read> wts: array<f32>;
-//+ADD @group(0) @binding(2) var<storage, read_write> x: array<vec4<f32>>;
+//+ADD //-OUT @group(0) @binding(2) var<storage, read_write> x: array<vec4<f32>>;
+//+OUT @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
+//+OUT @group(0) @binding(6) var<storage, read_write> xo: array<vec4<f32>>;
 //+ADD @group(0) @binding(3) var<storage, read> w: array<vec4<f32>>;
 //+ADD @group(0) @binding(4) var<storage, read_write> y: array<vec4<f32>>;
 //+ADD @group(0) @binding(5) var<storage, read_write> q: array<vec4<u32>>;
 @group(1) @binding(0) var<uniform> p: Params;
 
 //#include quantize.inc
+
+// put writes vec4 i of the new x (ADD): into x, or (OUT) xo; cur reads
+// it back (x, or OUT xo).
+//+ADD //-OUT fn put(i: u32, v: vec4<f32>) { x[i] = v; }
+//+OUT fn put(i: u32, v: vec4<f32>) { xo[i] = v; }
+//-OUT fn cur(i: u32) -> vec4<f32> { return x[i]; }
+//+OUT fn cur(i: u32) -> vec4<f32> { return xo[i]; }
 
 //-NORM @compute @workgroup_size(64)
 //-NORM fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
@@ -156,10 +171,10 @@ struct Params {
 //+ADD   c = v[2];
 //+ADD   e = v[3];
 //+ADD   if (live) {
-//+ADD     x[4u * g] = a;
-//+ADD     x[4u * g + 1u] = b;
-//+ADD     x[4u * g + 2u] = c;
-//+ADD     x[4u * g + 3u] = e;
+//+ADD     put(4u * g, a);
+//+ADD     put(4u * g + 1u, b);
+//+ADD     put(4u * g + 2u, c);
+//+ADD     put(4u * g + 3u, e);
 //+ADD   }
 //+NORM   let s = select(0.0, dot(a, a) + dot(b, b) + dot(c, c) + dot(e, e), live);
 //+NORM   let inv = 1.0 / sqrt(total(tid, s) / f32(p.d) + p.eps);
@@ -196,10 +211,10 @@ struct Params {
 //+ADD     b = v[1];
 //+ADD     c = v[2];
 //+ADD     e = v[3];
-//+ADD     x[4u * g] = a;
-//+ADD     x[4u * g + 1u] = b;
-//+ADD     x[4u * g + 2u] = c;
-//+ADD     x[4u * g + 3u] = e;
+//+ADD     put(4u * g, a);
+//+ADD     put(4u * g + 1u, b);
+//+ADD     put(4u * g + 2u, c);
+//+ADD     put(4u * g + 3u, e);
 //+NORM     s += dot(a, a) + dot(b, b) + dot(c, c) + dot(e, e);
 //+NORM   }
 //+NORM   red[tid] = s;
@@ -213,8 +228,8 @@ struct Params {
 //+NORM   let inv = 1.0 / sqrt(red[0] / f32(p.d) + p.eps);
 //+NORM   for (var g = tid; g < groups; g += WG) {
 //+NORM     let o = 4u * (base + g);
-//+NORM     let v = array<vec4<f32>, 4>(x[o] * inv * w[4u * g], x[o + 1u] * inv * w[4u * g + 1u],
-//+NORM       x[o + 2u] * inv * w[4u * g + 2u], x[o + 3u] * inv * w[4u * g + 3u]);
+//+NORM     let v = array<vec4<f32>, 4>(cur(o) * inv * w[4u * g], cur(o + 1u) * inv * w[4u * g + 1u],
+//+NORM       cur(o + 2u) * inv * w[4u * g + 2u], cur(o + 3u) * inv * w[4u * g + 3u]);
 //+NORM     y[o] = v[0];
 //+NORM     y[o + 1u] = v[1];
 //+NORM     y[o + 2u] = v[2];

@@ -14,6 +14,16 @@
 // over it with eight loads in flight (then four, then one) and meet in a
 // tree; the logits are also written to the logits binding. With at most
 // 16 experts one thread picks the k in turn.
+//
+// The MV NORM flavor (route_mv_norm) is route_mv of the FFN's RMSNorm
+// of x + o, computed in the same workgroup from x (rx), the o product's
+// output (ro) and the norm's weight (rg): the FFN norm's xn with
+// accumulate_rmsnorm_xq_out's bits (a thread a group of 16 values, the
+// sum of squares in its two barriers), so that the router reads nothing
+// the norm dispatch writes and both run at once. Each thread then takes
+// its group's share of every expert's logit (the router's rows loaded
+// before the norm's barriers), and tpe threads an expert sum them. cols
+// a multiple of 16, at most 4096; at most 8 experts; no bias.
 
 struct Params {
   n_tok: u32,
@@ -26,7 +36,8 @@ struct Params {
   has_bias: u32,
 //+MV  cols4: u32,   // vec4s per router row
 //+MV  tpe: u32,     // threads per expert (a power of two)
-//+MV  _m2: u32,
+//+MV //-NORM  _m2: u32,
+//+NORM  eps: f32,
 //+MV  _m3: u32,
 }
 
@@ -34,13 +45,16 @@ struct Params {
 //+MV @group(0) @binding(0) var<storage, read_write> logits: array<f32>;
 //+MV @group(0) @binding(4) var<storage, read> rw: array<vec4<f32>>;
 //+MV @group(0) @binding(5) var<storage, read> rx: array<vec4<f32>>;
+//+NORM @group(0) @binding(6) var<storage, read> ro: array<vec4<f32>>;
+//+NORM @group(0) @binding(7) var<storage, read> rg: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read> bias: array<f32>;
 @group(0) @binding(2) var<storage, read_write> ids: array<u32>;
 @group(0) @binding(3) var<storage, read_write> weights: array<f32>;
 @group(1) @binding(0) var<uniform> p: Params;
 
 const WG: u32 = 256u;
-const MAXE: u32 = 1024u;
+//-MV const MAXE: u32 = 1024u;
+//+MV const MAXE: u32 = 16u; // MaxRouterExperts
 const NEG: f32 = -3.0e38;
 var<workgroup> sel: array<f32, MAXE>;
 var<workgroup> base: array<f32, MAXE>;
@@ -51,6 +65,31 @@ var<workgroup> gkeep: array<u32, 64>;
 var<workgroup> chosen: array<u32, 32>;
 //-MV const MV: bool = false;
 //+MV const MV: bool = true;
+//-NORM const NORM: bool = false;
+//+NORM const NORM: bool = true;
+//+NORM const MAXNE: u32 = 8u; // experts
+//+NORM var<workgroup> part: array<f32, 2048>; // MAXNE * WG
+//+NORM var<workgroup> red2: array<f32, 16>;
+//+NORM
+//+NORM // total is the sum of v over the workgroup in two barriers, as
+//+NORM // quantize_x.wgsl's (its bits), in rv.
+//+NORM fn total(tid: u32, v: f32) -> f32 {
+//+NORM   rv[tid] = v;
+//+NORM   workgroupBarrier();
+//+NORM   if (tid < 16u) {
+//+NORM     var t = 0.0;
+//+NORM     for (var i = 0u; i < 16u; i++) {
+//+NORM       t += rv[tid * 16u + i];
+//+NORM     }
+//+NORM     red2[tid] = t;
+//+NORM   }
+//+NORM   workgroupBarrier();
+//+NORM   var s = 0.0;
+//+NORM   for (var i = 0u; i < 16u; i++) {
+//+NORM     s += red2[i];
+//+NORM   }
+//+NORM   return s;
+//+NORM }
 
 fn better(v: f32, i: u32, bv: f32, bi: u32) -> bool {
   return v > bv || (v == bv && i < bi);
@@ -62,7 +101,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   if (tok >= p.n_tok) {
     return;
   }
-//+MV  {
+//+MV  if (!NORM) {
 //+MV    // The router's product: expert e's row by threads e*tpe.., partial
 //+MV    // sums in rv, reduced in segments of tpe.
 //+MV    let e = tid / p.tpe;
@@ -110,6 +149,54 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 //+MV      logits[e] = rv[tid];
 //+MV    }
 //+MV  }
+//+NORM  if (NORM) {
+//+NORM    let groups = p.cols4 / 4u;
+//+NORM    let live = tid < groups;
+//+NORM    let o4 = 4u * min(tid, groups - 1u);
+//+NORM    // The router's rows at the thread's group, loaded first: their
+//+NORM    // round trip overlaps x's, o's and the norm's.
+//+NORM    var wv: array<vec4<f32>, 32>; // 4 * MAXNE
+//+NORM    for (var e = 0u; e < MAXNE; e++) {
+//+NORM      if (e < p.n_exp) {
+//+NORM        let r = e * p.cols4 + o4;
+//+NORM        wv[4u * e] = rw[r];
+//+NORM        wv[4u * e + 1u] = rw[r + 1u];
+//+NORM        wv[4u * e + 2u] = rw[r + 2u];
+//+NORM        wv[4u * e + 3u] = rw[r + 3u];
+//+NORM      }
+//+NORM    }
+//+NORM    // x + o as the accumulate adds it (x + 1 * o: exact either way).
+//+NORM    var v = array<vec4<f32>, 4>(rx[o4] + ro[o4], rx[o4 + 1u] + ro[o4 + 1u], rx[o4 + 2u] + ro[o4 + 2u], rx[o4 + 3u] + ro[o4 + 3u]);
+//+NORM    let ss = select(0.0, dot(v[0], v[0]) + dot(v[1], v[1]) + dot(v[2], v[2]) + dot(v[3], v[3]), live);
+//+NORM    let inv = 1.0 / sqrt(total(tid, ss) / f32(p.cols4 * 4u) + p.eps);
+//+NORM    v = array<vec4<f32>, 4>(v[0] * inv * rg[o4], v[1] * inv * rg[o4 + 1u], v[2] * inv * rg[o4 + 2u], v[3] * inv * rg[o4 + 3u]);
+//+NORM    for (var e = 0u; e < MAXNE; e++) {
+//+NORM      if (e < p.n_exp) {
+//+NORM        part[e * WG + tid] = select(0.0, dot(wv[4u * e], v[0]) + dot(wv[4u * e + 1u], v[1]) + dot(wv[4u * e + 2u], v[2]) + dot(wv[4u * e + 3u], v[3]), live);
+//+NORM      }
+//+NORM    }
+//+NORM    workgroupBarrier();
+//+NORM    let e = tid / p.tpe;
+//+NORM    let lane = tid % p.tpe;
+//+NORM    let per = WG / p.tpe;
+//+NORM    var a = 0.0;
+//+NORM    if (e < p.n_exp) {
+//+NORM      for (var i = 0u; i < per; i++) {
+//+NORM        a += part[e * WG + lane * per + i];
+//+NORM      }
+//+NORM    }
+//+NORM    rv[tid] = a;
+//+NORM    for (var s = p.tpe >> 1u; s > 0u; s >>= 1u) {
+//+NORM      workgroupBarrier();
+//+NORM      if (lane < s) {
+//+NORM        rv[tid] += rv[tid + s];
+//+NORM      }
+//+NORM    }
+//+NORM    workgroupBarrier();
+//+NORM    if (lane == 0u && e < p.n_exp) {
+//+NORM      logits[e] = rv[tid];
+//+NORM    }
+//+NORM  }
   for (var e = tid; e < p.n_exp; e += WG) {
 //-MV    let l = logits[tok * p.n_exp + e];
 //+MV    let l = rv[e * p.tpe];
