@@ -40,12 +40,13 @@ type abToggle struct {
 
 // abToggles are the toggles an A/B alternates, by name.
 var abToggles = map[string]abToggle{
-	"l2":      {func(g *GPUModel) *bool { return &g.l2Router }, false},   // the router's L2 prefetch
-	"rope":    {func(g *GPUModel) *bool { return &g.ropeAttn }, false},   // RoPE and the KV store in the attention's split
-	"yq":      {func(g *GPUModel) *bool { return &g.yq }, true},          // gate and up products quantizing their output
-	"router":  {func(g *GPUModel) *bool { return &g.fuseRouter }, false}, // the router's product in its routing dispatch
-	"accnorm": {func(g *GPUModel) *bool { return &g.accNorm }, true},     // accumulates deferred to the next norm
-	"xqattn":  {func(g *GPUModel) *bool { return &g.xqAttn }, true},      // q8 activations for the attention's products too
+	"l2":        {func(g *GPUModel) *bool { return &g.l2Router }, false},   // the router's L2 prefetch
+	"rope":      {func(g *GPUModel) *bool { return &g.ropeAttn }, false},   // RoPE and the KV store in the attention's split
+	"yq":        {func(g *GPUModel) *bool { return &g.yq }, true},          // gate and up products quantizing their output
+	"router":    {func(g *GPUModel) *bool { return &g.fuseRouter }, false}, // the router's product in its routing dispatch
+	"accnorm":   {func(g *GPUModel) *bool { return &g.accNorm }, true},     // accumulates deferred to the next norm
+	"xqattn":    {func(g *GPUModel) *bool { return &g.xqAttn }, true},      // q8 activations for the attention's products too
+	"routenorm": {func(g *GPUModel) *bool { return &g.routeNorm }, true},   // the router beside the FFN norm, normalizing x + o itself
 }
 
 // ABToggles lists the toggles an A/B can alternate.

@@ -198,6 +198,16 @@ type GPUModel struct {
 	// read's own sink (zero where it reads none: not a MoE layer, or a
 	// router over maxL2Router).
 	routerL2 []l2Read
+	// routeNorm has a MoE layer's router normalize x + o itself
+	// (ops.RouterRouteNorm, with the FFN norm's bits) and run beside its
+	// FFN norm, which then writes buffers of that layer's own (ffnBufs:
+	// ops.AccumulateRMSNormXQTo, x + o into x2, the next layer's norm
+	// reading it back into x), so that no barrier holds either behind the
+	// other (see routesBeside). On unless RDRR_GPU_ROUTENORM=0.
+	routeNorm bool
+	// ffnBufs are, by layer, the buffers a MoE layer's FFN norm writes
+	// with routeNorm (nil where the model cannot run it).
+	ffnBufs []*ffnBuf
 	// ab is the A/B inside the step that SetAB (or RDRR_GPU_AB) started,
 	// if any (ab.go).
 	ab *abTest
@@ -308,6 +318,7 @@ func NewGPUModel(ctx context.Context, m *Manifest, d *gpu.Device, cache *tiers.C
 	g.accNorm = os.Getenv("RDRR_GPU_ACCNORM") != "0"
 	g.l2Router = os.Getenv("RDRR_GPU_L2") != "0"
 	g.ropeAttn = os.Getenv("RDRR_GPU_ROPE") != "0"
+	g.routeNorm = os.Getenv("RDRR_GPU_ROUTENORM") != "0"
 	g.perSubmit = maskedPerSubmit
 	if n, err := strconv.Atoi(os.Getenv("RDRR_GPU_PER_SUBMIT")); err == nil && n > 0 {
 		g.perSubmit, g.perSubmitSet = n, true
@@ -413,6 +424,27 @@ func NewGPUModel(ctx context.Context, m *Manifest, d *gpu.Device, cache *tiers.C
 			return nil, err
 		}
 		g.routerL2[l] = l2Read{rw, sink}
+	}
+	if canRouteNorm(c) {
+		g.ffnBufs = make([]*ffnBuf, c.NumHiddenLayers)
+		for l := range g.ffnBufs {
+			if !c.IsMoE(l) {
+				continue
+			}
+			f := &ffnBuf{}
+			g.ffnBufs[l] = f
+			for _, b := range []**gpu.Buffer{&f.x2, &f.xn, &f.xnq} {
+				n := uint64(h * 4)
+				if b == &f.xnq {
+					n = ops.XQBytes(h)
+				}
+				var err error
+				if *b, err = d.Alloc(n); err != nil {
+					g.Close()
+					return nil, err
+				}
+			}
+		}
 	}
 	kv := uint64(maxPos * nkv * hd * 4)
 	for l := 0; l < c.NumHiddenLayers; l++ {
@@ -853,6 +885,15 @@ func (g *GPUModel) Close() {
 			r.sink.Release()
 		}
 	}
+	for _, f := range g.ffnBufs {
+		if f != nil {
+			for _, b := range []*gpu.Buffer{f.x2, f.xn, f.xnq} {
+				if b != nil {
+					b.Release()
+				}
+			}
+		}
+	}
 	g.k.Close()
 }
 
@@ -1050,18 +1091,28 @@ func (g *GPUModel) begin(ctx context.Context, token int, onGPU bool, hd head) (_
 			// A masked layer reads the FFN's norm from the accumulate
 			// before it (partNorm); the others from a dispatch of its own.
 			normed := layer != nil && g.partNorm
-			if normed {
+			// The choice goes straight into the out buffer, read back
+			// with the logits.
+			sel := B["out"].Sub(g.idsAt(l), uint64(k*4))
+			beside := layer != nil && g.routesBeside(l)
+			switch {
+			case normed:
 				g.k.MatVecNormed(ctx, b, g.dense[p+"mlp.gate.weight"], g.normed, B["rlogits"], c.Experts(), c.HiddenSize)
-			} else {
+			case beside:
+				// The router's weights read into the L2 beside the o
+				// product, the router behind it, the norm beside the
+				// router.
+				g.prefetchRouter(ctx, b, l)
+				g.routeFFN(ctx, b, l, B["rlogits"], sel, B["w"])
+				g.ffnNorm(ctx, b, l)
+			default:
 				g.normFFN(ctx, b, l)
 			}
 			if layer != nil {
-				// The choice goes straight into the out buffer, read back
-				// with the logits.
-				sel := B["out"].Sub(g.idsAt(l), uint64(k*4))
-				if normed {
+				switch {
+				case normed:
 					g.k.Route(ctx, b, B["rlogits"], nil, sel, B["w"], g.route())
-				} else {
+				case !beside:
 					g.router(ctx, b, l, B["xn"], B["rlogits"], sel, B["w"], g.route(), g.fuseRouter)
 				}
 				if err := section("router"); err != nil {
@@ -1224,7 +1275,7 @@ func (g *GPUModel) begin(ctx context.Context, token int, onGPU bool, hd head) (_
 			for i, w := range wants {
 				slots[w.j] = append(slots[w.j], got[i].Slot())
 			}
-			g.recordPaged(ctx, b, slots)
+			g.recordPaged(ctx, b, l, slots)
 		} else if len(wants) > 0 {
 			// The experts the GPU could not run: each at its place.
 			var pos []int
@@ -1235,7 +1286,7 @@ func (g *GPUModel) begin(ctx context.Context, token int, onGPU bool, hd head) (_
 				}
 				slots[w.j] = append(slots[w.j], got[i].Slot())
 			}
-			g.recordAt(ctx, b, pos, slots)
+			g.recordAt(ctx, b, l, pos, slots)
 		}
 		if ahead == nil || ahead.l != l+1 {
 			g.finishLayer(ctx, b, l) // else ahead starts with it
@@ -1419,13 +1470,16 @@ func (g *GPUModel) compile(ctx context.Context) error {
 		}
 		p := fmt.Sprintf("model.layers.%d.", l)
 		g.normFFN(ctx, b, l)
+		if g.routesBeside(l) {
+			g.routeFFN(ctx, b, l, B["rlogits"], B["ids"], B["w"]) // the router beside the norm
+		}
 		g.router(ctx, b, l, B["xn"], B["rlogits"], B["ids"], B["w"], g.route(), g.fuseRouter && !g.partNorm) // layers' choices
 		g.router(ctx, b, l, B["xn"], B["rlogits"], B["ids"], B["w"], g.route(), false)                       // the next layer's guess
 		var slots [3][]int
 		for j := range slots {
 			slots[j] = make([]int, k)
 		}
-		g.recordPaged(ctx, b, slots)
+		g.recordPaged(ctx, b, l, slots)
 		buf, _ := g.arena.Locate(0)
 		n := min(c.Experts(), ops.MaxGroup)
 		zeros, ids := make([]int, n), make([]int, n)
@@ -1456,7 +1510,7 @@ func (g *GPUModel) compile(ctx context.Context) error {
 			}
 			if g.xq {
 				// And of quantized x: masked gate and up, masked down.
-				gm.X, gm.XQ = g.gateX(), true
+				gm.X, gm.XQ = g.ffnX(l), true
 				g.k.Q4KMatVecMasked(ctx, b, gm)
 				g.k.Q4KMatVecMasked(ctx, b, ops.Masked{Arena: buf, Slots: zeros, Experts: ids, Sel: B["ids"], K: k,
 					X: g.downX(ctx, b, 0, k, false), Y: B["y"], Rows: h, Cols: ffn, XQ: true})
@@ -1465,15 +1519,15 @@ func (g *GPUModel) compile(ctx context.Context) error {
 					g.k.Q4KMatVecMasked(ctx, b, gm)
 				}
 			}
-			g.gluGroup(ctx, b, slots[0][:1], slots[1][:1], 0)
+			g.gluGroup(ctx, b, l, slots[0][:1], slots[1][:1], 0)
 			if g.xq {
 				// recordAt's down product of one missing expert, and the
 				// gate and up products apart (an expert's matrices in two
 				// arena buffers), grouped and masked, of quantized x.
 				g.group(ctx, b, slots[2][:1], g.downX(ctx, b, 0, 1, false), true, true, B["y"], 0, h, ffn)
-				g.group(ctx, b, slots[0][:1], g.gateX(), true, true, B["gu"], 0, ffn, h)
+				g.group(ctx, b, slots[0][:1], g.ffnX(l), true, true, B["gu"], 0, ffn, h)
 				g.k.Q4KMatVecMasked(ctx, b, ops.Masked{Arena: buf, Slots: zeros, Experts: ids, Sel: B["ids"], K: k,
-					X: g.gateX(), SharedX: true, Y: B["gu"], YUpper: g.upOff(), Rows: ffn, Cols: h, XQ: true})
+					X: g.ffnX(l), SharedX: true, Y: B["gu"], YUpper: g.upOff(), Rows: ffn, Cols: h, XQ: true})
 			}
 		}
 		g.finishLayer(ctx, b, l) // and the shared experts, if any; its accumulate pending for the LM head's norm
@@ -1530,9 +1584,9 @@ func (g *GPUModel) recordAttention(ctx context.Context, b *gpu.Batch, l int) {
 	norm := ops.NormShape{Rows: 1, Dim: h, Eps: float32(c.RMSNormEps)}
 	switch {
 	case xq:
-		g.normXQ(ctx, b, p+"input_layernorm.weight", norm)
+		g.normXQ(ctx, b, g.residual(l), p+"input_layernorm.weight", norm)
 	case !normed:
-		g.normX(ctx, b, p+"input_layernorm.weight")
+		g.normX(ctx, b, g.residual(l), p+"input_layernorm.weight")
 	}
 	q := gpu.Region(B["q"])
 	attn := ops.AttnShape{Heads: nq, KVHeads: nkv, HeadDim: hd, KVLen: g.pos + 1, Scale: float32(1 / math.Sqrt(float64(hd)))}
@@ -1618,22 +1672,106 @@ func (g *GPUModel) embedNorm(ctx context.Context, b *gpu.Batch) {
 	}
 }
 
-// normFFN records layer l's FFN input: xn = the FFN's RMSNorm of x (and,
-// for a MoE layer with l2Router, the prefetch of its router's weights).
-// With xq, a MoE layer's xn is also quantized into xnq for the gate and
-// up products, by the same dispatch.
+// normFFN records layer l's FFN input (ffnNorm) and, for a MoE layer
+// with l2Router, the prefetch of its router's weights beside it, for the
+// router's product after it.
 func (g *GPUModel) normFFN(ctx context.Context, b *gpu.Batch, l int) {
+	g.ffnNorm(ctx, b, l)
+	g.prefetchRouter(ctx, b, l)
+}
+
+// ffnNorm records xn = the FFN's RMSNorm of x. With xq, a MoE layer's xn
+// is also quantized into xnq for the gate and up products, by the same
+// dispatch; with routeNorm (routesBeside) into the layer's own buffers,
+// x + o into its x2 and x left as it was (for its router, routeFFN).
+func (g *GPUModel) ffnNorm(ctx context.Context, b *gpu.Batch, l int) {
 	weight := fmt.Sprintf("model.layers.%d.post_attention_layernorm.weight", l)
 	c := &g.m.Config
-	if g.xq && c.IsMoE(l) {
-		g.normXQ(ctx, b, weight, ops.NormShape{Rows: 1, Dim: c.HiddenSize, Eps: float32(c.RMSNormEps)})
-	} else {
-		g.normX(ctx, b, weight)
+	if g.routesBeside(l) {
+		p := g.pending
+		g.pending = pendingAcc{}
+		if !p.set || p.shape.Experts != 1 {
+			b.Fail(fmt.Errorf("experts: layer %d: the FFN norm beside the router found no o accumulate pending", l))
+			return
+		}
+		f := g.ffnBufs[l]
+		g.k.AccumulateRMSNormXQTo(ctx, b, p.src, p.wts, g.buf["x"], g.dense[weight], f.xn, f.xnq, f.x2, p.shape, float32(c.RMSNormEps))
+		return
 	}
+	if g.xq && c.IsMoE(l) {
+		g.normXQ(ctx, b, g.buf["x"], weight, ops.NormShape{Rows: 1, Dim: c.HiddenSize, Eps: float32(c.RMSNormEps)})
+	} else {
+		g.normX(ctx, b, g.buf["x"], weight)
+	}
+}
+
+// prefetchRouter records the read of MoE layer l's router weights into
+// the L2 cache (l2Router): beside the dispatch recorded before it, which
+// it binds nothing of.
+func (g *GPUModel) prefetchRouter(ctx context.Context, b *gpu.Batch, l int) {
 	if r := g.routerL2[l]; r.sink != nil && g.l2Router {
-		// Beside the norm, for the router's product after it.
 		g.k.L2Prefetch(ctx, b, r.weights, r.sink)
 	}
+}
+
+// ffnBuf is what a MoE layer's FFN norm writes with routeNorm: the new
+// x (x + o) for the next layer's norm, the norm's output and its
+// quantized copy for the experts' gate and up products. Buffers of the
+// layer's own: a dispatch that writes a buffer used before it in the
+// command buffer gets a barrier, and a barrier waits for all the work
+// recorded before it (the router beside it).
+type ffnBuf struct {
+	x2, xn, xnq *gpu.Buffer
+}
+
+// canRouteNorm reports whether a model's MoE layers can run routeNorm:
+// Mixtral's softmax routing of at most ops.MaxRouterNormExperts experts,
+// no shared experts, a hidden size a thread a group of 16 covers.
+func canRouteNorm(c *Config) bool {
+	h := c.HiddenSize
+	return c.ScoringFunc != "sigmoid" && c.NumSharedExperts == 0 && c.Experts() <= ops.MaxRouterNormExperts &&
+		h%ops.XQGroup == 0 && h <= 16*256
+}
+
+// routesBeside reports whether MoE layer l's router runs beside its FFN
+// norm (routeNorm): where the model can, with the forms it needs (the
+// experts' x quantized, the o product's accumulate deferred to the norm,
+// the router's product in its routing dispatch, nothing handed over or
+// fused that writes x otherwise).
+func (g *GPUModel) routesBeside(l int) bool {
+	return g.routeNorm && g.ffnBufs != nil && g.ffnBufs[l] != nil && g.xq && g.accNorm && g.fuseRouter && !g.partNorm && !g.fuseO
+}
+
+// residual is where x is before layer l's attention norm (l = the layer
+// count: the final norm's): the x2 of the MoE layer before it with
+// routeNorm, which that norm reads back into x, else x.
+func (g *GPUModel) residual(l int) *gpu.Buffer {
+	if l > 0 && g.routesBeside(l-1) {
+		return g.ffnBufs[l-1].x2
+	}
+	return g.buf["x"]
+}
+
+// ffnX is what MoE layer l's gate and up products read: its FFN norm's
+// output (gateX), from the layer's own buffer with routeNorm.
+func (g *GPUModel) ffnX(l int) gpu.Region {
+	if g.routesBeside(l) {
+		return g.ffnBufs[l].xnq.Sub(0, ops.XQBytes(g.m.Config.HiddenSize))
+	}
+	return g.gateX()
+}
+
+// routeFFN records MoE layer l's router with routeNorm: its choice from
+// the norm of x + o that it computes itself (ops.RouterRouteNorm), into
+// logits, ids and weights. Recorded before the FFN norm (normFFN), it
+// takes the barrier behind the o product, and the norm, which writes only
+// the layer's own buffers and reads what the router reads, runs beside
+// it.
+func (g *GPUModel) routeFFN(ctx context.Context, b *gpu.Batch, l int, logits, ids, weights gpu.Region) {
+	c := &g.m.Config
+	p := fmt.Sprintf("model.layers.%d.", l)
+	g.k.RouterRouteNorm(ctx, b, g.dense[p+"mlp.gate.weight"], g.buf["x"], g.buf["o"], g.dense[p+"post_attention_layernorm.weight"],
+		logits, ids, weights, g.route(), c.HiddenSize, float32(c.RMSNormEps))
 }
 
 // l2Read is a read of weights into the L2 cache (ops.L2Prefetch) and
@@ -1678,13 +1816,23 @@ func (g *GPUModel) flushAcc(ctx context.Context, b *gpu.Batch) {
 // normXQ records xn = the RMSNorm of x with the dense weight named weight,
 // and xn quantized into xnq (ops.RMSNormXQ), adding the pending
 // accumulate into x first in the same dispatch (ops.AccumulateRMSNormXQ).
-func (g *GPUModel) normXQ(ctx context.Context, b *gpu.Batch, weight string, s ops.NormShape) {
-	if p := g.pending; p.set {
-		g.pending = pendingAcc{}
-		g.k.AccumulateRMSNormXQ(ctx, b, p.src, p.wts, g.buf["x"], g.dense[weight], g.buf["xn"], g.gateX(), p.shape, s.Eps)
-		return
+//
+// x is where x is now (residual): another buffer than x's only with an
+// accumulate pending, which then goes with it into x.
+func (g *GPUModel) normXQ(ctx context.Context, b *gpu.Batch, x *gpu.Buffer, weight string, s ops.NormShape) {
+	B := g.buf
+	p := g.pending
+	g.pending = pendingAcc{}
+	switch {
+	case p.set && x != B["x"]:
+		g.k.AccumulateRMSNormXQTo(ctx, b, p.src, p.wts, x, g.dense[weight], B["xn"], g.gateX(), B["x"], p.shape, s.Eps)
+	case p.set:
+		g.k.AccumulateRMSNormXQ(ctx, b, p.src, p.wts, B["x"], g.dense[weight], B["xn"], g.gateX(), p.shape, s.Eps)
+	case x != B["x"]:
+		b.Fail(fmt.Errorf("experts: the norm of %s found x in a layer's x2 and no accumulate to bring it back", weight))
+	default:
+		g.k.RMSNormXQ(ctx, b, B["x"], g.dense[weight], B["xn"], g.gateX(), s)
 	}
-	g.k.RMSNormXQ(ctx, b, g.buf["x"], g.dense[weight], g.buf["xn"], g.gateX(), s)
 }
 
 // gateX is what the gate and up products read: xn, or with xq xnq.
@@ -1744,11 +1892,11 @@ func (g *GPUModel) quantizedO() bool {
 // layer's gate and up products, and with xqAttn its q k v product)
 // follows a normXQ of that layer. An accumulate is pending only with xq
 // (accumulate), so xnq is then another buffer than xn.
-func (g *GPUModel) normX(ctx context.Context, b *gpu.Batch, weight string) {
+func (g *GPUModel) normX(ctx context.Context, b *gpu.Batch, x *gpu.Buffer, weight string) {
 	c := &g.m.Config
 	s := ops.NormShape{Rows: 1, Dim: c.HiddenSize, Eps: float32(c.RMSNormEps)}
-	if g.pending.set {
-		g.normXQ(ctx, b, weight, s)
+	if g.pending.set || x != g.buf["x"] {
+		g.normXQ(ctx, b, x, weight, s)
 		return
 	}
 	g.k.RMSNorm(ctx, b, g.buf["x"], g.dense[weight], g.buf["xn"], s)
@@ -1761,7 +1909,7 @@ func (g *GPUModel) lmHead(ctx context.Context, b *gpu.Batch, logits gpu.Region) 
 		g.k.Q4KMatVecNormed(ctx, b, g.dense["lm_head.weight"], g.normed, logits, c.VocabSize, c.HiddenSize)
 		return
 	}
-	g.normX(ctx, b, "model.norm.weight")
+	g.normX(ctx, b, g.residual(c.NumHiddenLayers), "model.norm.weight")
 	g.k.Q4KMatVec(ctx, b, g.dense["lm_head.weight"], g.buf["xn"], logits, c.VocabSize, c.HiddenSize)
 }
 
@@ -1774,14 +1922,19 @@ func (g *GPUModel) recordChoice(ctx context.Context, b *gpu.Batch, l int) bool {
 	B, k := g.buf, c.NumExpertsPerTok
 	// Fused as a masked layer's (fuseRouter): the same logits' bits
 	// whether the layer runs masked or paged.
-	g.router(ctx, b, l, B["xn"], B["rlogits"], B["ids"], B["w"], g.route(), g.fuseRouter && !g.partNorm)
+	if g.routesBeside(l) {
+		g.routeFFN(ctx, b, l, B["rlogits"], B["ids"], B["w"])
+	} else {
+		g.router(ctx, b, l, B["xn"], B["rlogits"], B["ids"], B["w"], g.route(), g.fuseRouter && !g.partNorm)
+	}
 	predict := g.Prefetch && l+1 < c.NumHiddenLayers && c.IsMoE(l+1)
 	if predict {
-		// Layer l+1's router on this hidden state, normalized as l+1
-		// will normalize its own: the guess of its experts.
+		// Layer l+1's router on this hidden state (x, or with routeNorm
+		// the layer's x2: x + o), normalized as l+1 will normalize its
+		// own: the guess of its experts.
 		q := fmt.Sprintf("model.layers.%d.", l+1)
 		g.flushAcc(ctx, b)
-		g.k.RMSNorm(ctx, b, B["x"], g.dense[q+"post_attention_layernorm.weight"], B["pxn"], ops.NormShape{Rows: 1, Dim: c.HiddenSize, Eps: float32(c.RMSNormEps)})
+		g.k.RMSNorm(ctx, b, g.residual(l+1), g.dense[q+"post_attention_layernorm.weight"], B["pxn"], ops.NormShape{Rows: 1, Dim: c.HiddenSize, Eps: float32(c.RMSNormEps)})
 		g.router(ctx, b, l+1, B["pxn"], B["plogits"], B["ids"].Sub(idsPredOff, uint64(k*4)), B["pw"], g.route(), false)
 		// Its logits beside it, read back with it: how sure the guess is.
 		n := uint64(c.Experts() * 4)
@@ -1827,15 +1980,15 @@ func (g *GPUModel) resident(l int) bool {
 // recordPaged records a MoE layer's experts from the arena slots of the
 // chosen ones (gate, up and down matrices, in the router's order), up to
 // their outputs in y (finishLayer adds them into x).
-func (g *GPUModel) recordPaged(ctx context.Context, b *gpu.Batch, slots [3][]int) {
+func (g *GPUModel) recordPaged(ctx context.Context, b *gpu.Batch, l int, slots [3][]int) {
 	c := &g.m.Config
 	B := g.buf
 	h, ffn, k := c.HiddenSize, c.ExpertFFN(), c.NumExpertsPerTok
 	up := uint64(g.upOff())
-	ran, quantized := g.gluGroup(ctx, b, slots[0], slots[1], 0)
+	ran, quantized := g.gluGroup(ctx, b, l, slots[0], slots[1], 0)
 	if !ran {
-		g.group(ctx, b, slots[0], g.gateX(), true, g.xq, B["gu"], 0, ffn, h)
-		g.group(ctx, b, slots[1], g.gateX(), true, g.xq, B["gu"], up, ffn, h)
+		g.group(ctx, b, slots[0], g.ffnX(l), true, g.xq, B["gu"], 0, ffn, h)
+		g.group(ctx, b, slots[1], g.ffnX(l), true, g.xq, B["gu"], up, ffn, h)
 		g.k.SwiGLU(ctx, b, B["gu"].Sub(0, uint64(k*ffn*4)), B["gu"].Sub(up, uint64(k*ffn*4)), B["act"], k*ffn)
 	}
 	g.group(ctx, b, slots[2], g.downX(ctx, b, 0, len(slots[2]), quantized), false, g.xq, B["y"], 0, h, ffn)
@@ -1847,7 +2000,7 @@ func (g *GPUModel) recordPaged(ctx context.Context, b *gpu.Batch, slots [3][]int
 // dispatch; it records nothing and returns false without glu, for more
 // than MaxGroup/2 experts, or if their matrices lie in several arena
 // buffers. quantized reports that it wrote their rows of actq too.
-func (g *GPUModel) gluGroup(ctx context.Context, b *gpu.Batch, gates, ups []int, at int) (ran, quantized bool) {
+func (g *GPUModel) gluGroup(ctx context.Context, b *gpu.Batch, l int, gates, ups []int, at int) (ran, quantized bool) {
 	if !g.glu || len(gates) > ops.MaxGroup/2 {
 		return false, false
 	}
@@ -1863,7 +2016,7 @@ func (g *GPUModel) gluGroup(ctx context.Context, b *gpu.Batch, gates, ups []int,
 			return false, false
 		}
 	}
-	grp := ops.Group{Arena: buf0, Slots: gi, UpSlots: ui, X: g.gateX(), SharedX: true,
+	grp := ops.Group{Arena: buf0, Slots: gi, UpSlots: ui, X: g.ffnX(l), SharedX: true,
 		Y: g.buf["act"].Sub(uint64(at*ffn*4), uint64(len(gates)*ffn*4)), Rows: ffn, Cols: h, XQ: g.xq, K: c.NumExpertsPerTok}
 	if g.gluYQ() {
 		grp.YQ = g.actq(at, at+len(gates))
@@ -1877,7 +2030,7 @@ func (g *GPUModel) gluGroup(ctx context.Context, b *gpu.Batch, gates, ups []int,
 // y, after products of the others already ran (encodeAhead's): their
 // SwiGLU output goes to their own rows of act only (the others' may come
 // from a GLU product, with nothing of theirs in gu).
-func (g *GPUModel) recordAt(ctx context.Context, b *gpu.Batch, pos []int, slots [3][]int) {
+func (g *GPUModel) recordAt(ctx context.Context, b *gpu.Batch, l int, pos []int, slots [3][]int) {
 	c := &g.m.Config
 	B := g.buf
 	h, ffn := c.HiddenSize, c.ExpertFFN()
@@ -1885,12 +2038,12 @@ func (g *GPUModel) recordAt(ctx context.Context, b *gpu.Batch, pos []int, slots 
 	quantized := make([]bool, len(pos))
 	for i, at := range pos {
 		var ran bool
-		if ran, quantized[i] = g.gluGroup(ctx, b, slots[0][i:i+1], slots[1][i:i+1], at); ran {
+		if ran, quantized[i] = g.gluGroup(ctx, b, l, slots[0][i:i+1], slots[1][i:i+1], at); ran {
 			continue
 		}
 		row := uint64(at * ffn * 4)
-		g.group(ctx, b, slots[0][i:i+1], g.gateX(), true, g.xq, B["gu"], row, ffn, h)
-		g.group(ctx, b, slots[1][i:i+1], g.gateX(), true, g.xq, B["gu"], up+row, ffn, h)
+		g.group(ctx, b, slots[0][i:i+1], g.ffnX(l), true, g.xq, B["gu"], row, ffn, h)
+		g.group(ctx, b, slots[1][i:i+1], g.ffnX(l), true, g.xq, B["gu"], up+row, ffn, h)
 		g.k.SwiGLU(ctx, b, B["gu"].Sub(row, uint64(ffn*4)), B["gu"].Sub(up+row, uint64(ffn*4)), B["act"].Sub(row, uint64(ffn*4)), ffn)
 	}
 	for i, at := range pos {
@@ -1999,7 +2152,7 @@ func (g *GPUModel) encodeAhead(ctx context.Context, prev, l, busy int, fixed *fi
 	}
 	if len(a.experts) > 0 {
 		rb := g.d.Batch()
-		g.recordMaskedProducts(ctx, rb, a.experts, a.held, B["ids"].Sub(0, uint64(k*4)), false)
+		g.recordMaskedProducts(ctx, rb, l, a.experts, a.held, B["ids"].Sub(0, uint64(k*4)), false)
 		var err error
 		if a.rest, err = rb.Encode(ctx); err != nil {
 			a.drop()
@@ -2140,7 +2293,7 @@ func (g *GPUModel) recordMasked(ctx context.Context, b *gpu.Batch, l int, layer 
 	for e := range experts {
 		experts[e] = e
 	}
-	g.recordMaskedProducts(ctx, b, experts, layer, sel, normed)
+	g.recordMaskedProducts(ctx, b, l, experts, layer, sel, normed)
 	g.finishLayer(ctx, b, l)
 }
 
@@ -2149,7 +2302,7 @@ func (g *GPUModel) recordMasked(ctx context.Context, b *gpu.Batch, l int, layer 
 // for the router's choice in sel, up to their outputs in y: one dispatch
 // per matrix kind, arena buffer and MaxGroup products, each running only
 // the products of chosen experts.
-func (g *GPUModel) recordMaskedProducts(ctx context.Context, b *gpu.Batch, experts []int, held []*tiers.Lease, sel gpu.Region, normed bool) {
+func (g *GPUModel) recordMaskedProducts(ctx context.Context, b *gpu.Batch, l int, experts []int, held []*tiers.Lease, sel gpu.Region, normed bool) {
 	c := &g.m.Config
 	B := g.buf
 	h, ffn, k := c.HiddenSize, c.ExpertFFN(), c.NumExpertsPerTok
@@ -2193,12 +2346,12 @@ func (g *GPUModel) recordMaskedProducts(ctx context.Context, b *gpu.Batch, exper
 			}
 		}
 	}
-	if ran, quantized := g.recordGLU(ctx, b, experts, held, sel, normed); ran {
+	if ran, quantized := g.recordGLU(ctx, b, l, experts, held, sel, normed); ran {
 		products([]int{2}, g.downX(ctx, b, 0, k, quantized), false, g.xq, B["y"], 0, h, ffn, false)
 		return
 	}
 	upper := g.upOff()
-	products([]int{0, 1}, g.gateX(), true, g.xq && !normed, B["gu"], upper, ffn, h, false)
+	products([]int{0, 1}, g.ffnX(l), true, g.xq && !normed, B["gu"], upper, ffn, h, false)
 	if !g.fuseSwiGLU {
 		g.k.SwiGLU(ctx, b, B["gu"].Sub(0, uint64(k*ffn*4)), B["gu"].Sub(uint64(upper), uint64(k*ffn*4)), B["act"], k*ffn)
 		products([]int{2}, g.downX(ctx, b, 0, k, false), false, g.xq, B["y"], 0, h, ffn, false)
@@ -2214,7 +2367,7 @@ func (g *GPUModel) recordMaskedProducts(ctx context.Context, b *gpu.Batch, exper
 // nothing and returns false if glu is off or an expert's gate and up
 // matrices lie in different arena buffers. quantized reports that the
 // products wrote actq too.
-func (g *GPUModel) recordGLU(ctx context.Context, b *gpu.Batch, experts []int, held []*tiers.Lease, sel gpu.Region, normed bool) (ran, quantized bool) {
+func (g *GPUModel) recordGLU(ctx context.Context, b *gpu.Batch, l int, experts []int, held []*tiers.Lease, sel gpu.Region, normed bool) (ran, quantized bool) {
 	if !g.glu {
 		return false, false
 	}
@@ -2246,7 +2399,7 @@ func (g *GPUModel) recordGLU(ctx context.Context, b *gpu.Batch, experts []int, h
 			m := ops.Masked{Arena: buf, Slots: r.gates[i:end], UpSlots: r.ups[i:end], Experts: r.experts[i:end], Sel: sel, K: k,
 				X: B["xn"], SharedX: true, Y: B["act"], Rows: c.ExpertFFN(), Cols: c.HiddenSize}
 			if !normed && g.xq {
-				m.X, m.XQ = g.gateX(), true
+				m.X, m.XQ = g.ffnX(l), true
 			}
 			if quantized {
 				m.YQ = g.actq(0, k)
