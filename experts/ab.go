@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/rdrr/peer/gpu/ops"
 )
 
 // An A/B inside the decode step: one of the step's toggles alternated
@@ -46,7 +48,7 @@ var abToggles = map[string]abToggle{
 	"router":    {func(g *GPUModel) *bool { return &g.fuseRouter }, false}, // the router's product in its routing dispatch
 	"accnorm":   {func(g *GPUModel) *bool { return &g.accNorm }, true},     // accumulates deferred to the next norm
 	"xqattn":    {func(g *GPUModel) *bool { return &g.xqAttn }, true},      // q8 activations for the attention's products too
-	"routenorm": {func(g *GPUModel) *bool { return &g.routeNorm }, true},   // the router beside the FFN norm, normalizing x + o itself
+	"routenorm": {func(g *GPUModel) *bool { return &g.routeNorm }, true},   // the router beside the FFN norm, normalizing x + o itself (router's and accnorm's off sides turn it off too)
 }
 
 // ABToggles lists the toggles an A/B can alternate.
@@ -88,6 +90,8 @@ func (g *GPUModel) SetAB(toggle string) error {
 		return fmt.Errorf("experts: no A/B toggle %q (toggles: %s)", toggle, strings.Join(ABToggles(), ", "))
 	case tg.needXQ && !g.xq:
 		return fmt.Errorf("experts: the A/B toggle %s needs the experts' q8 activations (RDRR_GPU_XQ not 0, activations not f32)", toggle)
+	case toggle == "routenorm" && g.ffnBufs == nil:
+		return fmt.Errorf("experts: the A/B toggle routenorm: this model's router cannot run beside its norm (softmax routing of at most %d experts, no shared experts)", ops.MaxRouterNormExperts)
 	}
 	if g.ab != nil {
 		*g.ab.flag = g.ab.was

@@ -124,15 +124,18 @@ func TestGPUModelAB(t *testing.T) {
 	if !g.xq {
 		t.Skip("the experts' q8 is off (RDRR_GPU_XQ=0): xqattn and SetActivations' A/B need it")
 	}
-	// A toggle that changes the step's bits (the attention's products of
-	// quantized x) runs too, each setting counted.
-	xqAttn := g.xqAttn
-	if _, g := generate("xqattn"); g.ab == nil {
-		t.Fatal("xqattn: no A/B")
-	} else if r, _ := g.AB(); r.On.Steps == 0 || r.Off.Steps == 0 {
-		t.Fatalf("xqattn: %+v", r)
-	} else if err := g.SetAB(""); err != nil || g.xqAttn != xqAttn {
-		t.Fatalf("xqattn after SetAB(\"\"): %v, %v; want %v, as before", err, g.xqAttn, xqAttn)
+	// Toggles that change the step's bits (the attention's products of
+	// quantized x; the router beside the norm, which sums in another
+	// order) run too, each setting counted, the toggle set back after.
+	for _, toggle := range []string{"xqattn", "routenorm"} {
+		was := abSetting(g, toggle)
+		if _, g := generate(toggle); g.ab == nil {
+			t.Fatalf("%s: no A/B", toggle)
+		} else if r, _ := g.AB(); r.On.Steps == 0 || r.Off.Steps == 0 {
+			t.Fatalf("%s: %+v", toggle, r)
+		} else if err := g.SetAB(""); err != nil || abSetting(g, toggle) != was {
+			t.Fatalf("%s after SetAB(\"\"): %v, %v; want %v, as before", toggle, err, abSetting(g, toggle), was)
+		}
 	}
 	// SetActivations: q8 starts it again with xqattn on as its setting;
 	// f32 leaves yq no meaning.
@@ -164,6 +167,8 @@ func abSetting(g *GPUModel, toggle string) bool {
 		return g.yq
 	case "xqattn":
 		return g.xqAttn
+	case "routenorm":
+		return g.routeNorm
 	}
 	panic(toggle)
 }

@@ -182,11 +182,12 @@ type GPUModel struct {
 	// dispatches a Mixtral-shaped step fewer. RDRR_GPU_ROPE=0 turns it
 	// off, for measurements.
 	ropeAttn bool
-	// l2Router has a MoE layer's FFN norm dispatch joined by a read of
-	// its router's weights into the GPU's L2 cache (ops.L2Prefetch, which
-	// runs beside the one-workgroup norm), so that the router's product
-	// after the norm finds them there: for routers of at most
-	// maxL2Router bytes. On an H200 (experts/BENCHMARKS.md) the resident
+	// l2Router has a read of a MoE layer's router weights into the GPU's
+	// L2 cache (ops.L2Prefetch) run beside the dispatch before the router
+	// (the one-workgroup FFN norm; with routeNorm, in a resident layer,
+	// the o product, where it took 0.3% off), so that the router's
+	// product finds them there: for routers of at most maxL2Router
+	// bytes. On an H200 (experts/BENCHMARKS.md) the resident
 	// step took 4496 us against 4543 without (-1.0%; the two alternated
 	// every 10 steps of one generation), where prefetching a layer's q k
 	// v and o weights (14 and 9 MB) the same way beside its attention's
@@ -433,16 +434,13 @@ func NewGPUModel(ctx context.Context, m *Manifest, d *gpu.Device, cache *tiers.C
 			}
 			f := &ffnBuf{}
 			g.ffnBufs[l] = f
-			for _, b := range []**gpu.Buffer{&f.x2, &f.xn, &f.xnq} {
-				n := uint64(h * 4)
-				if b == &f.xnq {
-					n = ops.XQBytes(h)
-				}
-				var err error
-				if *b, err = d.Alloc(n); err != nil {
-					g.Close()
-					return nil, err
-				}
+			var err1, err2, err3 error
+			f.x2, err1 = d.Alloc(uint64(h * 4))
+			f.xn, err2 = d.Alloc(uint64(h * 4))
+			f.xnq, err3 = d.Alloc(ops.XQBytes(h))
+			if err := errors.Join(err1, err2, err3); err != nil {
+				g.Close() // releases those allocated
+				return nil, err
 			}
 		}
 	}
@@ -1469,6 +1467,12 @@ func (g *GPUModel) compile(ctx context.Context) error {
 			continue
 		}
 		p := fmt.Sprintf("model.layers.%d.", l)
+		if !g.pending.set {
+			// After a dense layer (which took o's accumulate into its
+			// own norm): this layer's attention, so that its FFN norm
+			// finds o's accumulate pending, as in a step.
+			g.recordAttention(ctx, b, l)
+		}
 		g.normFFN(ctx, b, l)
 		if g.routesBeside(l) {
 			g.routeFFN(ctx, b, l, B["rlogits"], B["ids"], B["w"]) // the router beside the norm
@@ -1715,8 +1719,9 @@ func (g *GPUModel) prefetchRouter(ctx context.Context, b *gpu.Batch, l int) {
 }
 
 // ffnBuf is what a MoE layer's FFN norm writes with routeNorm: the new
-// x (x + o) for the next layer's norm, the norm's output and its
-// quantized copy for the experts' gate and up products. Buffers of the
+// x (x + o) for the next layer's norm, the norm's output (read by none:
+// the kernel writes it) and its quantized copy for the experts' gate and
+// up products. Buffers of the
 // layer's own: a dispatch that writes a buffer used before it in the
 // command buffer gets a barrier, and a barrier waits for all the work
 // recorded before it (the router beside it).
@@ -1730,7 +1735,7 @@ type ffnBuf struct {
 func canRouteNorm(c *Config) bool {
 	h := c.HiddenSize
 	return c.ScoringFunc != "sigmoid" && c.NumSharedExperts == 0 && c.Experts() <= ops.MaxRouterNormExperts &&
-		h%ops.XQGroup == 0 && h <= 16*256
+		h%ops.XQGroup == 0 && h <= ops.MaxRouterNormCols
 }
 
 // routesBeside reports whether MoE layer l's router runs beside its FFN
@@ -1763,10 +1768,11 @@ func (g *GPUModel) ffnX(l int) gpu.Region {
 
 // routeFFN records MoE layer l's router with routeNorm: its choice from
 // the norm of x + o that it computes itself (ops.RouterRouteNorm), into
-// logits, ids and weights. Recorded before the FFN norm (normFFN), it
-// takes the barrier behind the o product, and the norm, which writes only
-// the layer's own buffers and reads what the router reads, runs beside
-// it.
+// logits, ids and weights. A resident layer records it before the FFN
+// norm (ffnNorm): it takes the barrier behind the o product, and the
+// norm, which writes only the layer's own buffers and reads what the
+// router reads, runs beside it. A paged layer records it after the norm
+// (recordChoice), reading the same x and o.
 func (g *GPUModel) routeFFN(ctx context.Context, b *gpu.Batch, l int, logits, ids, weights gpu.Region) {
 	c := &g.m.Config
 	p := fmt.Sprintf("model.layers.%d.", l)
@@ -1889,8 +1895,8 @@ func (g *GPUModel) quantizedO() bool {
 // adding the pending accumulate into x first in the same dispatch
 // (normXQ's ops.AccumulateRMSNormXQ). Its quantized copy of xn goes to xnq, which
 // nothing reads before it is written again: every reader of xnq (a
-// layer's gate and up products, and with xqAttn its q k v product)
-// follows a normXQ of that layer. An accumulate is pending only with xq
+// layer's gate and up products, but with routeNorm the layer's own copy,
+// and with xqAttn its q k v product) follows a normXQ of that layer. An accumulate is pending only with xq
 // (accumulate), so xnq is then another buffer than xn.
 func (g *GPUModel) normX(ctx context.Context, b *gpu.Batch, x *gpu.Buffer, weight string) {
 	c := &g.m.Config
@@ -1913,8 +1919,8 @@ func (g *GPUModel) lmHead(ctx context.Context, b *gpu.Batch, logits gpu.Region) 
 	g.k.Q4KMatVec(ctx, b, g.dense["lm_head.weight"], g.buf["xn"], logits, c.VocabSize, c.HiddenSize)
 }
 
-// recordChoice records layer l's router on xn and its routing into the
-// ids buffer, and, with prefetch on and a MoE layer after it, that
+// recordChoice records layer l's router on xn (with routeNorm on x + o,
+// routeFFN) and its routing into the ids buffer, and, with prefetch on and a MoE layer after it, that
 // layer's router on this hidden state: the guess of its experts, read back
 // with the choice. It reports whether it recorded the guess.
 func (g *GPUModel) recordChoice(ctx context.Context, b *gpu.Batch, l int) bool {

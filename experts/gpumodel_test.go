@@ -133,7 +133,7 @@ func testGPUModelMatches(t *testing.T, preset string, maxBuf uint64, resident bo
 		t.Fatalf("the attention's products of quantized x: %v, RDRR_GPU_XQ %q", g.xqAttn, os.Getenv("RDRR_GPU_XQ"))
 	}
 	for l := range m.Config.NumHiddenLayers {
-		want := os.Getenv("RDRR_GPU_ROUTENORM") != "0" && g.xq && g.accNorm && !g.fuseO && m.Config.IsMoE(l) && canRouteNorm(&m.Config)
+		want := os.Getenv("RDRR_GPU_ROUTENORM") != "0" && g.xq && g.accNorm && g.fuseRouter && !g.fuseO && m.Config.IsMoE(l) && canRouteNorm(&m.Config)
 		if g.routesBeside(l) != want {
 			t.Fatalf("layer %d: the router beside the FFN norm %v; want %v", l, g.routesBeside(l), want)
 		}
@@ -284,13 +284,6 @@ func testGPUModelMatches(t *testing.T, preset string, maxBuf uint64, resident bo
 	t.Logf("32 steps: worst logit difference %.2e of the largest; VRAM hit rate %.2f, %d evictions", worst, vr.HitRate, vr.Evictions)
 }
 
-// A paged step computes what the resident step does, bit for bit: the
-// same tokens give the same logits whichever experts were in VRAM (a
-// quarter of them here, every layer paged, against all of them, every
-// layer masked). Else which experts a cache happened to hold would change
-// the router's choices at near-ties, and the tokens after them: a
-// prompt's output would depend on the VRAM budget and on when prefetches
-// landed. Both runs are fed the resident run's greedy tokens.
 // With routeNorm, a MoE layer's router normalizes x + o itself beside
 // the FFN norm, which writes the layer's own buffers (x + o into its x2,
 // read back into x by the next layer's norm): everything but the
@@ -327,6 +320,9 @@ func TestGPUModelRouteNorm(t *testing.T) {
 			run := func(on bool, toks []int) (steps []step, next []int, g *GPUModel) {
 				t.Setenv("RDRR_GPU_ROUTENORM", map[bool]string{true: "1", false: "0"}[on])
 				g, cache := testGPUModel(t, d, m, src, slots)
+				if !g.xq || !g.accNorm || !g.fuseRouter {
+					t.Skip("the forms the router beside the norm needs are off in the environment (RDRR_GPU_XQ, RDRR_GPU_ACCNORM, RDRR_GPU_ROUTER)")
+				}
 				g.Prefetch = !resident
 				if resident {
 					if err := cache.Warm(ctx, g.ExpertKeys(), tiers.VRAM, 2, nil); err != nil {
@@ -353,6 +349,9 @@ func TestGPUModelRouteNorm(t *testing.T) {
 					}
 					steps = append(steps, step{l, cur})
 					tok = argmax32(l)
+				}
+				if pr := g.Profile; resident != (pr.Turns == 0) || resident && pr.MaskedLayers == 0 {
+					t.Fatalf("resident %v: %d paged turns, %d masked layers", resident, pr.Turns, pr.MaskedLayers)
 				}
 				return steps, next, g
 			}
@@ -395,8 +394,27 @@ func TestGPUModelRouteNorm(t *testing.T) {
 			t.Logf("%d of %d steps with the same choices and logits", same, len(beside))
 		})
 	}
+	// A model whose router cannot (sigmoid routing, a shared expert) runs
+	// it after the norm and refuses the A/B of it.
+	m, src := presetInStore(t, "tiny-deepseek", 1)
+	g, _ := testGPUModel(t, openTestDevice(t, 0), m, src, ExpertMatrices(m))
+	for l := range m.Config.NumHiddenLayers {
+		if g.routesBeside(l) {
+			t.Fatalf("tiny-deepseek layer %d: the router beside the norm", l)
+		}
+	}
+	if err := g.SetAB("routenorm"); err == nil {
+		t.Fatal("tiny-deepseek: SetAB(\"routenorm\") accepted")
+	}
 }
 
+// A paged step computes what the resident step does, bit for bit: the
+// same tokens give the same logits whichever experts were in VRAM (a
+// quarter of them here, every layer paged, against all of them, every
+// layer masked). Else which experts a cache happened to hold would change
+// the router's choices at near-ties, and the tokens after them: a
+// prompt's output would depend on the VRAM budget and on when prefetches
+// landed. Both runs are fed the resident run's greedy tokens.
 func TestGPUModelPagedSameBits(t *testing.T) {
 	for _, preset := range []string{"tiny-moe", "tiny-deepseek"} {
 		t.Run(preset, func(t *testing.T) {

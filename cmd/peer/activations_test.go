@@ -9,7 +9,7 @@ import (
 // so in --json: f32 gives the float64 reference engine's greedy tokens
 // (the exact arithmetic), q8 (the default) runs every product of the
 // layers of quantized x, q8-experts only the experts' products so;
-// a value other than q8 or f32, or the flag without --engine gpu, is
+// a value other than q8, q8-experts or f32, or the flag without --engine gpu, is
 // refused.
 func TestGenerateActivations(t *testing.T) {
 	home, manifest := tinyProcedural(t)

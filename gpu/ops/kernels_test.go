@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"slices"
 	"strings"
 	"testing"
 
@@ -665,9 +664,6 @@ func TestRouterRouteNorm(t *testing.T) {
 			}
 			if err := ref.Compare(readF32(t, d, wts, s.K), wantW, nil, ref.Tolerance(ref.OpRoute)); err != nil {
 				t.Fatal(err)
-			}
-			if got := readF32(t, d, xb, c.cols); !slices.Equal(got, x) {
-				t.Fatal("x written")
 			}
 		})
 	}

@@ -87,8 +87,12 @@ func (k *Kernels) RouterRoute(ctx context.Context, b *gpu.Batch, rw, x, logits, 
 	return k.launch(ctx, b, l, err, logits, bias, ids, weights, rw, x)
 }
 
-// MaxRouterNormExperts bounds the experts of RouterRouteNorm.
-const MaxRouterNormExperts = 8
+// MaxRouterNormExperts and MaxRouterNormCols bound the experts and the
+// columns (a thread a group of 16) of RouterRouteNorm.
+const (
+	MaxRouterNormExperts = 8
+	MaxRouterNormCols    = 16 * 256
+)
 
 // RouterRouteNormLaunch is the dispatch rule of RouterRouteNorm:
 // route_mv_norm, one workgroup, for one token, at most
@@ -97,8 +101,8 @@ const MaxRouterNormExperts = 8
 // ids, weights, router weights, x, o, norm weight.
 func RouterRouteNormLaunch(s RouteShape, cols int, eps float32) (Launch, error) {
 	const name = "route_mv_norm"
-	if s.Tokens != 1 || s.Experts > MaxRouterNormExperts || cols <= 0 || cols%16 != 0 || cols > 4096 {
-		return Launch{}, shapeErr(name, "%d tokens, %d experts, %d columns (one token, at most %d experts, columns a positive multiple of 16 up to 4096)", s.Tokens, s.Experts, cols, MaxRouterNormExperts)
+	if s.Tokens != 1 || s.Experts > MaxRouterNormExperts || cols <= 0 || cols%16 != 0 || cols > MaxRouterNormCols {
+		return Launch{}, shapeErr(name, "%d tokens, %d experts, %d columns (one token, at most %d experts, columns a positive multiple of 16 up to %d)", s.Tokens, s.Experts, cols, MaxRouterNormExperts, MaxRouterNormCols)
 	}
 	l, err := RouterRouteLaunch(s, cols, false)
 	if err != nil {
@@ -111,10 +115,10 @@ func RouterRouteNormLaunch(s RouteShape, cols int, eps float32) (Launch, error) 
 }
 
 // RouterRouteNorm records RouterRoute of the RMSNorm of x + o with the
-// norm weight g (eps), the norm computed in the same workgroup as
-// AccumulateRMSNormXQ computes it from x and o (its bits): the router of
-// a layer whose FFN norm (AccumulateRMSNormXQTo) runs beside it. Mixtral
-// routing (no bias).
+// norm weight g (eps), the norm computed in the same workgroup, in the
+// arithmetic AccumulateRMSNormXQ computes it with: the router of a layer
+// whose FFN norm (AccumulateRMSNormXQTo) runs beside it. Mixtral routing
+// (no bias).
 func (k *Kernels) RouterRouteNorm(ctx context.Context, b *gpu.Batch, rw, x, o, g, logits, ids, weights gpu.Region, s RouteShape, cols int, eps float32) error {
 	l, err := RouterRouteNormLaunch(s, cols, eps)
 	return k.launch(ctx, b, l, err, logits, x, ids, weights, rw, x, o, g)

@@ -17,9 +17,9 @@
 //
 // The MV NORM flavor (route_mv_norm) is route_mv of the FFN's RMSNorm
 // of x + o, computed in the same workgroup from x (rx), the o product's
-// output (ro) and the norm's weight (rg): the FFN norm's xn with
-// accumulate_rmsnorm_xq_out's bits (a thread a group of 16 values, the
-// sum of squares in its two barriers), so that the router reads nothing
+// output (ro) and the norm's weight (rg): the FFN norm's xn in
+// accumulate_rmsnorm_xq_out's arithmetic (a thread a group of 16 values,
+// the sum of squares in its two barriers), so that the router reads nothing
 // the norm dispatch writes and both run at once. Each thread then takes
 // its group's share of every expert's logit (the router's rows loaded
 // before the norm's barriers), and tpe threads an expert sum them. cols
@@ -72,7 +72,7 @@ var<workgroup> chosen: array<u32, 32>;
 //+NORM var<workgroup> red2: array<f32, 16>;
 //+NORM
 //+NORM // total is the sum of v over the workgroup in two barriers, as
-//+NORM // quantize_x.wgsl's (its bits), in rv.
+//+NORM // quantize_x.wgsl's sums it, in rv.
 //+NORM fn total(tid: u32, v: f32) -> f32 {
 //+NORM   rv[tid] = v;
 //+NORM   workgroupBarrier();
