@@ -583,18 +583,7 @@ func TestRouterRoute(t *testing.T) {
 			ids := poisoned(t, d, s.K*4)
 			wts := poisoned(t, d, s.K*4)
 			run(t, d, func(b *gpu.Batch) error { return k.RouterRoute(ctxT(t), b, wb, xb, logits, bb, ids, wts, s, c.cols) })
-			if err := ref.Compare(readF32(t, d, logits, s.Experts), want, mag, ref.Tolerance(ref.OpMatMul)); err != nil {
-				t.Fatalf("logits: %v", err)
-			}
-			gotIDs := readU32(t, d, ids, s.K)
-			for i := range wantIDs {
-				if int(gotIDs[i]) != wantIDs[i] {
-					t.Fatalf("ids: got %v; want %v", gotIDs, wantIDs)
-				}
-			}
-			if err := ref.Compare(readF32(t, d, wts, s.K), wantW, nil, ref.Tolerance(ref.OpRoute)); err != nil {
-				t.Fatal(err)
-			}
+			checkRouting(t, d, s, logits, ids, wts, want, mag, wantIDs, wantW)
 		})
 	}
 	// Shapes it refuses: several tokens, too many experts, ragged rows.
@@ -656,15 +645,7 @@ func TestRouterRouteNorm(t *testing.T) {
 			run(t, d, func(b *gpu.Batch) error {
 				return k.RouterRouteNorm(ctxT(t), b, wb, xb, ob, gb, logits, ids, wts, s, c.cols, eps)
 			})
-			if err := ref.Compare(readF32(t, d, logits, s.Experts), want, mag, ref.Tolerance(ref.OpMatMul)); err != nil {
-				t.Fatalf("logits: %v", err)
-			}
-			if got := readU32(t, d, ids, s.K); fmt.Sprint(got) != fmt.Sprint(wantIDs) {
-				t.Fatalf("ids: got %v; want %v", got, wantIDs)
-			}
-			if err := ref.Compare(readF32(t, d, wts, s.K), wantW, nil, ref.Tolerance(ref.OpRoute)); err != nil {
-				t.Fatal(err)
-			}
+			checkRouting(t, d, s, logits, ids, wts, want, mag, wantIDs, wantW)
 		})
 	}
 	// Shapes it refuses: several tokens, too many experts, ragged groups
@@ -681,6 +662,21 @@ func TestRouterRouteNorm(t *testing.T) {
 		if _, err := RouterRouteNormLaunch(bad.s, bad.cols, eps); err == nil {
 			t.Errorf("RouterRouteNormLaunch(%+v, %d) accepted", bad.s, bad.cols)
 		}
+	}
+}
+
+// checkRouting compares a router's logits (as a product, with its
+// magnitudes mag), ids (exactly) and weights with the reference's.
+func checkRouting(t *testing.T, d *gpu.Device, s RouteShape, logits, ids, wts gpu.Region, want, mag []float64, wantIDs []int, wantW []float64) {
+	t.Helper()
+	if err := ref.Compare(readF32(t, d, logits, s.Experts), want, mag, ref.Tolerance(ref.OpMatMul)); err != nil {
+		t.Fatalf("logits: %v", err)
+	}
+	if got := readU32(t, d, ids, s.K); fmt.Sprint(got) != fmt.Sprint(wantIDs) {
+		t.Fatalf("ids: got %v; want %v", got, wantIDs)
+	}
+	if err := ref.Compare(readF32(t, d, wts, s.K), wantW, nil, ref.Tolerance(ref.OpRoute)); err != nil {
+		t.Fatal(err)
 	}
 }
 
