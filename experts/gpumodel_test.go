@@ -300,14 +300,28 @@ func testGPUModelMatches(t *testing.T, preset string, maxBuf uint64, resident bo
 // o). 24 greedy steps on tiny-moe, every layer's choices compared; at
 // least 16 steps must get that far (a near-tie of the two routers' sums
 // may end it earlier).
+//
+// Also on a shape of no preset: tiny-moe's with softmax routing after a
+// dense first layer (DeepSeek's first_k_dense_replace), whose load
+// records a MoE layer's FFN norm after a dense layer's.
 func TestGPUModelRouteNorm(t *testing.T) {
-	for _, resident := range []bool{true, false} {
-		t.Run(fmt.Sprint("resident=", resident), func(t *testing.T) {
-			if testing.Short() && !resident {
-				t.Skip("short: resident only")
+	moe, err := PresetByName("tiny-moe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dense := Preset{Name: "tiny-moe-dense-first", Config: moe.Config}
+	dense.Config.FirstKDenseReplace = 1
+	for _, c := range []struct {
+		p        Preset
+		resident bool
+	}{{moe, true}, {moe, false}, {dense, true}} {
+		resident := c.resident
+		t.Run(fmt.Sprintf("%s,resident=%v", c.p.Name, resident), func(t *testing.T) {
+			if testing.Short() && (!resident || c.p.Name != "tiny-moe") {
+				t.Skip("short: tiny-moe resident only")
 			}
 			d := openTestDevice(t, 0)
-			m, src := presetInStore(t, "tiny-moe", 1)
+			m, src := shapeInStore(t, c.p, 1)
 			ctx := context.Background()
 			slots := ExpertMatrices(m) / 4
 			if resident {

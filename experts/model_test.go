@@ -23,6 +23,11 @@ func presetInStore(t testing.TB, preset string, seed uint64) (*Manifest, tiers.S
 	if err != nil {
 		t.Fatal(err)
 	}
+	return shapeInStore(t, p, seed)
+}
+
+// shapeInStore is presetInStore of a shape p, a preset or not.
+func shapeInStore(t testing.TB, p Preset, seed uint64) (*Manifest, tiers.Source) {
 	lo, err := NewLayout(p, seed)
 	if err != nil {
 		t.Fatal(err)
