@@ -172,3 +172,45 @@ func abSetting(g *GPUModel, toggle string) bool {
 	}
 	panic(toggle)
 }
+
+// StepMedian is the median interval between the starts of the last
+// generation's generated steps: a fake clock that takes 1 ms a step and
+// 4 ms at every fourth gives 1 ms, of n - 2 intervals for n tokens (the
+// last token is not embedded; the prompt's steps run one at a time), the
+// last generation's only; none when steps run one at a time.
+func TestGPUModelStepMedian(t *testing.T) {
+	d := openTestDevice(t, 0)
+	m, src := tinyInStore(t, 1)
+	defer func(tk *Tokenizer) { m.Tokenizer = tk }(m.Tokenizer)
+	m.Tokenizer = nil // no end of text: every step runs
+	ctx := context.Background()
+	g, cache := testGPUModel(t, d, m, src, ExpertMatrices(m))
+	if err := cache.Warm(ctx, g.ExpertKeys(), 0, 2, nil); err != nil {
+		t.Fatal(err)
+	}
+	var now time.Time
+	calls := 0
+	g.clock.now = func() time.Time {
+		calls++
+		now = now.Add(time.Millisecond)
+		if calls%4 == 0 {
+			now = now.Add(3 * time.Millisecond)
+		}
+		return now
+	}
+	for _, n := range []int{12, 7} {
+		if _, err := g.Generate(ctx, ByteTokens("swarm"), n, Sampling{}, nil); err != nil {
+			t.Fatal(err)
+		}
+		if med, k := g.StepMedian(); med != time.Millisecond || k != n-2 {
+			t.Fatalf("%d tokens: median %v of %d; want 1ms of %d", n, med, k, n-2)
+		}
+	}
+	g.pipeline = false
+	if _, err := g.Generate(ctx, ByteTokens("swarm"), 5, Sampling{}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if med, k := g.StepMedian(); k != 0 {
+		t.Fatalf("one step at a time: median %v of %d; want none", med, k)
+	}
+}

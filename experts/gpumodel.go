@@ -212,6 +212,9 @@ type GPUModel struct {
 	// ab is the A/B inside the step that SetAB (or RDRR_GPU_AB) started,
 	// if any (ab.go).
 	ab *abTest
+	// clock measures the generated steps of the last generation
+	// (StepMedian).
+	clock stepClock
 	// pipeline has Generate record each step while the GPU runs the one
 	// before it (generatePipelined); RDRR_GPU_PIPELINE=0 turns it off,
 	// for measurements.
@@ -968,6 +971,7 @@ func (g *GPUModel) begin(ctx context.Context, token int, onGPU bool, hd head) (_
 	if g.ab != nil {
 		g.abStep(onGPU)
 	}
+	g.clock.mark(onGPU)
 	switch {
 	case !onGPU:
 		g.cache.BeginStep(token)
@@ -2428,6 +2432,7 @@ func (g *GPUModel) recordGLU(ctx context.Context, b *gpu.Batch, l int, experts [
 // f32 rounding of a boundary.
 func (g *GPUModel) Generate(ctx context.Context, prompt []int, maxTokens int, s Sampling, emit func(int)) ([]int, error) {
 	g.abStart()
+	g.clock.start()
 	if g.pipeline && !g.ProfileGPU && maxTokens > 1 && len(prompt) > 0 {
 		return g.generatePipelined(ctx, prompt, maxTokens, s, emit)
 	}

@@ -13,7 +13,9 @@ func TestGenerateAB(t *testing.T) {
 	args := []string{"generate", "-", "--procedural", manifest, "--prompt", "a", "--max-tokens", "30", "--engine", "gpu", "--vram", "1GiB"}
 	t.Setenv("RDRR_GPU_AB", "l2")
 	var res struct {
-		AB struct {
+		StepMedian   int64 `json:"stepMedianNs"`
+		StepMedianOf int   `json:"stepMedianOf"`
+		AB           struct {
 			Toggle string `json:"toggle"`
 			Period int    `json:"period"`
 			On     struct {
@@ -30,8 +32,16 @@ func TestGenerateAB(t *testing.T) {
 	if ab := res.AB; ab.Toggle != "l2" || ab.Period != 10 || ab.On.Steps == 0 || ab.Off.Steps == 0 || ab.On.Median <= 0 || ab.Off.Median <= 0 {
 		t.Fatalf("ab: %+v", ab)
 	}
-	if out := mustRun(t, home, args...); !strings.Contains(out, "A/B inside the step (RDRR_GPU_AB=l2, alternated every 10 steps): on ") {
-		t.Fatalf("no A/B line in:\n%s", out)
+	// The steady state beside it: the median of every generated step's
+	// interval (30 tokens: 28).
+	if res.StepMedian <= 0 || res.StepMedianOf != 28 {
+		t.Fatalf("stepMedianNs %d of %d; want a median of 28", res.StepMedian, res.StepMedianOf)
+	}
+	out := mustRun(t, home, args...)
+	for _, want := range []string{"A/B inside the step (RDRR_GPU_AB=l2, alternated every 10 steps): on ", "  median step "} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("no %q in:\n%s", want, out)
+		}
 	}
 	t.Setenv("RDRR_GPU_AB", "bogus")
 	if _, err := run(t, home, args...); err == nil || !strings.Contains(err.Error(), `no A/B toggle "bogus"`) {

@@ -291,6 +291,16 @@ tokens. --profile-gpu times every dispatch on the GPU.`,
 					res["profile"] = prof
 					res["stallSeconds"] = prof.PageWait.Seconds()
 				}
+				// The steady state: the median interval between the starts of
+				// generated steps (the run's tok/s also counts its first
+				// steps, slow after an idle GPU, and the prompt's).
+				var median time.Duration
+				var medianOf int
+				if s, ok := step.(interface{ StepMedian() (time.Duration, int) }); ok {
+					if median, medianOf = s.StepMedian(); medianOf > 0 {
+						res["stepMedianNs"], res["stepMedianOf"] = median, medianOf
+					}
+				}
 				var ab *experts.ABResult
 				if s, ok := step.(interface {
 					AB() (experts.ABResult, bool)
@@ -343,6 +353,9 @@ tokens. --profile-gpu times every dispatch on the GPU.`,
 				return a.print(res, func(w io.Writer) {
 					fmt.Fprintf(w, "\n%d prompt + %d generated tokens in %.2f s: %.1f tok/s (engine %s; dense weights loaded in %.2f s)\n",
 						len(promptToks), len(toks), secs, float64(len(promptToks)+len(toks))/secs, engineName, load.Seconds())
+					if medianOf > 0 {
+						fmt.Fprintf(w, "  median step %s (of %d generated: %.1f tok/s steady)\n", median.Round(time.Microsecond), medianOf, 1/median.Seconds())
+					}
 					if cfg.HostRAM {
 						fmt.Fprintf(w, "  RAM level in pinned host memory the GPU copies from (--host-ram %s)\n", hostRAM.String())
 					}
@@ -632,6 +645,7 @@ func (s gpuStepper) AB() (experts.ABResult, bool) {
 	}
 	return r, ok
 }
+func (s gpuStepper) StepMedian() (time.Duration, int)   { return s.g.StepMedian() }
 func (s gpuStepper) ExpertKeys() []tiers.Key            { return s.g.ExpertKeys() }
 func (s gpuStepper) GPUTimes() map[string]time.Duration { return s.g.GPUTimes }
 func (s gpuStepper) Generate(ctx context.Context, prompt []int, n int, smp experts.Sampling, emit func(int)) ([]int, error) {
