@@ -331,6 +331,7 @@ func TestGPUModelRouteNorm(t *testing.T) {
 				logits  []float32
 				choices map[int][]int
 			}
+			barriers := map[bool]uint64{} // the steps' dispatches with a barrier before them (gpu's model of wgpu's), by on
 			run := func(on bool, toks []int) (steps []step, next []int, g *GPUModel) {
 				t.Setenv("RDRR_GPU_ROUTENORM", map[bool]string{true: "1", false: "0"}[on])
 				g, cache := testGPUModel(t, d, m, src, slots)
@@ -350,6 +351,8 @@ func TestGPUModelRouteNorm(t *testing.T) {
 				}
 				var cur map[int][]int
 				g.onChoice = func(l int, ids []int) { cur[l] = slices.Clone(ids) }
+				before := d.Stats().Barriers
+				defer func() { barriers[on] = d.Stats().Barriers - before }()
 				tok := int('R')
 				for i := range 24 {
 					if toks != nil {
@@ -396,6 +399,11 @@ func TestGPUModelRouteNorm(t *testing.T) {
 			}
 			if same < 16 {
 				t.Fatalf("only %d steps chose the same experts both ways", same)
+			}
+			// Resident, the norm runs beside the router: one barrier
+			// fewer a masked layer than with the router after it.
+			if n := gb.Profile.MaskedLayers; resident && (n == 0 || barriers[false]-barriers[true] != uint64(n)) {
+				t.Fatalf("%d barriers with the router beside the norm, %d after it; want %d fewer (the masked layers)", barriers[true], barriers[false], n)
 			}
 			// The next layer's guesses (paged) normalize the same x + o
 			// both ways (the layer's x2 with routeNorm): the same guesses,

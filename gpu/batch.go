@@ -579,6 +579,7 @@ func (b *Batch) encodeCmdsLocked(out *Encoded, arena *Buffer) error {
 			}
 		}()
 	}
+	d.hazards(b.cmds)
 	var pass *wgpu.ComputePassEncoder
 	var passKernels []string
 	endPass := func() error {

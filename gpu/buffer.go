@@ -48,6 +48,9 @@ type Buffer struct {
 	cap   uint64 // bytes allocated (size class)
 	use   usage
 	state bufState // guarded by d.mu
+	// hazard is its use in the batch being encoded (hazard.go), guarded
+	// by d.mu.
+	hazard hazard
 }
 
 // Size is the size asked for at Alloc.

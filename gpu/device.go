@@ -132,18 +132,20 @@ type Device struct {
 
 	// mu serializes calls into wgpu that use error scopes (the scope stack
 	// is per device, not per thread) and guards the fields below.
-	mu       sync.Mutex
-	closed   bool
-	nextID   uint64
-	buffers  map[uint64]*Buffer // every native buffer this device made
-	pool     pool
-	pipes    map[string]*pipeEntry
-	layouts  map[string]*layoutEntry
-	bgs      bindGroupCache
-	tick     uint64
-	stager   *stager
-	hosts    map[*HostBuffer]struct{} // live host buffers (host.go)
-	counters counters
+	mu      sync.Mutex
+	closed  bool
+	nextID  uint64
+	buffers map[uint64]*Buffer // every native buffer this device made
+	pool    pool
+	pipes   map[string]*pipeEntry
+	layouts map[string]*layoutEntry
+	bgs     bindGroupCache
+	tick    uint64
+	// hazardEpoch numbers the batches hazards has walked (hazard.go).
+	hazardEpoch uint64
+	stager      *stager
+	hosts       map[*HostBuffer]struct{} // live host buffers (host.go)
+	counters    counters
 
 	timestamps bool      // the timestamp-query feature is on (Options.Profile)
 	prof       *profiler // a running profile (profile.go)
@@ -169,6 +171,7 @@ type Device struct {
 type counters struct {
 	allocs, reuses, pipelinesBuilt uint64
 	hostBytes                      uint64 // of live host buffers
+	dispatches, barriers           uint64 // encoded, and those with a barrier before them (hazard.go)
 }
 
 // Open selects an adapter and opens a device on it. The device requests the
@@ -474,6 +477,8 @@ type Stats struct {
 	Compiles      uint64 `json:"compiles"`      // pipelines built
 	HostBuffers   int    `json:"hostBuffers"`   // live HostBuffers
 	HostBytes     uint64 `json:"hostBytes"`     // their allocated bytes
+	Dispatches    uint64 `json:"dispatches"`    // encoded
+	Barriers      uint64 `json:"barriers"`      // of them, those wgpu places a barrier before (hazard.go)
 }
 
 // Stats returns current counts.
@@ -492,6 +497,8 @@ func (d *Device) Stats() Stats {
 		Compiles:      d.counters.pipelinesBuilt,
 		HostBuffers:   len(d.hosts),
 		HostBytes:     d.counters.hostBytes,
+		Dispatches:    d.counters.dispatches,
+		Barriers:      d.counters.barriers,
 	}
 	for _, b := range d.buffers {
 		if b.state == bufLive && b.use == usageStorage {

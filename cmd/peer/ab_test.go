@@ -15,6 +15,8 @@ func TestGenerateAB(t *testing.T) {
 	var res struct {
 		StepMedian   int64 `json:"stepMedianNs"`
 		StepMedianOf int   `json:"stepMedianOf"`
+		Dispatches   int   `json:"dispatches"`
+		Barriers     int   `json:"barriers"`
 		AB           struct {
 			Toggle string `json:"toggle"`
 			Period int    `json:"period"`
@@ -37,8 +39,13 @@ func TestGenerateAB(t *testing.T) {
 	if res.StepMedian <= 0 || res.StepMedianOf != 28 {
 		t.Fatalf("stepMedianNs %d of %d; want a median of 28", res.StepMedian, res.StepMedianOf)
 	}
+	// And the dispatches, some of them beside the one before (the L2
+	// prefetch beside the norm, at least).
+	if res.Dispatches <= 0 || res.Barriers <= 0 || res.Barriers >= res.Dispatches {
+		t.Fatalf("%d dispatches, %d after a barrier", res.Dispatches, res.Barriers)
+	}
 	out := mustRun(t, home, args...)
-	for _, want := range []string{"A/B inside the step (RDRR_GPU_AB=l2, alternated every 10 steps): on ", "  median step "} {
+	for _, want := range []string{"A/B inside the step (RDRR_GPU_AB=l2, alternated every 10 steps): on ", "  median step ", "  dispatches per step: "} {
 		if !strings.Contains(out, want) {
 			t.Fatalf("no %q in:\n%s", want, out)
 		}

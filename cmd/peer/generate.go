@@ -211,6 +211,14 @@ tokens. --profile-gpu times every dispatch on the GPU.`,
 						gpuProfile = true
 					}
 				}
+				// The device's dispatches and barriers over the generation
+				// (gpu's model of where wgpu places barriers: a dispatch
+				// without one runs beside the one before it).
+				var dev0 gpu.Stats
+				ds, hasDev := step.(interface{ DeviceStats() gpu.Stats })
+				if hasDev {
+					dev0 = ds.DeviceStats()
+				}
 				t1 := time.Now()
 				gen := func(p []int, n int, s experts.Sampling, emit func(int)) ([]int, error) {
 					if rm != nil {
@@ -245,6 +253,11 @@ tokens. --profile-gpu times every dispatch on the GPU.`,
 					return err
 				}
 				secs := time.Since(t1).Seconds()
+				var dispatches, barriers uint64
+				if hasDev {
+					dev1 := ds.DeviceStats()
+					dispatches, barriers = dev1.Dispatches-dev0.Dispatches, dev1.Barriers-dev0.Barriers
+				}
 				var gp *gpu.Profile
 				if gpuProfile {
 					p, err := step.StopGPUProfile(ctx)
@@ -300,6 +313,9 @@ tokens. --profile-gpu times every dispatch on the GPU.`,
 					if median, medianOf = s.StepMedian(); medianOf > 0 {
 						res["stepMedianNs"], res["stepMedianOf"] = median, medianOf
 					}
+				}
+				if dispatches > 0 {
+					res["dispatches"], res["barriers"] = dispatches, barriers
 				}
 				var ab *experts.ABResult
 				if s, ok := step.(interface {
@@ -394,6 +410,10 @@ tokens. --profile-gpu times every dispatch on the GPU.`,
 						per := func(d time.Duration) string { return (d / time.Duration(prof.Steps)).Round(time.Microsecond).String() }
 						fmt.Fprintf(w, "  per step: %s = record+submit %s (%s of it ahead), router read-back %s, paging stall %s, logits read-back %s (%d submits, %d read-backs per step)\n",
 							per(prof.Total), per(prof.Record), per(prof.Ahead), per(prof.RouteWait), per(prof.PageWait), per(prof.LogitsWait), prof.Submits/prof.Steps, prof.Readbacks/prof.Steps)
+						if dispatches > 0 {
+							fmt.Fprintf(w, "  dispatches per step: %d, %d of them after a barrier (the others run beside the one before)\n",
+								dispatches/uint64(prof.Steps), barriers/uint64(prof.Steps))
+						}
 						if ab != nil {
 							ratio := "-"
 							if ab.Off.Median > 0 {
@@ -646,6 +666,7 @@ func (s gpuStepper) AB() (experts.ABResult, bool) {
 	return r, ok
 }
 func (s gpuStepper) StepMedian() (time.Duration, int)   { return s.g.StepMedian() }
+func (s gpuStepper) DeviceStats() gpu.Stats             { return s.d.Stats() }
 func (s gpuStepper) ExpertKeys() []tiers.Key            { return s.g.ExpertKeys() }
 func (s gpuStepper) GPUTimes() map[string]time.Duration { return s.g.GPUTimes }
 func (s gpuStepper) Generate(ctx context.Context, prompt []int, n int, smp experts.Sampling, emit func(int)) ([]int, error) {
