@@ -14,7 +14,9 @@ import (
 // run: every expert resident (warmed into VRAM first), and with a VRAM
 // arena of a quarter of the expert matrices (paging and evicting, with
 // next-layer prefetch). It reports both tok/s and the paged run as a
-// ratio of the resident one, the baseline measured in the same run.
+// ratio of the resident one, the baseline measured in the same run; and
+// of the resident run its steady state (the median step's tok/s) and its
+// dispatches a step and those after a barrier (gpu's model of wgpu's).
 func BenchmarkGenerateGPU(b *testing.B) {
 	if os.Getenv("XDG_RUNTIME_DIR") == "" {
 		b.Setenv("XDG_RUNTIME_DIR", b.TempDir())
@@ -31,6 +33,7 @@ func BenchmarkGenerateGPU(b *testing.B) {
 	m, src := presetInStore(b, "tiny-moe", 1)
 	ctx := context.Background()
 	const tokens = 24
+	var steady, dispatches, barriers float64 // of the resident run
 	run := func(slots int, warm bool) float64 {
 		arena, err := tiers.NewGPUArena(d, ExpertMatrixBytes(m), slots, nil)
 		if err != nil {
@@ -57,12 +60,22 @@ func BenchmarkGenerateGPU(b *testing.B) {
 			}
 		}
 		prompt := ByteTokens("The swarm is")
+		st := d.Stats()
 		t := time.Now()
 		out, err := g.Generate(ctx, prompt, tokens, Sampling{}, nil)
 		if err != nil {
 			b.Fatal(err)
 		}
-		return float64(len(prompt)+len(out)) / time.Since(t).Seconds()
+		tps := float64(len(prompt)+len(out)) / time.Since(t).Seconds()
+		if warm {
+			steps := float64(g.Profile.Steps)
+			st2 := d.Stats()
+			dispatches, barriers = float64(st2.Dispatches-st.Dispatches)/steps, float64(st2.Barriers-st.Barriers)/steps
+			if med, n := g.StepMedian(); n > 0 {
+				steady = 1 / med.Seconds()
+			}
+		}
+		return tps
 	}
 	all := 3 * len(m.Experts)
 	var resident, paged float64
@@ -73,4 +86,7 @@ func BenchmarkGenerateGPU(b *testing.B) {
 	b.ReportMetric(resident, "resident-tok/s")
 	b.ReportMetric(paged, "25%-vram-tok/s")
 	b.ReportMetric(paged/resident, "x-of-resident")
+	b.ReportMetric(steady, "resident-steady-tok/s")
+	b.ReportMetric(dispatches, "dispatches/step")
+	b.ReportMetric(barriers, "barriers/step")
 }
