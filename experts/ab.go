@@ -137,13 +137,6 @@ func (g *GPUModel) AB() (r ABResult, ok bool) {
 	if a == nil {
 		return ABResult{}, false
 	}
-	side := func(ts []time.Duration) ABSide {
-		if len(ts) == 0 {
-			return ABSide{}
-		}
-		s := slices.Clone(ts)
-		slices.Sort(s)
-		return ABSide{Steps: len(s), Median: s[len(s)/2]}
-	}
+	side := func(ts []time.Duration) ABSide { return ABSide{Steps: len(ts), Median: median(ts)} }
 	return ABResult{Toggle: a.toggle, Period: ABPeriod, On: side(a.times[1]), Off: side(a.times[0])}, true
 }

@@ -44,11 +44,16 @@ func (c *stepClock) mark(onGPU bool) {
 // generation's generated steps, and how many there were (0 where Generate
 // ran one step at a time: RDRR_GPU_PIPELINE=0, or --profile-gpu).
 func (g *GPUModel) StepMedian() (time.Duration, int) {
-	ts := g.clock.times
+	return median(g.clock.times), len(g.clock.times)
+}
+
+// median is the middle of ts sorted (the upper one of an even count), 0
+// for none.
+func median(ts []time.Duration) time.Duration {
 	if len(ts) == 0 {
-		return 0, 0
+		return 0
 	}
 	s := slices.Clone(ts)
 	slices.Sort(s)
-	return s[len(s)/2], len(s)
+	return s[len(s)/2]
 }
