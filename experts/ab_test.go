@@ -5,6 +5,9 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/rdrr/peer/gpu"
+	"github.com/rdrr/peer/tiers"
 )
 
 // An A/B inside the step alternates its toggle every ABPeriod steps, off
@@ -17,10 +20,7 @@ import (
 // unknown toggle, or one that needs the experts' q8 without it, is
 // refused, and SetActivations starts an A/B again from its setting.
 func TestGPUModelAB(t *testing.T) {
-	d := openTestDevice(t, 0)
-	m, src := tinyInStore(t, 1)
-	defer func(tk *Tokenizer) { m.Tokenizer = tk }(m.Tokenizer)
-	m.Tokenizer = nil // no end of text: every step runs
+	d, m, src := endlessTiny(t)
 	ctx := context.Background()
 	prompt := ByteTokens("The swarm is here") // its last step at a counted place of a block, were it counted
 	n := 3*ABPeriod + 7
@@ -179,10 +179,7 @@ func abSetting(g *GPUModel, toggle string) bool {
 // last token is not embedded; the prompt's steps run one at a time), the
 // last generation's only; none when steps run one at a time.
 func TestGPUModelStepMedian(t *testing.T) {
-	d := openTestDevice(t, 0)
-	m, src := tinyInStore(t, 1)
-	defer func(tk *Tokenizer) { m.Tokenizer = tk }(m.Tokenizer)
-	m.Tokenizer = nil // no end of text: every step runs
+	d, m, src := endlessTiny(t)
 	ctx := context.Background()
 	g, cache := testGPUModel(t, d, m, src, ExpertMatrices(m))
 	if err := cache.Warm(ctx, g.ExpertKeys(), 0, 2, nil); err != nil {
@@ -213,4 +210,15 @@ func TestGPUModelStepMedian(t *testing.T) {
 	if med, k := g.StepMedian(); k != 0 {
 		t.Fatalf("one step at a time: median %v of %d; want none", med, k)
 	}
+}
+
+// endlessTiny is a device and tiny-moe without its tokenizer: no end of
+// text, so that every step of a generation runs.
+func endlessTiny(t *testing.T) (*gpu.Device, *Manifest, tiers.Source) {
+	d := openTestDevice(t, 0)
+	m, src := tinyInStore(t, 1)
+	tk := m.Tokenizer
+	t.Cleanup(func() { m.Tokenizer = tk })
+	m.Tokenizer = nil
+	return d, m, src
 }
