@@ -200,8 +200,8 @@ type GPUModel struct {
 	// router over maxL2Router).
 	routerL2 []l2Read
 	// routeNorm has a MoE layer's router normalize x + o itself
-	// (ops.RouterRouteNorm, with the FFN norm's bits) and run beside its
-	// FFN norm, which then writes buffers of that layer's own (ffnBufs:
+	// (ops.RouterRouteNorm, in the FFN norm's arithmetic) and run beside
+	// its FFN norm, which then writes buffers of that layer's own (ffnBufs:
 	// ops.AccumulateRMSNormXQTo, x + o into x2, the next layer's norm
 	// reading it back into x), so that no barrier holds either behind the
 	// other (see routesBeside). On unless RDRR_GPU_ROUTENORM=0.
@@ -435,7 +435,8 @@ func NewGPUModel(ctx context.Context, m *Manifest, d *gpu.Device, cache *tiers.C
 			if !c.IsMoE(l) {
 				continue
 			}
-			f := &ffnBuf{}
+			p := fmt.Sprintf("model.layers.%d.", l)
+			f := &ffnBuf{router: g.dense[p+"mlp.gate.weight"], norm: g.dense[p+"post_attention_layernorm.weight"]}
 			g.ffnBufs[l] = f
 			var err1, err2, err3 error
 			f.x2, err1 = d.Alloc(uint64(h * 4))
@@ -1693,7 +1694,6 @@ func (g *GPUModel) normFFN(ctx context.Context, b *gpu.Batch, l int) {
 // dispatch; with routeNorm (routesBeside) into the layer's own buffers,
 // x + o into its x2 and x left as it was (for its router, routeFFN).
 func (g *GPUModel) ffnNorm(ctx context.Context, b *gpu.Batch, l int) {
-	weight := fmt.Sprintf("model.layers.%d.post_attention_layernorm.weight", l)
 	c := &g.m.Config
 	if g.routesBeside(l) {
 		p := g.pending
@@ -1703,9 +1703,10 @@ func (g *GPUModel) ffnNorm(ctx context.Context, b *gpu.Batch, l int) {
 			return
 		}
 		f := g.ffnBufs[l]
-		g.k.AccumulateRMSNormXQTo(ctx, b, p.src, p.wts, g.buf["x"], g.dense[weight], f.xn, f.xnq, f.x2, p.shape, float32(c.RMSNormEps))
+		g.k.AccumulateRMSNormXQTo(ctx, b, p.src, p.wts, g.buf["x"], f.norm, f.xn, f.xnq, f.x2, p.shape, float32(c.RMSNormEps))
 		return
 	}
+	weight := fmt.Sprintf("model.layers.%d.post_attention_layernorm.weight", l)
 	if g.xq && c.IsMoE(l) {
 		g.normXQ(ctx, b, g.buf["x"], weight, ops.NormShape{Rows: 1, Dim: c.HiddenSize, Eps: float32(c.RMSNormEps)})
 	} else {
@@ -1725,12 +1726,14 @@ func (g *GPUModel) prefetchRouter(ctx context.Context, b *gpu.Batch, l int) {
 // ffnBuf is what a MoE layer's FFN norm writes with routeNorm: the new
 // x (x + o) for the next layer's norm, the norm's output (read by none:
 // the kernel writes it) and its quantized copy for the experts' gate and
-// up products. Buffers of the
-// layer's own: a dispatch that writes a buffer used before it in the
-// command buffer gets a barrier, and a barrier waits for all the work
-// recorded before it (the router beside it).
+// up products. Buffers of the layer's own: a dispatch that writes a
+// buffer used before it in the command buffer gets a barrier, and a
+// barrier waits for all the work recorded before it (the router beside
+// it). And the layer's router and norm weights, resolved at load: the
+// step records them a layer each.
 type ffnBuf struct {
-	x2, xn, xnq *gpu.Buffer
+	x2, xn, xnq  *gpu.Buffer
+	router, norm *gpu.Buffer
 }
 
 // canRouteNorm reports whether a model's MoE layers can run routeNorm:
@@ -1779,9 +1782,8 @@ func (g *GPUModel) ffnX(l int) gpu.Region {
 // (recordChoice), reading the same x and o.
 func (g *GPUModel) routeFFN(ctx context.Context, b *gpu.Batch, l int, logits, ids, weights gpu.Region) {
 	c := &g.m.Config
-	p := fmt.Sprintf("model.layers.%d.", l)
-	g.k.RouterRouteNorm(ctx, b, g.dense[p+"mlp.gate.weight"], g.buf["x"], g.buf["o"], g.dense[p+"post_attention_layernorm.weight"],
-		logits, ids, weights, g.route(), c.HiddenSize, float32(c.RMSNormEps))
+	f := g.ffnBufs[l]
+	g.k.RouterRouteNorm(ctx, b, f.router, g.buf["x"], g.buf["o"], f.norm, logits, ids, weights, g.route(), c.HiddenSize, float32(c.RMSNormEps))
 }
 
 // l2Read is a read of weights into the L2 cache (ops.L2Prefetch) and
@@ -1900,8 +1902,9 @@ func (g *GPUModel) quantizedO() bool {
 // (normXQ's ops.AccumulateRMSNormXQ). Its quantized copy of xn goes to xnq, which
 // nothing reads before it is written again: every reader of xnq (a
 // layer's gate and up products, but with routeNorm the layer's own copy,
-// and with xqAttn its q k v product) follows a normXQ of that layer. An accumulate is pending only with xq
-// (accumulate), so xnq is then another buffer than xn.
+// and with xqAttn its q k v product) follows a normXQ of that layer. An
+// accumulate is pending only with xq (accumulate), so xnq is then another
+// buffer than xn.
 func (g *GPUModel) normX(ctx context.Context, b *gpu.Batch, x *gpu.Buffer, weight string) {
 	c := &g.m.Config
 	s := ops.NormShape{Rows: 1, Dim: c.HiddenSize, Eps: float32(c.RMSNormEps)}
@@ -1924,9 +1927,10 @@ func (g *GPUModel) lmHead(ctx context.Context, b *gpu.Batch, logits gpu.Region) 
 }
 
 // recordChoice records layer l's router on xn (with routeNorm on x + o,
-// routeFFN) and its routing into the ids buffer, and, with prefetch on and a MoE layer after it, that
-// layer's router on this hidden state: the guess of its experts, read back
-// with the choice. It reports whether it recorded the guess.
+// routeFFN) and its routing into the ids buffer, and, with prefetch on
+// and a MoE layer after it, that layer's router on this hidden state: the
+// guess of its experts, read back with the choice. It reports whether it
+// recorded the guess.
 func (g *GPUModel) recordChoice(ctx context.Context, b *gpu.Batch, l int) bool {
 	c := &g.m.Config
 	B, k := g.buf, c.NumExpertsPerTok

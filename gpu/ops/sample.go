@@ -62,6 +62,12 @@ func RouterRouteLaunch(s RouteShape, cols int, bias bool) (Launch, error) {
 	if s.Tokens != 1 || s.Experts > MaxRouterExperts || cols <= 0 || cols%4 != 0 {
 		return Launch{}, shapeErr(name, "%d tokens, %d experts, %d columns (one token, at most %d experts, columns a positive multiple of 4)", s.Tokens, s.Experts, cols, MaxRouterExperts)
 	}
+	return routerLaunch(name, s, cols, bias, 0)
+}
+
+// routerLaunch is the dispatch rule of route.wgsl's MV flavors, kernel
+// name: Route's and the router's product (cols4, tpe and, NORM, eps).
+func routerLaunch(name string, s RouteShape, cols int, bias bool, eps float32) (Launch, error) {
 	l, err := RouteLaunch(s, bias)
 	if err != nil {
 		return Launch{}, err
@@ -71,7 +77,7 @@ func RouterRouteLaunch(s RouteShape, cols int, bias bool) (Launch, error) {
 		pow *= 2
 	}
 	l.Kernel = name
-	l.Params = l.Params.U32(uint32(cols / 4)).U32(uint32(256 / pow)).U32(0).U32(0)
+	l.Params = l.Params.U32(uint32(cols / 4)).U32(uint32(256 / pow)).F32(eps).U32(0)
 	l.Bindings = append(l.Bindings, Binding{"router weights", uint64(s.Experts * cols * 4)}, Binding{"x", uint64(cols * 4)})
 	return l, nil
 }
@@ -104,12 +110,10 @@ func RouterRouteNormLaunch(s RouteShape, cols int, eps float32) (Launch, error) 
 	if s.Tokens != 1 || s.Experts > MaxRouterNormExperts || cols <= 0 || cols%16 != 0 || cols > MaxRouterNormCols {
 		return Launch{}, shapeErr(name, "%d tokens, %d experts, %d columns (one token, at most %d experts, columns a positive multiple of 16 up to %d)", s.Tokens, s.Experts, cols, MaxRouterNormExperts, MaxRouterNormCols)
 	}
-	l, err := RouterRouteLaunch(s, cols, false)
+	l, err := routerLaunch(name, s, cols, false, eps)
 	if err != nil {
 		return Launch{}, err
 	}
-	l.Kernel = name
-	l.Params = l.Params[:len(l.Params)-8].F32(eps).U32(0)
 	l.Bindings = append(l.Bindings, Binding{"o", uint64(cols * 4)}, Binding{"norm weight", uint64(cols * 4)})
 	return l, nil
 }
