@@ -114,42 +114,17 @@ func BenchmarkQ4KDecode(b *testing.B) {
 			report(b, bytes, per)
 		}
 		b.Run(fmt.Sprintf("%s/%dx%d", s.name, s.rows, s.cols), func(b *testing.B) { time1(b, nil) })
-		if s.xq {
-			// The default layout made wide, its block slots doubled to
-			// keep the threads (and so the bytes in flight) it had.
-			cfg := DefaultQ4KConfig(s.rows, s.cols, 1)
-			if s.experts != 0 {
-				cfg = groupConfig(s.rows*kSel, s.cols, true)
-			}
-			cfg.Wide, cfg.SPR = true, min(2*cfg.SPR, cfg.wg()/4, max(1, int(floorPow2(uint64(s.cols/256)))))
-			b.Run(fmt.Sprintf("%s_wide/%dx%d", s.name, s.rows, s.cols), func(b *testing.B) { time1(b, &cfg) })
-		}
 		if !sweep {
 			continue
 		}
-		// Quantized x: each layout also wide (4 threads a block), where
-		// RDRR_BENCH_SWEEP_WIDE=only sweeps the wide ones alone.
-		wides := []bool{false}
-		if s.xq {
-			wides = append(wides, true)
-			if os.Getenv("RDRR_BENCH_SWEEP_WIDE") == "only" {
-				wides = wides[1:]
-			}
-		}
-		for _, wide := range wides {
-			tpb, tag := 8, ""
-			if wide {
-				tpb, tag = 4, "-wide"
-			}
-			for _, wg := range []int{64, 128, 256} {
-				for spr := 1; spr <= wg/tpb && spr <= 32; spr *= 2 {
-					for _, rw := range []int{1, 2, 4, 8} {
-						cfg := Q4KConfig{WG: wg, SPR: spr, Rows: rw, Pipeline: true, Wide: wide}
-						if uint64(spr) > uint64(s.cols/256) || (s.form == maskedGLU && rw%2 != 0) {
-							continue
-						}
-						b.Run(fmt.Sprintf("%s_sweep/%dx%d/wg%d-spr%d-rows%d%s", s.name, s.rows, s.cols, wg, spr, rw, tag), func(b *testing.B) { time1(b, &cfg) })
+		for _, wg := range []int{64, 128, 256} {
+			for spr := 1; spr <= wg/8 && spr <= 32; spr *= 2 {
+				for _, rw := range []int{1, 2, 4, 8} {
+					cfg := Q4KConfig{WG: wg, SPR: spr, Rows: rw, Pipeline: true}
+					if uint64(spr) > uint64(s.cols/256) {
+						continue
 					}
+					b.Run(fmt.Sprintf("%s_sweep/%dx%d/wg%d-spr%d-rows%d", s.name, s.rows, s.cols, wg, spr, rw), func(b *testing.B) { time1(b, &cfg) })
 				}
 			}
 		}

@@ -51,11 +51,6 @@ type Q4KConfig struct {
 	Shifts bool
 	// WG is the workgroup size: 64, 128 or 256 (0 means 256).
 	WG int
-	// Wide gives a thread 32 quant bytes of a block (4 threads a block)
-	// instead of 16 (8 threads): a block and row's header is loaded and
-	// its scales decoded half as often, each thread keeping two quant
-	// loads a row in flight. Quantized x only (the _xq kernels).
-	Wide bool
 }
 
 // DefaultQ4KConfig is the shape policy the wrappers use, tuned on an H100
@@ -102,29 +97,13 @@ func (cfg Q4KConfig) wg() int {
 	return cfg.WG
 }
 
-// tpb is the threads that share a block (q4k_matmul.wgsl's TPB).
-func (cfg Q4KConfig) tpb() int {
-	if cfg.Wide {
-		return 4
-	}
-	return 8
-}
-
 // rowsPerWG is the rows one workgroup of cfg takes.
-func (cfg Q4KConfig) rowsPerWG() uint64 { return uint64(cfg.Rows * cfg.wg() / cfg.tpb() / cfg.SPR) }
+func (cfg Q4KConfig) rowsPerWG() uint64 { return uint64(cfg.Rows * cfg.wg() / 8 / cfg.SPR) }
 
 func checkQ4KConfig(name string, cfg Q4KConfig) error {
 	wg := cfg.wg()
-	if cfg.SPR <= 0 || cfg.SPR > wg/cfg.tpb() || cfg.SPR&(cfg.SPR-1) != 0 || cfg.Rows <= 0 || cfg.Rows > 16 || cfg.Rows*wg > 4096 || (wg != 64 && wg != 128 && wg != 256) {
-		return shapeErr(name, "config %+v (WG 64, 128 or 256; SPR a power of two <= WG/8, WG/4 wide; Rows 1..16, Rows*WG <= 4096)", cfg)
-	}
-	return nil
-}
-
-// checkWide refuses a wide configuration for a kernel of float x.
-func checkWide(name string, cfg Q4KConfig, xq bool) error {
-	if cfg.Wide && !xq {
-		return shapeErr(name, "config %+v: wide is for quantized x only", cfg)
+	if cfg.SPR <= 0 || cfg.SPR > wg/8 || cfg.SPR&(cfg.SPR-1) != 0 || cfg.Rows <= 0 || cfg.Rows > 16 || cfg.Rows*wg > 4096 || (wg != 64 && wg != 128 && wg != 256) {
+		return shapeErr(name, "config %+v (WG 64, 128 or 256; SPR a power of two <= WG/8; Rows 1..16, Rows*WG <= 4096)", cfg)
 	}
 	return nil
 }
@@ -133,7 +112,7 @@ func checkWide(name string, cfg Q4KConfig, xq bool) error {
 // tokens per workgroup.
 func q4kConsts(cfg Q4KConfig, tok int) map[string]float64 {
 	return map[string]float64{"ROWS": float64(cfg.Rows), "TOK": float64(tok), "CONV": b2f(!cfg.Convert),
-		"PIPE": b2f(cfg.Pipeline), "POS": b2f(!cfg.Shifts), "WG": float64(cfg.wg()), "TPB": float64(cfg.tpb())}
+		"PIPE": b2f(cfg.Pipeline), "POS": b2f(!cfg.Shifts), "WG": float64(cfg.wg())}
 }
 
 // Q4KLaunch is the dispatch rule of the Q4_K product y[t] = W x[t] (W
@@ -142,12 +121,6 @@ func q4kConsts(cfg Q4KConfig, tok int) map[string]float64 {
 // or q4k_matvec_co when cfg.Coalesced picks it for one token. Bindings:
 // weights, x, y. Cols must be a positive multiple of 256.
 func Q4KLaunch(cfg Q4KConfig, s MatShape, add bool) (Launch, error) {
-	return q4kLaunch(cfg, s, add, false)
-}
-
-// q4kLaunch is Q4KLaunch, for quantized x if xq (its caller renames the
-// kernel and its x).
-func q4kLaunch(cfg Q4KConfig, s MatShape, add, xq bool) (Launch, error) {
 	const name = "q4k_matmul"
 	rows, cols, n := s.Rows, s.Cols, s.Tokens
 	if rows <= 0 || cols <= 0 || n <= 0 || cols%256 != 0 || (add && n != 1) {
@@ -157,9 +130,6 @@ func q4kLaunch(cfg Q4KConfig, s MatShape, add, xq bool) (Launch, error) {
 		cfg.Coalesced = false // the q4k_matvec_co kernel only stores
 	}
 	if err := checkQ4KConfig(name, cfg); err != nil {
-		return Launch{}, err
-	}
-	if err := checkWide(name, cfg, xq); err != nil {
 		return Launch{}, err
 	}
 	binds := []Binding{{"weights", abi.Q4K.Bytes(rows * cols)}, {"x", uint64(n * cols * 4)}, {"y", uint64(n * rows * 4)}}
@@ -204,7 +174,7 @@ func (k *Kernels) Q4KMatMulWith(ctx context.Context, b *gpu.Batch, cfg Q4KConfig
 // weights, x (XQBytes(cols)), y.
 func Q4KXQLaunch(cfg Q4KConfig, rows, cols int) (Launch, error) {
 	cfg.Coalesced = false // q4k_matvec_co reads float x
-	l, err := q4kLaunch(cfg, MatShape{Rows: rows, Cols: cols, Tokens: 1}, false, true)
+	l, err := Q4KLaunch(cfg, MatShape{Rows: rows, Cols: cols, Tokens: 1}, false)
 	if err != nil {
 		return Launch{}, err
 	}
@@ -546,9 +516,6 @@ func groupLaunch(cfg Q4KConfig, g groupCall) (Launch, error) {
 			len(slots), len(g.upSlots), MaxGroup/2, cfg.Rows, xUpper >= 0, yUpper)
 	}
 	if err := checkQ4KConfig(name, cfg); err != nil {
-		return Launch{}, err
-	}
-	if err := checkWide(name, cfg, g.xq); err != nil {
 		return Launch{}, err
 	}
 	slotBytes := abi.Q4K.Bytes(rows * cols)

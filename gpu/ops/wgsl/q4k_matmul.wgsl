@@ -131,12 +131,6 @@ override CONV: u32 = 1u;
 override PIPE: u32 = 0u;
 override POS: u32 = 1u; // positional nibble trick (see quad)
 override WG: u32 = 256u; // threads per workgroup (64, 128 or 256)
-// TPB is the threads that share a block: 8 (thread c reads quant vec4 c,
-// as the header comment says) or 4 (XQ only: thread j reads vec4s 2j and
-// 2j + 1, all 64 weights of sub-blocks 2j and 2j + 1, so that a block and
-// row's scales are decoded by 4 threads instead of 8 and the header is
-// loaded 4 times instead of 8).
-override TPB: u32 = 8u;
 override GROUPED: u32 = 0u;
 // ACC 1 adds the product to y (y += W x: a residual connection) instead of
 // storing it. SWIGLU 1 (masked flavor, matrix-vector) reads x as
@@ -297,17 +291,8 @@ fn load_x(o: u32) -> array<vec4<f32>, 8> {
 // complement). A quant word masked to the low nibbles of its bytes 0 and
 // 2, q0 + 65536 q2, times the first: q0 v(4k+2) + 65536 (q0 v(4k) + q2
 // v(4k+2)), modulo 2^32. The upper half holds two products' sum.
-//
-// With TPB 4 a thread's x is four groups: entries 0-5 as above for the
-// first 16 values of its low and high sub-blocks, 6-11 the same for the
-// next 16 (g + 3 and g + 9).
-fn load_xq(g: u32) -> array<vec4<u32>, 12> {
-  if (TPB == 4u) {
-    return array<vec4<u32>, 12>(xu(g), xu(g + 1u), xu(g + 2u), xu(g + 6u), xu(g + 7u), xu(g + 8u),
-      xu(g + 3u), xu(g + 4u), xu(g + 5u), xu(g + 9u), xu(g + 10u), xu(g + 11u));
-  }
-  let z = vec4<u32>(0u);
-  return array<vec4<u32>, 12>(xu(g), xu(g + 1u), xu(g + 2u), xu(g + 6u), xu(g + 7u), xu(g + 8u), z, z, z, z, z, z);
+fn load_xq(g: u32) -> array<vec4<u32>, 6> {
+  return array<vec4<u32>, 6>(xu(g), xu(g + 1u), xu(g + 2u), xu(g + 6u), xu(g + 7u), xu(g + 8u));
 }
 
 // pairsum is the sum of the upper halves of the products of the low
@@ -336,10 +321,10 @@ const XS: vec4<f32> = vec4<f32>(1.0, 1.0 - f32(POS) * 0.99609375, 1.0 - f32(POS)
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
   let wg = wid.x + wid.y * p.gx;
-  let c = tid & (TPB - 1u);
-  let slot = (tid / TPB) & (p.spr - 1u);
-  let grp = (tid / TPB) / p.spr;
-  let row0 = (wg * ((WG / TPB) / p.spr) + grp) * select(ROWS, HROWS, GLU == 1u);
+  let c = tid & 7u;
+  let slot = (tid >> 3u) & (p.spr - 1u);
+  let grp = (tid >> 3u) / p.spr;
+  let row0 = (wg * ((WG / 8u) / p.spr) + grp) * select(ROWS, HROWS, GLU == 1u);
   let grouped = GROUPED == 1u;
   let e = select(0u, wid.z, grouped);            // product (GROUPED)
   let tok0 = select(wid.z * TOK, 0u, grouped);
@@ -355,10 +340,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   }
   let xbase = select(0u, at * p.xstride, grouped);
   let ybase = select(0u, upper(e) + at * p.rows, grouped);
-  let wide = TPB == 4u;
-  let j = select(c >> 1u, c, wide); // quant byte group: sub-blocks 2j (low), 2j+1 (high)
-  let half = select(c & 1u, 0u, wide);
-  let qw = select(1u + c, 1u + 2u * c, wide); // the thread's (first) quant vec4 in a block
+  let j = c >> 1u;          // quant byte group: sub-blocks 2j (low), 2j+1 (high)
+  let half = c & 1u;
   let sel = selector(j);
   let cols4 = p.nb * 64u;   // x stride per token in vec4
 
@@ -367,10 +350,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     acc[i] = 0.0;
   }
   var pre_x: array<vec4<f32>, 8>;
-  var pre_xq: array<vec4<u32>, 12>;
+  var pre_xq: array<vec4<u32>, 6>;
   var pre_h: array<vec4<u32>, ROWS>;
   var pre_q: array<vec4<u32>, ROWS>;
-  var pre_q2: array<vec4<u32>, ROWS>; // TPB 4: the second quant vec4
 
   for (var b = slot; b < p.nb; b += p.spr) {
     let xb = xbase + b * 64u + j * 16u + half * 4u; // this thread's first low x (vec4)
@@ -381,7 +363,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     // for ROWS rows. With PIPE the next block's loads are issued before
     // this block's arithmetic (software pipelining: more bytes in flight
     // per thread).
-    var xq: array<vec4<u32>, 12>;
+    var xq: array<vec4<u32>, 6>;
     var xs: array<vec4<f32>, 8>;
     if (XQ == 1u) {
       if (PIPE == 1u) {
@@ -406,34 +388,23 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     var hs: array<vec4<u32>, ROWS>;
     var qs: array<vec4<u32>, ROWS>;
-    var qs2: array<vec4<u32>, ROWS>;
     if (TOK == 1u) {
       for (var r = 0u; r < ROWS; r++) {
         if (PIPE == 1u) {
           if (b == slot) {
             let blk = blkAt(wbase, wup, row0, r, b);
             pre_h[r] = w[blk];
-            pre_q[r] = w[blk + qw];
-            if (wide) {
-              pre_q2[r] = w[blk + qw + 1u];
-            }
+            pre_q[r] = w[blk + 1u + c];
           }
           hs[r] = pre_h[r];
           qs[r] = pre_q[r];
-          qs2[r] = pre_q2[r];
           let nblk = blkAt(wbase, wup, row0, r, bn);
           pre_h[r] = w[nblk];
-          pre_q[r] = w[nblk + qw];
-          if (wide) {
-            pre_q2[r] = w[nblk + qw + 1u];
-          }
+          pre_q[r] = w[nblk + 1u + c];
         } else {
           let blk = blkAt(wbase, wup, row0, r, b);
           hs[r] = w[blk];
-          qs[r] = w[blk + qw];
-          if (wide) {
-            qs2[r] = w[blk + qw + 1u];
-          }
+          qs[r] = w[blk + 1u + c];
         }
       }
     }
@@ -442,13 +413,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       // low and 16 high weights of each row in 16 integer multiply-adds.
       // Each group's scale and the sum of its values; pairs' 256 sc1
       // and 256 m1 take the high group's 2^-8.
-      // TPB 4: the second 16 weights of each sub-block too (xq 6-11),
-      // their sums' scales apart, the mins' sums together.
       let ml = bitcast<vec4<f32>>(xq[2]);
       let mh = bitcast<vec4<f32>>(xq[5]) * 0.00390625;
-      let ml2 = bitcast<vec4<f32>>(xq[8]);
-      let mh2 = bitcast<vec4<f32>>(xq[11]) * 0.00390625;
-      let mins = select(vec2<f32>(ml.y, mh.y), vec2<f32>(ml.y + ml2.y, mh.y + mh2.y), wide);
       for (var r = 0u; r < ROWS; r++) {
         let h = hs[r];
         let q = qs[r];
@@ -456,14 +422,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let sm = pairs(h, sel);
         let lo = pairsum(q, xq[0], xq[1]);
         let hi = pairsum(q >> vec4<u32>(4u), xq[3], xq[4]);
-        if (wide) {
-          let q2 = qs2[r];
-          let lo2 = pairsum(q2, xq[6], xq[7]);
-          let hi2 = pairsum(q2 >> vec4<u32>(4u), xq[9], xq[10]);
-          acc[r] += dm.x * (sm.x * (ml.x * lo + ml2.x * lo2) + sm.y * (mh.x * hi + mh2.x * hi2)) - dm.y * (sm.z * mins.x + sm.w * mins.y);
-        } else {
-          acc[r] += dm.x * (sm.x * ml.x * lo + sm.y * mh.x * hi) - dm.y * (sm.z * ml.y + sm.w * mh.y);
-        }
+        acc[r] += dm.x * (sm.x * ml.x * lo + sm.y * mh.x * hi) - dm.y * (sm.z * ml.y + sm.w * mh.y);
       }
     } else if (TOK == 1u) {
       let sv = xs[0] + xs[1] + xs[2] + xs[3];
@@ -539,7 +498,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   }
 
   // Reduce over the row group's 8 * spr threads.
-  let seg = TPB * p.spr;
+  let seg = 8u * p.spr;
   for (var i = 0u; i < RT; i++) {
     red[i * WG + tid] = acc[i];
   }
@@ -584,7 +543,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 //+QOUT  // of 16 rows; the Go side sees that a workgroup's rows are whole
 //+QOUT  // groups (rows a multiple of 16, rows a workgroup too).
 //+QOUT  workgroupBarrier();
-//+QOUT  let nout = (WG / TPB / p.spr) * HROWS;
+//+QOUT  let nout = (WG / 8u / p.spr) * HROWS;
 //+QOUT  let first = wg * nout;
 //+QOUT  if (tid < nout / 16u && first + 16u * tid < p.rows) {
 //+QOUT    let o = 16u * tid;
