@@ -119,10 +119,10 @@ func RouterRouteNormLaunch(s RouteShape, cols int, eps float32) (Launch, error) 
 }
 
 // RouterRouteNorm records RouterRoute of the RMSNorm of x + o with the
-// norm weight g (eps), the norm computed in the same workgroup, in the
-// arithmetic AccumulateRMSNormXQ computes it with: the router of a layer
-// whose FFN norm (AccumulateRMSNormXQTo) runs beside it. Mixtral routing
-// (no bias).
+// norm weight g (eps), computed in the same workgroup: each logit is the
+// router's row by (x + o) * g over the root mean square of x + o, whose
+// sums meet in one reduction. The router of a layer whose FFN norm
+// (AccumulateRMSNormXQTo) runs beside it. Mixtral routing (no bias).
 func (k *Kernels) RouterRouteNorm(ctx context.Context, b *gpu.Batch, rw, x, o, g, logits, ids, weights gpu.Region, s RouteShape, cols int, eps float32) error {
 	l, err := RouterRouteNormLaunch(s, cols, eps)
 	return k.launch(ctx, b, l, err, logits, x, ids, weights, rw, x, o, g)

@@ -17,13 +17,12 @@
 //
 // The MV NORM flavor (route_mv_norm) is route_mv of the FFN's RMSNorm
 // of x + o, computed in the same workgroup from x (rx), the o product's
-// output (ro) and the norm's weight (rg): the FFN norm's xn in
-// accumulate_rmsnorm_xq_out's arithmetic (a thread a group of 16 values,
-// the sum of squares in its two barriers), so that the router reads nothing
-// the norm dispatch writes and both run at once. Each thread then takes
-// its group's share of every expert's logit (the router's rows loaded
-// before the norm's barriers), and tpe threads an expert sum them. cols
-// a multiple of 16, at most 4096; at most 8 experts; no bias.
+// output (ro) and the norm's weight (rg), so that the router reads
+// nothing the norm dispatch writes and both run at once: logit e = (rw_e
+// . (x + o) * g) / rms(x + o), a thread a group of 16 values, its share
+// of the sum of squares and of every expert's product summed in one
+// reduction (the router's rows loaded first). cols a multiple of 16, at
+// most 4096; at most 8 experts; no bias.
 
 struct Params {
   n_tok: u32,
@@ -68,28 +67,9 @@ var<workgroup> chosen: array<u32, 32>;
 //-NORM const NORM: bool = false;
 //+NORM const NORM: bool = true;
 //+NORM const MAXNE: u32 = 8u; // experts
-//+NORM var<workgroup> part: array<f32, 2048>; // MAXNE * WG
-//+NORM var<workgroup> red2: array<f32, 16>;
-//+NORM
-//+NORM // total is the sum of v over the workgroup in two barriers, as
-//+NORM // quantize_x.wgsl's sums it, in rv.
-//+NORM fn total(tid: u32, v: f32) -> f32 {
-//+NORM   rv[tid] = v;
-//+NORM   workgroupBarrier();
-//+NORM   if (tid < 16u) {
-//+NORM     var t = 0.0;
-//+NORM     for (var i = 0u; i < 16u; i++) {
-//+NORM       t += rv[tid * 16u + i];
-//+NORM     }
-//+NORM     red2[tid] = t;
-//+NORM   }
-//+NORM   workgroupBarrier();
-//+NORM   var s = 0.0;
-//+NORM   for (var i = 0u; i < 16u; i++) {
-//+NORM     s += red2[i];
-//+NORM   }
-//+NORM   return s;
-//+NORM }
+//+NORM var<workgroup> part: array<f32, 2304>; // (MAXNE + 1) * WG
+//+NORM var<workgroup> red2: array<f32, 144>; // (MAXNE + 1) * 16
+//+NORM var<workgroup> lg: array<f32, 8>; // MAXNE logits
 
 fn better(v: f32, i: u32, bv: f32, bi: u32) -> bool {
   return v > bv || (v == bv && i < bi);
@@ -154,7 +134,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 //+NORM    let live = tid < groups;
 //+NORM    let o4 = 4u * min(tid, groups - 1u);
 //+NORM    // The router's rows at the thread's group, loaded first: their
-//+NORM    // round trip overlaps x's, o's and the norm's.
+//+NORM    // round trip overlaps x's, o's and the norm weight's.
 //+NORM    var wv: array<vec4<f32>, 32>; // 4 * MAXNE
 //+NORM    for (var e = 0u; e < MAXNE; e++) {
 //+NORM      if (e < p.n_exp) {
@@ -165,41 +145,50 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 //+NORM        wv[4u * e + 3u] = rw[r + 3u];
 //+NORM      }
 //+NORM    }
-//+NORM    // x + o as the accumulate adds it (x + 1 * o: exact either way).
-//+NORM    var v = array<vec4<f32>, 4>(rx[o4] + ro[o4], rx[o4 + 1u] + ro[o4 + 1u], rx[o4 + 2u] + ro[o4 + 2u], rx[o4 + 3u] + ro[o4 + 3u]);
-//+NORM    let ss = select(0.0, dot(v[0], v[0]) + dot(v[1], v[1]) + dot(v[2], v[2]) + dot(v[3], v[3]), live);
-//+NORM    let inv = 1.0 / sqrt(total(tid, ss) / f32(p.cols4 * 4u) + p.eps);
-//+NORM    v = array<vec4<f32>, 4>(v[0] * inv * rg[o4], v[1] * inv * rg[o4 + 1u], v[2] * inv * rg[o4 + 2u], v[3] * inv * rg[o4 + 3u]);
+//+NORM    // x + o as the accumulate adds it (x + 1 * o: exact either way),
+//+NORM    // and u = (x + o) * g: each logit is 1/rms times the router's row
+//+NORM    // by u, so the sum of squares and the rows' products are summed in
+//+NORM    // one reduction, with no barrier between the norm and the product.
+//+NORM    let v = array<vec4<f32>, 4>(rx[o4] + ro[o4], rx[o4 + 1u] + ro[o4 + 1u], rx[o4 + 2u] + ro[o4 + 2u], rx[o4 + 3u] + ro[o4 + 3u]);
+//+NORM    let u = array<vec4<f32>, 4>(v[0] * rg[o4], v[1] * rg[o4 + 1u], v[2] * rg[o4 + 2u], v[3] * rg[o4 + 3u]);
+//+NORM    part[tid] = select(0.0, dot(v[0], v[0]) + dot(v[1], v[1]) + dot(v[2], v[2]) + dot(v[3], v[3]), live);
 //+NORM    for (var e = 0u; e < MAXNE; e++) {
 //+NORM      if (e < p.n_exp) {
-//+NORM        part[e * WG + tid] = select(0.0, dot(wv[4u * e], v[0]) + dot(wv[4u * e + 1u], v[1]) + dot(wv[4u * e + 2u], v[2]) + dot(wv[4u * e + 3u], v[3]), live);
+//+NORM        part[(e + 1u) * WG + tid] = select(0.0, dot(wv[4u * e], u[0]) + dot(wv[4u * e + 1u], u[1]) + dot(wv[4u * e + 2u], u[2]) + dot(wv[4u * e + 3u], u[3]), live);
 //+NORM      }
 //+NORM    }
 //+NORM    workgroupBarrier();
-//+NORM    let e = tid / p.tpe;
-//+NORM    let lane = tid % p.tpe;
-//+NORM    let per = WG / p.tpe;
-//+NORM    var a = 0.0;
-//+NORM    if (e < p.n_exp) {
-//+NORM      for (var i = 0u; i < per; i++) {
-//+NORM        a += part[e * WG + lane * per + i];
+//+NORM    // Row r (0: the squares, 1..: the experts) by 16 threads of 16
+//+NORM    // values each, then by one thread.
+//+NORM    let row = tid / 16u;
+//+NORM    let lane = tid % 16u;
+//+NORM    if (row <= p.n_exp) {
+//+NORM      var a = 0.0;
+//+NORM      for (var i = 0u; i < 16u; i++) {
+//+NORM        a += part[row * WG + lane * 16u + i];
 //+NORM      }
-//+NORM    }
-//+NORM    rv[tid] = a;
-//+NORM    for (var s = p.tpe >> 1u; s > 0u; s >>= 1u) {
-//+NORM      workgroupBarrier();
-//+NORM      if (lane < s) {
-//+NORM        rv[tid] += rv[tid + s];
-//+NORM      }
+//+NORM      red2[row * 16u + lane] = a;
 //+NORM    }
 //+NORM    workgroupBarrier();
-//+NORM    if (lane == 0u && e < p.n_exp) {
-//+NORM      logits[e] = rv[tid];
+//+NORM    if (tid <= p.n_exp) {
+//+NORM      var a = 0.0;
+//+NORM      for (var i = 0u; i < 16u; i++) {
+//+NORM        a += red2[tid * 16u + i];
+//+NORM      }
+//+NORM      rv[tid] = a;
 //+NORM    }
+//+NORM    workgroupBarrier();
+//+NORM    if (tid < p.n_exp) {
+//+NORM      let l = rv[tid + 1u] / sqrt(rv[0] / f32(p.cols4 * 4u) + p.eps);
+//+NORM      lg[tid] = l;
+//+NORM      logits[tid] = l;
+//+NORM    }
+//+NORM    workgroupBarrier();
 //+NORM  }
   for (var e = tid; e < p.n_exp; e += WG) {
 //-MV    let l = logits[tok * p.n_exp + e];
-//+MV    let l = rv[e * p.tpe];
+//+MV //-NORM    let l = rv[e * p.tpe];
+//+NORM    let l = lg[e];
     if (p.mode == 1u) {
       let s = 1.0 / (1.0 + exp(-l));
       base[e] = s;
