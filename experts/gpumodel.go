@@ -865,6 +865,11 @@ func (g *GPUModel) upload(ctx context.Context, raw []byte) (*gpu.Buffer, error) 
 	return b, nil
 }
 
+// Busy keeps the model's GPU busy for about d (ops.Kernels.Busy), so that
+// a timed run after a warm-up that left it idle starts at the clocks it
+// will hold; it returns the copies that ran.
+func (g *GPUModel) Busy(ctx context.Context, d time.Duration) (int, error) { return g.k.Busy(ctx, d) }
+
 // Close releases the model's GPU buffers.
 func (g *GPUModel) Close() {
 	for _, b := range g.dense {

@@ -40,3 +40,29 @@ func TestGenerateActivations(t *testing.T) {
 		}
 	}
 }
+
+// --warm ends keeping the GPU busy for warmBusy (an idle GPU's clocks
+// take a while to rise) and says so in --json; without --warm nothing is.
+func TestGenerateWarmBusy(t *testing.T) {
+	home, manifest := tinyProcedural(t)
+	for _, warm := range []bool{true, false} {
+		var res struct {
+			Seconds float64 `json:"warmBusySeconds"`
+			Copies  int     `json:"warmBusyCopies"`
+			Tokens  []int   `json:"tokens"`
+		}
+		args := []string{"generate", "-", "--procedural", manifest, "--prompt", "a", "--max-tokens", "4", "--json", "--engine", "gpu", "--vram", "1GiB"}
+		if warm {
+			args = append(args, "--warm")
+		}
+		mustRunJSON(t, home, &res, args...)
+		switch {
+		case len(res.Tokens) != 4:
+			t.Errorf("--warm %v: %d tokens", warm, len(res.Tokens))
+		case warm && (res.Seconds < warmBusy.Seconds() || res.Copies <= 0):
+			t.Errorf("--warm: the GPU kept busy %.3fs (%d copies); want at least %v", res.Seconds, res.Copies, warmBusy)
+		case !warm && (res.Seconds != 0 || res.Copies != 0):
+			t.Errorf("no --warm: the GPU kept busy %.3fs (%d copies)", res.Seconds, res.Copies)
+		}
+	}
+}

@@ -172,11 +172,12 @@ tokens. --profile-gpu times every dispatch on the GPU.`,
 				}
 				load := time.Since(t0)
 				var warmed []tiers.LevelStats
+				var busy warmBusied
 				if warm {
 					if step == nil {
 						return errors.New("generate: --warm needs --engine gpu")
 					}
-					if warmed, err = warmUp(ctx, a, step, cache); err != nil {
+					if warmed, busy, err = warmUp(ctx, a, step, cache); err != nil {
 						return err
 					}
 				}
@@ -300,6 +301,9 @@ tokens. --profile-gpu times every dispatch on the GPU.`,
 					"prefetchPredicted": predicted, "prefetchCorrect": correct,
 					"promptTokens": len(promptToks), "seconds": secs, "tokPerSec": float64(len(promptToks)+len(toks)) / secs,
 					"loadSeconds": load.Seconds(), "levels": stats, "hostRAM": cfg.HostRAM}
+				if busy.copies > 0 {
+					res["warmBusySeconds"], res["warmBusyCopies"] = busy.seconds, busy.copies
+				}
 				if prof != nil {
 					res["profile"] = prof
 					res["stallSeconds"] = prof.PageWait.Seconds()
@@ -451,7 +455,7 @@ tokens. --profile-gpu times every dispatch on the GPU.`,
 	f.Float64Var(&s.TopP, "top-p", 1, "nucleus sampling mass")
 	f.Uint64Var(&s.Seed, "seed", 1, "sampling seed")
 	f.StringVar(&policy, "policy", "", "eviction policy: lru, lfu, cost (GreedyDual-Size-Frequency), cycle (learns the layer cycle) or forecast (learns each layer's experts from recency and the step's token); default forecast with --engine gpu, else cycle (tiers/BENCHMARKS.md)")
-	f.BoolVar(&warm, "warm", false, "gpu engine: before timing, load every expert into RAM, and into VRAM when --vram holds them all (the stats are then those of the timed run)")
+	f.BoolVar(&warm, "warm", false, "gpu engine: before timing, load every expert into RAM, and into VRAM when --vram holds them all (the stats are then those of the timed run), then keep the GPU busy a second (an idle GPU's clocks take up to ~0.6 s of work to rise)")
 	f.BoolVar(&profileSubmits, "profile-submits", false, "gpu engine: time each submission on the GPU as a whole (two empty timed passes each) and print the GPU's idle time between them and what ended each wait, with little of --profile-gpu's cost to the host")
 	f.BoolVar(&profileGPU, "profile-gpu", false, "gpu engine: time every dispatch on the GPU (timestamp queries, each dispatch in a pass of its own) and print where the steps' GPU time goes; without timestamps, wait for the GPU after each part of a resident layer instead (much slower)")
 	f.StringVar(&cpuProfile, "cpuprofile", "", "write a Go CPU profile of the generation (not the load) here")
@@ -666,6 +670,9 @@ func (s gpuStepper) AB() (experts.ABResult, bool) {
 	return r, ok
 }
 func (s gpuStepper) StepMedian() (time.Duration, int)   { return s.g.StepMedian() }
+func (s gpuStepper) Busy(ctx context.Context, d time.Duration) (int, error) {
+	return s.g.Busy(ctx, d)
+}
 func (s gpuStepper) DeviceStats() gpu.Stats             { return s.d.Stats() }
 func (s gpuStepper) ExpertKeys() []tiers.Key            { return s.g.ExpertKeys() }
 func (s gpuStepper) GPUTimes() map[string]time.Duration { return s.g.GPUTimes }
@@ -673,10 +680,18 @@ func (s gpuStepper) Generate(ctx context.Context, prompt []int, n int, smp exper
 	return s.g.Generate(ctx, prompt, n, smp, emit)
 }
 
+// warmBusied is how long --warm kept the GPU busy last, and the copies
+// that took.
+type warmBusied struct {
+	seconds float64
+	copies  int
+}
+
 // warmUp loads every expert matrix into RAM, and into VRAM when the
-// arena holds them all, logging what it did, and returns the stats at
-// its end (what the timed run's are measured from).
-func warmUp(ctx context.Context, a *app, step stepper, cache *tiers.Cache) ([]tiers.LevelStats, error) {
+// arena holds them all, then keeps the GPU busy warmBusy, logging what it
+// did, and returns the stats at its end (what the timed run's are
+// measured from).
+func warmUp(ctx context.Context, a *app, step stepper, cache *tiers.Cache) ([]tiers.LevelStats, warmBusied, error) {
 	keys := step.ExpertKeys()
 	var total int64
 	for _, k := range keys {
@@ -701,13 +716,33 @@ func warmUp(ctx context.Context, a *app, step stepper, cache *tiers.Cache) ([]ti
 			}
 		})
 		if err != nil {
-			return nil, err
+			return nil, warmBusied{}, err
 		}
 		sec := time.Since(t).Seconds()
 		a.log.Info("generate: warm", "level", lv, "matrices", len(keys), "bytes", formatBytes(total), "seconds", sec, "GBps", float64(total)/sec/1e9)
 	}
-	return cache.Stats(), nil
+	// The GPU too: a warm that read the experts from disk left it idle
+	// for seconds, and an idle GPU's clocks take up to ~0.6 s of work to
+	// rise.
+	var busy warmBusied
+	if b, ok := step.(interface {
+		Busy(context.Context, time.Duration) (int, error)
+	}); ok {
+		t := time.Now()
+		n, err := b.Busy(ctx, warmBusy)
+		if err != nil {
+			return nil, warmBusied{}, err
+		}
+		busy = warmBusied{time.Since(t).Seconds(), n}
+		a.log.Info("generate: warm: GPU kept busy", "seconds", busy.seconds, "copies", n)
+	}
+	return cache.Stats(), busy, nil
 }
+
+// warmBusy is how long --warm keeps the GPU busy last: on the H200 its
+// clocks rose from 345-375 to 1980 MHz 200 to 580 ms after work began on
+// a GPU left idle (experts/BENCHMARKS.md, 2026-11-29).
+const warmBusy = time.Second
 
 // activeKernels puts the kernel variants this home activated (`peer kernels
 // pull` or `use`) in place of their built-ins on d, before the model's

@@ -1,0 +1,27 @@
+package ops
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+)
+
+// Busy runs copies for about the time asked, and stops when its context
+// is done.
+func TestBusy(t *testing.T) {
+	k := shared.k
+	start := time.Now()
+	n, err := k.Busy(ctxT(t), 50*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if el := time.Since(start); n < busyCopies || el < 50*time.Millisecond {
+		t.Fatalf("%d copies in %v; want at least %d in at least 50ms", n, el, busyCopies)
+	}
+	ctx, cancel := context.WithCancel(ctxT(t))
+	cancel()
+	if n, err := k.Busy(ctx, time.Hour); !errors.Is(err, context.Canceled) || n != 0 {
+		t.Fatalf("a done context: %d copies, %v; want none and context.Canceled", n, err)
+	}
+}
