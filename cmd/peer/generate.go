@@ -669,7 +669,7 @@ func (s gpuStepper) AB() (experts.ABResult, bool) {
 	}
 	return r, ok
 }
-func (s gpuStepper) StepMedian() (time.Duration, int)   { return s.g.StepMedian() }
+func (s gpuStepper) StepMedian() (time.Duration, int) { return s.g.StepMedian() }
 func (s gpuStepper) Busy(ctx context.Context, d time.Duration) (int, error) {
 	return s.g.Busy(ctx, d)
 }
