@@ -200,7 +200,8 @@ type GPUModel struct {
 	// router over maxL2Router).
 	routerL2 []l2Read
 	// routeNorm has a MoE layer's router normalize x + o itself
-	// (ops.RouterRouteNorm, in the FFN norm's arithmetic) and run beside
+	// (ops.RouterRouteNorm: each logit the router's row by (x + o) * g over
+	// the rms of x + o) and run beside
 	// its FFN norm, which then writes buffers of that layer's own (ffnBufs:
 	// ops.AccumulateRMSNormXQTo, x + o into x2, the next layer's norm
 	// reading it back into x), so that no barrier holds either behind the

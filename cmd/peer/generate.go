@@ -730,11 +730,16 @@ func warmUp(ctx context.Context, a *app, step stepper, cache *tiers.Cache) ([]ti
 	}); ok {
 		t := time.Now()
 		n, err := b.Busy(ctx, warmBusy)
-		if err != nil {
-			return nil, warmBusied{}, err
+		switch {
+		case ctx.Err() != nil:
+			return nil, warmBusied{}, ctx.Err()
+		case err != nil:
+			// A nicety: the run goes on, its first steps maybe slower.
+			a.log.Warn("generate: warm: keeping the GPU busy failed", "err", err)
+		default:
+			busy = warmBusied{time.Since(t).Seconds(), n}
+			a.log.Info("generate: warm: GPU kept busy", "seconds", busy.seconds, "copies", n)
 		}
-		busy = warmBusied{time.Since(t).Seconds(), n}
-		a.log.Info("generate: warm: GPU kept busy", "seconds", busy.seconds, "copies", n)
 	}
 	return cache.Stats(), busy, nil
 }

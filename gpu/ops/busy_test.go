@@ -7,10 +7,11 @@ import (
 	"time"
 )
 
-// Busy runs copies for about the time asked, and stops when its context
-// is done.
+// Busy runs copies for about the time asked, releases its buffers, and
+// stops when its context is done.
 func TestBusy(t *testing.T) {
-	k := shared.k
+	d, k := shared.d, shared.k
+	live := d.Stats().LiveBuffers
 	start := time.Now()
 	n, err := k.Busy(ctxT(t), 50*time.Millisecond)
 	if err != nil {
@@ -18,6 +19,9 @@ func TestBusy(t *testing.T) {
 	}
 	if el := time.Since(start); n < busyCopies || el < 50*time.Millisecond {
 		t.Fatalf("%d copies in %v; want at least %d in at least 50ms", n, el, busyCopies)
+	}
+	if n := d.Stats().LiveBuffers; n != live {
+		t.Fatalf("%d live buffers after Busy; %d before", n, live)
 	}
 	ctx, cancel := context.WithCancel(ctxT(t))
 	cancel()

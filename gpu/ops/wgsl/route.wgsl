@@ -178,12 +178,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 //+NORM      rv[tid] = a;
 //+NORM    }
 //+NORM    workgroupBarrier();
+//+NORM    // Thread e keeps logit e (lg[e]) for the loop below, where thread
+//+NORM    // e reads it (at most 8 experts, a thread each): no barrier.
 //+NORM    if (tid < p.n_exp) {
 //+NORM      let l = rv[tid + 1u] / sqrt(rv[0] / f32(p.cols4 * 4u) + p.eps);
 //+NORM      lg[tid] = l;
 //+NORM      logits[tid] = l;
 //+NORM    }
-//+NORM    workgroupBarrier();
 //+NORM  }
   for (var e = tid; e < p.n_exp; e += WG) {
 //-MV    let l = logits[tok * p.n_exp + e];
