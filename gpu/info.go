@@ -24,7 +24,12 @@ type AdapterInfo struct {
 	Architecture string   `json:"architecture,omitempty"`
 	Limits       Limits   `json:"limits"`
 	Features     []string `json:"features"`
-	// ShaderF16 is true when WGSL may `enable f16;`.
+	// ShaderF16 is true when the adapter offers WebGPU's shader-f16
+	// feature (the device then requests it). The WGSL compiler of
+	// wgpu-native v22 (naga) cannot parse `enable f16;` all the same
+	// (checked 2026-11-29 on lavapipe, which offers the feature): no
+	// built-in kernel uses f16 arithmetic; f16 data is unpacked with
+	// unpack2x16float.
 	ShaderF16 bool `json:"shaderF16"`
 	// Subgroups is always false: wgpu-native v22, which the binding links,
 	// exposes no subgroup feature. The built-in kernels do not need it.
