@@ -70,14 +70,10 @@ type ABSide struct {
 
 type abTest struct {
 	toggle string
-	flag   *bool // the toggle's field
-	was    bool  // its setting before the A/B
-	steps  int   // steps begun
-	// last is when the last step began, if it was a generated one (its
-	// token on the GPU), else zero: nothing is counted until the next.
-	last  time.Time
-	times [2][]time.Duration // by setting: 0 off, 1 on
-	now   func() time.Time   // time.Now; tests fake it
+	flag   *bool              // the toggle's field
+	was    bool               // its setting before the A/B
+	steps  int                // steps begun
+	times  [2][]time.Duration // by setting: 0 off, 1 on
 }
 
 // SetAB starts an A/B of toggle (one of ABToggles) from the next step on,
@@ -101,34 +97,21 @@ func (g *GPUModel) SetAB(toggle string) error {
 		return nil
 	}
 	f := tg.field(g)
-	g.ab = &abTest{toggle: toggle, flag: f, was: *f, now: time.Now}
+	g.ab = &abTest{toggle: toggle, flag: f, was: *f}
 	return nil
 }
 
-// abStep counts the interval since the last step began, if both are
-// generated steps (onGPU: their token on the GPU), for the last step's
-// setting, and sets the toggle for the step beginning now.
-func (g *GPUModel) abStep(onGPU bool) {
+// abStep counts interval, the step clock's since the last step began
+// (counted: both were generated steps, stepClock.mark), for the last
+// step's setting, and sets the toggle for the step beginning now.
+func (g *GPUModel) abStep(interval time.Duration, counted bool) {
 	a := g.ab
-	now := a.now()
-	if prev := a.steps - 1; !a.last.IsZero() && prev%ABPeriod >= abSettle {
+	if prev := a.steps - 1; counted && prev%ABPeriod >= abSettle {
 		on := (prev / ABPeriod) % 2 // off first
-		a.times[on] = append(a.times[on], now.Sub(a.last))
+		a.times[on] = append(a.times[on], interval)
 	}
 	*a.flag = (a.steps/ABPeriod)%2 == 1
 	a.steps++
-	a.last = time.Time{}
-	if onGPU {
-		a.last = now
-	}
-}
-
-// abStart tells a running A/B that a generation starts: the interval
-// from the last one's last step is not a step's.
-func (g *GPUModel) abStart() {
-	if g.ab != nil {
-		g.ab.last = time.Time{}
-	}
 }
 
 // AB returns the A/B's outcome so far; ok is false without one.

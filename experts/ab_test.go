@@ -37,9 +37,10 @@ func TestGPUModelAB(t *testing.T) {
 			t.Fatal(err)
 		}
 		if a := g.ab; a != nil {
-			// A step takes 2 ms with the toggle on, 1 ms off.
+			// A step takes 2 ms with the toggle on, 1 ms off (the step
+			// clock reads before the toggle is set for the next step).
 			var now time.Time
-			a.now = func() time.Time {
+			g.clock.now = func() time.Time {
 				now = now.Add(time.Millisecond)
 				if *a.flag {
 					now = now.Add(time.Millisecond)
@@ -92,7 +93,7 @@ func TestGPUModelAB(t *testing.T) {
 			}
 			// A second generation does not count the time from the first's
 			// last step (it would be huge here).
-			g.ab.last = time.Time{}.Add(-time.Hour) // an hour before the fake clock's first reading
+			g.clock.last = time.Time{}.Add(-time.Hour) // an hour before the fake clock's first reading
 			if _, err := g.Generate(ctx, prompt[:2], 2, Sampling{}, nil); err != nil {
 				t.Fatal(err)
 			}

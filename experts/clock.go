@@ -25,19 +25,23 @@ func (c *stepClock) start() {
 }
 
 // mark counts the interval since the last step began, if that one was a
-// generated step, and notes when this one (generated: onGPU) begins.
-func (c *stepClock) mark(onGPU bool) {
+// generated step, notes when this one (generated: onGPU) begins, and
+// returns the interval and whether it counted it (an A/B counts the same
+// ones, abStep).
+func (c *stepClock) mark(onGPU bool) (interval time.Duration, counted bool) {
 	now := time.Now()
 	if c.now != nil {
 		now = c.now()
 	}
-	if !c.last.IsZero() {
-		c.times = append(c.times, now.Sub(c.last))
+	if counted = !c.last.IsZero(); counted {
+		interval = now.Sub(c.last)
+		c.times = append(c.times, interval)
 	}
 	c.last = time.Time{}
 	if onGPU {
 		c.last = now
 	}
+	return interval, counted
 }
 
 // StepMedian returns the median interval between the starts of the last

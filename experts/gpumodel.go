@@ -975,10 +975,11 @@ func (g *GPUModel) begin(ctx context.Context, token int, onGPU bool, hd head) (_
 	if g.pos >= g.MaxPos {
 		return nil, fmt.Errorf("experts: position %d: the KV cache holds %d", g.pos, g.MaxPos)
 	}
-	if g.ab != nil {
-		g.abStep(onGPU)
+	// The clock reads before the A/B sets the toggle for this step: the
+	// interval is the last step's, under its setting.
+	if interval, counted := g.clock.mark(onGPU); g.ab != nil {
+		g.abStep(interval, counted)
 	}
-	g.clock.mark(onGPU)
 	switch {
 	case !onGPU:
 		g.cache.BeginStep(token)
@@ -2441,8 +2442,7 @@ func (g *GPUModel) recordGLU(ctx context.Context, b *gpu.Batch, l int, experts [
 // ones may differ from the float64 reference's where a draw falls within
 // f32 rounding of a boundary.
 func (g *GPUModel) Generate(ctx context.Context, prompt []int, maxTokens int, s Sampling, emit func(int)) ([]int, error) {
-	g.abStart()
-	g.clock.start()
+	g.clock.start() // and so the A/B's: no interval from the last generation
 	if g.pipeline && !g.ProfileGPU && maxTokens > 1 && len(prompt) > 0 {
 		return g.generatePipelined(ctx, prompt, maxTokens, s, emit)
 	}

@@ -559,31 +559,21 @@ func TestRouterRoute(t *testing.T) {
 				bias = randF32(r, s.Experts, 0.1)
 				rr.Bias = ref.F32(bias)
 			}
-			// Draw until the reference's logits are not near-ties (the
-			// GPU sums in another order; a tie within its rounding could
-			// pick either).
 			var w, x []float32
-			var want, mag []float64
-			for try := 0; ; try++ {
+			want, mag := untied(func() ([]float64, []float64) {
 				// Logits of about unit size: sigmoid would saturate to
 				// ties at 1 in f32 on larger ones.
 				w, x = randF32(r, s.Experts*c.cols, 1/math.Sqrt(float64(c.cols))), randF32(r, c.cols, 1)
-				want, mag = ref.MatMul(ref.F32(w), ref.F32(x), s.Experts, c.cols, 1)
-				if apart(want, mag, 1e-4) || try == 100 {
-					break
-				}
-			}
-			wantIDs, wantW := ref.TopK(want, 1, s.Experts, rr)
+				return ref.MatMul(ref.F32(w), ref.F32(x), s.Experts, c.cols, 1)
+			})
 			wb, xb := uploadF32(t, d, w), uploadF32(t, d, x)
 			var bb gpu.Region
 			if c.bias {
 				bb = uploadF32(t, d, bias)
 			}
-			logits := poisoned(t, d, s.Experts*4)
-			ids := poisoned(t, d, s.K*4)
-			wts := poisoned(t, d, s.K*4)
-			run(t, d, func(b *gpu.Batch) error { return k.RouterRoute(ctxT(t), b, wb, xb, logits, bb, ids, wts, s, c.cols) })
-			checkRouting(t, d, s, logits, ids, wts, want, mag, wantIDs, wantW)
+			checkRouter(t, d, s, rr, want, mag, func(b *gpu.Batch, logits, ids, wts gpu.Region) error {
+				return k.RouterRoute(ctxT(t), b, wb, xb, logits, bb, ids, wts, s, c.cols)
+			})
 		})
 	}
 	// Shapes it refuses: several tokens, too many experts, ragged rows.
@@ -623,8 +613,7 @@ func TestRouterRouteNorm(t *testing.T) {
 			s := c.s
 			rr := ref.Route{Mode: abi.RouteMode(s.Mode), K: s.K, Scale: 1}
 			var w, x, o, g []float32
-			var want, mag []float64
-			for try := 0; ; try++ {
+			want, mag := untied(func() ([]float64, []float64) {
 				w, x, o = randF32(r, s.Experts*c.cols, 1/math.Sqrt(float64(c.cols))), randF32(r, c.cols, 1), randF32(r, c.cols, 0.5)
 				g = randF32(r, c.cols, 1)
 				v := make([]float64, c.cols)
@@ -632,20 +621,12 @@ func TestRouterRouteNorm(t *testing.T) {
 					v[i] = float64(x[i] + o[i]) // the accumulate's f32 sum
 				}
 				xn := ref.RMSNorm(v, ref.F32(g), 1, c.cols, eps)
-				want, mag = ref.MatMul(ref.F32(w), xn, s.Experts, c.cols, 1)
-				if apart(want, mag, 1e-4) || try == 100 {
-					break
-				}
-			}
-			wantIDs, wantW := ref.TopK(want, 1, s.Experts, rr)
+				return ref.MatMul(ref.F32(w), xn, s.Experts, c.cols, 1)
+			})
 			wb, xb, ob, gb := uploadF32(t, d, w), uploadF32(t, d, x), uploadF32(t, d, o), uploadF32(t, d, g)
-			logits := poisoned(t, d, s.Experts*4)
-			ids := poisoned(t, d, s.K*4)
-			wts := poisoned(t, d, s.K*4)
-			run(t, d, func(b *gpu.Batch) error {
+			checkRouter(t, d, s, rr, want, mag, func(b *gpu.Batch, logits, ids, wts gpu.Region) error {
 				return k.RouterRouteNorm(ctxT(t), b, wb, xb, ob, gb, logits, ids, wts, s, c.cols, eps)
 			})
-			checkRouting(t, d, s, logits, ids, wts, want, mag, wantIDs, wantW)
 		})
 	}
 	// Shapes it refuses: several tokens, too many experts, ragged groups
@@ -665,10 +646,29 @@ func TestRouterRouteNorm(t *testing.T) {
 	}
 }
 
-// checkRouting compares a router's logits (as a product, with its
-// magnitudes mag), ids (exactly) and weights with the reference's.
-func checkRouting(t *testing.T, d *gpu.Device, s RouteShape, logits, ids, wts gpu.Region, want, mag []float64, wantIDs []int, wantW []float64) {
+// untied draws until the reference's logits are not near-ties (the GPU
+// sums in another order; a tie within its rounding could pick either),
+// at most 101 times, and returns the last draw's logits and magnitudes.
+func untied(draw func() (want, mag []float64)) ([]float64, []float64) {
+	for try := 0; ; try++ {
+		want, mag := draw()
+		if apart(want, mag, 1e-4) || try == 100 {
+			return want, mag
+		}
+	}
+}
+
+// checkRouter runs a router (record, into poisoned logits, ids and
+// weights of shape s) and compares its logits (as a product, with their
+// magnitudes mag), ids (exactly) and weights with the reference's
+// routing rr of want.
+func checkRouter(t *testing.T, d *gpu.Device, s RouteShape, rr ref.Route, want, mag []float64, record func(b *gpu.Batch, logits, ids, wts gpu.Region) error) {
 	t.Helper()
+	wantIDs, wantW := ref.TopK(want, 1, s.Experts, rr)
+	logits := poisoned(t, d, s.Experts*4)
+	ids := poisoned(t, d, s.K*4)
+	wts := poisoned(t, d, s.K*4)
+	run(t, d, func(b *gpu.Batch) error { return record(b, logits, ids, wts) })
 	if err := ref.Compare(readF32(t, d, logits, s.Experts), want, mag, ref.Tolerance(ref.OpMatMul)); err != nil {
 		t.Fatalf("logits: %v", err)
 	}
