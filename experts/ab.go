@@ -44,7 +44,6 @@ type abToggle struct {
 var abToggles = map[string]abToggle{
 	"l2":        {func(g *GPUModel) *bool { return &g.l2Router }, false},   // the router's L2 prefetch
 	"rope":      {func(g *GPUModel) *bool { return &g.ropeAttn }, false},   // RoPE and the KV store in the attention's split
-	"merge":     {func(g *GPUModel) *bool { return &g.mergeAttn }, false},  // the attention's merge in its split
 	"yq":        {func(g *GPUModel) *bool { return &g.yq }, true},          // gate and up products quantizing their output
 	"router":    {func(g *GPUModel) *bool { return &g.fuseRouter }, false}, // the router's product in its routing dispatch
 	"accnorm":   {func(g *GPUModel) *bool { return &g.accNorm }, true},     // accumulates deferred to the next norm

@@ -182,12 +182,6 @@ type GPUModel struct {
 	// dispatches a Mixtral-shaped step fewer. RDRR_GPU_ROPE=0 turns it
 	// off, for measurements.
 	ropeAttn bool
-	// mergeAttn has the attention's split merge its chunks itself, in the
-	// last of its workgroups of each cache head (ops.AttnShape.Merged):
-	// the merge's dispatch and the barrier before it gone, 32 dependent
-	// dispatches a Mixtral-shaped step fewer. RDRR_GPU_MERGE=0 turns it
-	// off, for measurements.
-	mergeAttn bool
 	// l2Router has a read of a MoE layer's router weights into the GPU's
 	// L2 cache (ops.L2Prefetch) run beside the dispatch before the router
 	// (the one-workgroup FFN norm; with routeNorm, in a resident layer,
@@ -329,7 +323,6 @@ func NewGPUModel(ctx context.Context, m *Manifest, d *gpu.Device, cache *tiers.C
 	g.accNorm = os.Getenv("RDRR_GPU_ACCNORM") != "0"
 	g.l2Router = os.Getenv("RDRR_GPU_L2") != "0"
 	g.ropeAttn = os.Getenv("RDRR_GPU_ROPE") != "0"
-	g.mergeAttn = os.Getenv("RDRR_GPU_MERGE") != "0"
 	g.routeNorm = os.Getenv("RDRR_GPU_ROUTENORM") != "0"
 	g.perSubmit = maskedPerSubmit
 	if n, err := strconv.Atoi(os.Getenv("RDRR_GPU_PER_SUBMIT")); err == nil && n > 0 {
@@ -1612,7 +1605,7 @@ func (g *GPUModel) recordAttention(ctx context.Context, b *gpu.Batch, l int) {
 		g.normX(ctx, b, g.residual(l), p+"input_layernorm.weight")
 	}
 	q := gpu.Region(B["q"])
-	attn := ops.AttnShape{Heads: nq, KVHeads: nkv, HeadDim: hd, KVLen: g.pos + 1, Scale: float32(1 / math.Sqrt(float64(hd))), Merged: g.mergeAttn}
+	attn := ops.AttnShape{Heads: nq, KVHeads: nkv, HeadDim: hd, KVLen: g.pos + 1, Scale: float32(1 / math.Sqrt(float64(hd)))}
 	if w := g.qkv[l]; w != nil {
 		// q, k and v in one product, then RoPE on q and k and k and v
 		// into the cache at this position in one dispatch: the

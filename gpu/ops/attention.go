@@ -57,12 +57,6 @@ func (k *Kernels) Rope(ctx context.Context, b *gpu.Batch, x, freqs gpu.Region, s
 type AttnShape struct {
 	Heads, KVHeads, HeadDim, KVLen int
 	Scale                          float32
-	// Merged has the split merge the chunks itself, in the last of its
-	// workgroups of each cache head to finish (attention_split.wgsl's
-	// MERGE flavors), where MergedSplit allows it: one dependent dispatch
-	// fewer, whose latency a decode step waits for. Otherwise
-	// attention_merge runs after the split.
-	Merged bool
 }
 
 // check validates s and returns the bindings q, k, v, out.
@@ -135,61 +129,9 @@ func (k *Kernels) attention(ctx context.Context, b *gpu.Batch, q, kc, vc, out, o
 	return k.splitMerge(ctx, b, split, merge, partials, []gpu.Region{q, kc, vc}, nil, out, outq, s)
 }
 
-// maxAttnCounters bounds the counters of a merged split (a cache head
-// and workgroup z each): 16 KB of them.
-const maxAttnCounters = 4096
-
-// MergedSplit returns split (AttentionLaunches' or
-// RopeAttentionLaunches') as its MERGE flavor, which merges the chunks
-// in its own dispatch, with outq if xq (attention_merge_xq's output), and
-// ok false where it cannot: chunks other than 32 or a head dim other than
-// 32, 64 or 128 (the split's main_v path), or more than maxAttnCounters
-// counters. Bindings: the split's, then out, counters and with xq the
-// quantized out.
-func MergedSplit(split Launch, s AttnShape, xq bool) (merged Launch, ok bool) {
-	hd := s.HeadDim
-	counters := uint64(split.Groups[1]) * uint64(split.Groups[2])
-	if attnChunk != 32 || (hd != 32 && hd != 64 && hd != 128) || counters > maxAttnCounters || (xq && hd%XQGroup != 0) {
-		return split, false
-	}
-	merged = split
-	merged.Kernel += "_merge"
-	merged.Bindings = append(split.Bindings[:len(split.Bindings):len(split.Bindings)],
-		Binding{"out", uint64(s.Heads * hd * 4)}, Binding{"counters", counters * 4})
-	if xq {
-		merged.Kernel += "_xq"
-		merged.Bindings = append(merged.Bindings, Binding{"quantized out", XQBytes(s.Heads * hd)})
-	}
-	return merged, true
-}
-
-// attnCounters returns the merged split's counters, maxAttnCounters
-// words made zero once: each dispatch leaves them zero.
-func (k *Kernels) attnCounters() (*gpu.Buffer, error) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if k.closed {
-		return nil, &gpu.KernelError{Kernel: "attention_split_merge", Op: "counters", Err: gpu.ErrClosed}
-	}
-	if k.counters != nil {
-		return k.counters, nil
-	}
-	c, err := k.d.Alloc(maxAttnCounters * 4)
-	if err != nil {
-		return nil, err
-	}
-	if err := k.d.Write(c, make([]byte, maxAttnCounters*4)); err != nil {
-		c.Release()
-		return nil, err
-	}
-	k.counters = c
-	return c, nil
-}
-
 // splitMerge records an attention's split, bound to in (q, k cache, v
 // cache), the partials (a scratch buffer of the batch) and extra, then
-// its merge into out, and into outq quantized if not nil; with s.Merged
-// the split merges itself where MergedSplit allows it.
+// its merge into out, and into outq quantized if not nil.
 func (k *Kernels) splitMerge(ctx context.Context, b *gpu.Batch, split, merge Launch, partials uint64, in, extra []gpu.Region, out, outq gpu.Region, s AttnShape) error {
 	if outq != nil {
 		if s.HeadDim%XQGroup != 0 {
@@ -198,8 +140,6 @@ func (k *Kernels) splitMerge(ctx context.Context, b *gpu.Batch, split, merge Lau
 		merge.Kernel = "attention_merge_xq"
 		merge.Bindings = append(merge.Bindings, Binding{"quantized out", XQBytes(s.Heads * s.HeadDim)})
 	}
-	merged, ok := MergedSplit(split, s, outq != nil)
-	ok = ok && s.Merged
 	for i, r := range in {
 		if err := need("attention", split.Bindings[i].Name, r, split.Bindings[i].Bytes); err != nil {
 			return b.Fail(err)
@@ -219,17 +159,6 @@ func (k *Kernels) splitMerge(ctx context.Context, b *gpu.Batch, split, merge Lau
 		return err
 	}
 	bind := append(append(append([]gpu.Region(nil), in...), part), extra...)
-	if ok {
-		c, err := k.attnCounters()
-		if err != nil {
-			return b.Fail(err)
-		}
-		bind = append(bind, out, c)
-		if outq != nil {
-			bind = append(bind, outq)
-		}
-		return k.record(ctx, b, merged, bind...)
-	}
 	if err := k.record(ctx, b, split, bind...); err != nil {
 		return err
 	}

@@ -88,7 +88,7 @@ func BenchmarkQ4KDecode(b *testing.B) {
 				b.Run(fmt.Sprintf("attention/%d/ch%d%s", kvLen, ch, mark), func(b *testing.B) {
 					defer func(c int) { attnChunk = c }(attnChunk)
 					attnChunk = ch
-					r := m.attention(b, 32, 8, 128, kvLen, false)
+					r := m.attention(b, 32, 8, 128, kvLen)
 					b.ReportMetric(r.bw/copyBW, "x-of-copy")
 					b.ReportMetric(float64(r.per.Nanoseconds())/1e3, "us/dispatch")
 				})

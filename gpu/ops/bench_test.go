@@ -136,13 +136,9 @@ func BenchmarkGPU(b *testing.B) {
 	b.Run("accumulate/k8x1M", func(b *testing.B) { report(b, m.rows(b, "accumulate", 8, 1<<20)) })
 	b.Run("rope/512x32x128", func(b *testing.B) { report(b, m.rows(b, "rope", 512, 32*128)) })
 	b.Run("embed_f16/4096x4096", func(b *testing.B) { report(b, m.rows(b, "embed", 4096, 4096)) })
-	// The split and its merge, and the split that merges itself
-	// (AttnShape.Merged), at 4096 positions and at a decode step's short
-	// context.
-	for _, n := range []int{4096, 300} {
-		b.Run(fmt.Sprintf("attention/32h8kv128d/%d", n), func(b *testing.B) { report(b, m.attention(b, 32, 8, 128, n, false)) })
-		b.Run(fmt.Sprintf("attention_merged/32h8kv128d/%d", n), func(b *testing.B) { report(b, m.attention(b, 32, 8, 128, n, true)) })
-	}
+	// At 4096 positions and at a decode step's short context.
+	b.Run("attention/32h8kv128d/4096", func(b *testing.B) { report(b, m.attention(b, 32, 8, 128, 4096)) })
+	b.Run("attention/32h8kv128d/300", func(b *testing.B) { report(b, m.attention(b, 32, 8, 128, 300)) })
 	b.Run("route_deepseek/1024x256", func(b *testing.B) { report(b, m.rows(b, "route", 1024, 256)) })
 	b.Run("argmax/152064", func(b *testing.B) { report(b, m.rows(b, "argmax", 1, 152064)) })
 	b.Run("topp/152064", func(b *testing.B) { report(b, m.rows(b, "topp", 1, 152064)) })
@@ -608,7 +604,7 @@ func (m *meter) rows(b *testing.B, kernel string, n, dim int) result {
 	return result{bw: bytes / per.Seconds(), per: per}
 }
 
-func (m *meter) attention(b *testing.B, heads, kvHeads, hd, kvLen int, merged bool) result {
+func (m *meter) attention(b *testing.B, heads, kvHeads, hd, kvLen int) result {
 	ctx := context.Background()
 	kv := uint64(kvLen * kvHeads * hd * 4)
 	q := m.alloc(b, uint64(heads*hd*4))
@@ -621,7 +617,7 @@ func (m *meter) attention(b *testing.B, heads, kvHeads, hd, kvLen int, merged bo
 		m.fill(b, vs[i], kv)
 	}
 	outs := [2]*gpu.Buffer{m.alloc(b, uint64(heads*hd*4)), m.alloc(b, uint64(heads*hd*4))}
-	s := AttnShape{Heads: heads, KVHeads: kvHeads, HeadDim: hd, KVLen: kvLen, Scale: 0.088, Merged: merged}
+	s := AttnShape{Heads: heads, KVHeads: kvHeads, HeadDim: hd, KVLen: kvLen, Scale: 0.088}
 	record := func(bt *gpu.Batch, i int) error {
 		return m.k.Attention(ctx, bt, q, ks[i%nr], vs[i%nr], outs[i%2], s)
 	}

@@ -44,10 +44,6 @@ type Kernels struct {
 	mu     sync.Mutex
 	pipes  map[string]*gpu.Pipeline
 	closed bool
-	// counters are the attention split's merge counters (attnCounters):
-	// zero between dispatches, each set back by the workgroup that
-	// counts last.
-	counters *gpu.Buffer
 }
 
 // NewKernels prepares the built-in kernels for d. A kernel that d has a
@@ -63,10 +59,6 @@ func (k *Kernels) Close() {
 		p.Release()
 	}
 	k.pipes = map[string]*gpu.Pipeline{}
-	if k.counters != nil {
-		k.counters.Release()
-		k.counters = nil
-	}
 }
 
 func (k *Kernels) pipeline(ctx context.Context, name string, consts map[string]float64) (*gpu.Pipeline, error) {

@@ -20,18 +20,6 @@
 // caches for the steps after. The arithmetic is rope.wgsl's: the same
 // bits as rope_kv and then attention_split.
 //
-// The MERGE flavors (attention_split_merge, attention_split_rope_merge;
-// lines marked //+MERGE; chunks of 32 and hd of 32, 64 or 128, main_v's
-// path) merge the chunks in the same dispatch, without attention_merge
-// after it: a workgroup, its partials written, counts itself in cnt (a
-// counter a cache head and workgroup z, zero before the dispatch), and
-// the last of the n_chunks to count merges the partials of its query
-// heads into o and sets the counter back to zero (mergeLast). In a decode
-// step the merge is a latency between dependent dispatches, not a stream
-// of bytes: one link fewer. With XQ the merged rows are also quantized
-// into q, as attention_merge_xq writes them. The query input is qin in
-// every flavor (quantize.inc writes q).
-//
 // Scores: 8 threads per position, interleaved over the row's vec4s, for
 // all G heads. Softmax of the chunk: 64 threads a head. Outputs: R =
 // 256 / hd threads per dimension, each a share of the positions, summed in
@@ -52,7 +40,7 @@ struct Params {
 //+ROPE  _p3: u32,
 }
 
-@group(0) @binding(0) var<storage, read> qin: array<f32>;
+@group(0) @binding(0) var<storage, read> q: array<f32>;
 //-ROPE @group(0) @binding(1) var<storage, read> k: array<vec4<f32>>;
 //-ROPE @group(0) @binding(2) var<storage, read> v: array<vec4<f32>>;
 //+ROPE @group(0) @binding(1) var<storage, read_write> k: array<vec4<f32>>;
@@ -60,20 +48,13 @@ struct Params {
 @group(0) @binding(3) var<storage, read_write> part: array<f32>;
 @group(1) @binding(0) var<uniform> p: Params;
 //+ROPE @group(0) @binding(4) var<storage, read> freqs: array<f32>;
-//+MERGE //-ROPE @group(0) @binding(4) var<storage, read_write> o: array<f32>;
-//+MERGE //-ROPE @group(0) @binding(5) var<storage, read_write> cnt: array<atomic<u32>>;
-//+MERGE //-ROPE //+XQ @group(0) @binding(6) var<storage, read_write> q: array<vec4<u32>>;
-//+MERGE //+ROPE @group(0) @binding(5) var<storage, read_write> o: array<f32>;
-//+MERGE //+ROPE @group(0) @binding(6) var<storage, read_write> cnt: array<atomic<u32>>;
-//+MERGE //+ROPE //+XQ @group(0) @binding(7) var<storage, read_write> q: array<vec4<u32>>;
-//+XQ //#include quantize.inc
 
 //-ROPE const ROPE: bool = false;
 //+ROPE const ROPE: bool = true;
 
 // q4at is vec4 i (a float index, a multiple of 4) of q.
 fn q4at(i: u32) -> vec4<f32> {
-  return vec4<f32>(qin[i], qin[i + 1u], qin[i + 2u], qin[i + 3u]);
+  return vec4<f32>(q[i], q[i + 1u], q[i + 2u], q[i + 3u]);
 }
 
 // rot4 is a's four elements turned as rope.wgsl turns them at the new
@@ -232,7 +213,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let t0 = c * CH;
   for (var i = tid; i < g_n * (hd >> 2u); i += WG) {
     let b = h0 * hd + 4u * i;
-    qs[i] = vec4<f32>(qin[b], qin[b + 1u], qin[b + 2u], qin[b + 3u]);
+    qs[i] = vec4<f32>(q[b], q[b + 1u], q[b + 2u], q[b + 3u]);
   }
   workgroupBarrier();
 
@@ -389,7 +370,6 @@ fn main_v(wid: vec3<u32>, tid: u32) {
   }
   workgroupBarrier();
   chunkOut(c, h0, g_n, tid, kv);
-//+MERGE  mergeLast(wid, tid, h0, g_n);
 }
 
 // KV is a thread's share of a chunk's K and V in main_v's layout.
@@ -551,115 +531,3 @@ fn chunkOut(c: u32, h0: u32, g_n: u32, tid: u32, kv: KV) {
     workgroupBarrier();
   }
 }
-
-// mergeLast (MERGE) counts the workgroup's chunk in its counter and, in
-// the workgroup that counts last, merges the n_chunks chunks of query
-// heads h0 .. h0 + g_n - 1 into o as attention_merge does (the same
-// online merge, eight chunks' loads at once, and a tree of the groups'
-// sums rescaled to the larger max), then sets the counter back to zero.
-// naga compiles storageBarrier to a control barrier whose memory
-// semantics are acquire-release over storage memory at device scope: the
-// first orders this workgroup's partials before its count (a release),
-// the second the merge's loads after the count that found it last (an
-// acquire). Thread (col, grp): vec4 column col of the g_n * hd / 4 (head
-// col / (hd / 4)), chunks grp, grp + G, ... with G the power of two
-// groups that fit.
-//+MERGE var<workgroup> lastw: u32;
-//+MERGE fn mergeLast(wid: vec3<u32>, tid: u32, h0: u32, g_n: u32) {
-//+MERGE   storageBarrier();
-//+MERGE   let slot = wid.y * ((p.n_heads / p.n_kv + MAXG - 1u) / MAXG) + wid.z;
-//+MERGE   let nc = p.n_chunks;
-//+MERGE   if (tid == 0u) {
-//+MERGE     lastw = select(0u, 1u, atomicAdd(&cnt[slot], 1u) == nc - 1u);
-//+MERGE   }
-//+MERGE   if (workgroupUniformLoad(&lastw) == 0u) {
-//+MERGE     return;
-//+MERGE   }
-//+MERGE   storageBarrier();
-//+MERGE   if (tid == 0u) {
-//+MERGE     atomicStore(&cnt[slot], 0u);
-//+MERGE   }
-//+MERGE   let hd = p.hd;
-//+MERGE   let n4 = hd >> 2u;
-//+MERGE   let row = hd + 2u;
-//+MERGE   let cols = g_n * n4; // <= 256
-//+MERGE   var groups = 1u;
-//+MERGE   while (2u * groups * cols <= WG) {
-//+MERGE     groups *= 2u;
-//+MERGE   }
-//+MERGE   let col = tid % cols;
-//+MERGE   let grp = tid / cols;
-//+MERGE   let live = grp < groups;
-//+MERGE   let d0 = 4u * (col % n4);
-//+MERGE   let h = h0 + col / n4;
-//+MERGE   let base = h * nc * row;
-//+MERGE   var M = NEG;
-//+MERGE   var L = 0.0;
-//+MERGE   var A = vec4<f32>(0.0);
-//+MERGE   if (live) {
-//+MERGE     for (var i = grp; i < nc; i += 8u * groups) {
-//+MERGE       var ms: array<f32, 8>;
-//+MERGE       var ls: array<f32, 8>;
-//+MERGE       var xs: array<vec4<f32>, 8>;
-//+MERGE       for (var u = 0u; u < 8u; u++) {
-//+MERGE         let c = i + u * groups;
-//+MERGE         let at = base + min(c, nc - 1u) * row;
-//+MERGE         ms[u] = select(NEG, part[at], c < nc);
-//+MERGE         ls[u] = part[at + 1u];
-//+MERGE         let xo = at + 2u + d0;
-//+MERGE         xs[u] = vec4<f32>(part[xo], part[xo + 1u], part[xo + 2u], part[xo + 3u]);
-//+MERGE       }
-//+MERGE       var mb = M;
-//+MERGE       for (var u = 0u; u < 8u; u++) {
-//+MERGE         mb = max(mb, ms[u]);
-//+MERGE       }
-//+MERGE       let r = exp(M - mb);
-//+MERGE       L *= r;
-//+MERGE       A *= r;
-//+MERGE       for (var u = 0u; u < 8u; u++) {
-//+MERGE         let w = exp(ms[u] - mb);
-//+MERGE         L += w * ls[u];
-//+MERGE         A += w * xs[u];
-//+MERGE       }
-//+MERGE       M = mb;
-//+MERGE     }
-//+MERGE   }
-//+MERGE   // The groups of a column meet in a tree, each pair rescaled to the
-//+MERGE   // larger max: max, sum and the four sums in planes of red.
-//+MERGE   red[tid] = M;
-//+MERGE   red[256u + tid] = L;
-//+MERGE   red[512u + tid] = A.x;
-//+MERGE   red[768u + tid] = A.y;
-//+MERGE   red[1024u + tid] = A.z;
-//+MERGE   red[1280u + tid] = A.w;
-//+MERGE   for (var st = groups / 2u; st > 0u; st >>= 1u) {
-//+MERGE     workgroupBarrier();
-//+MERGE     if (grp < st) {
-//+MERGE       let t = tid + st * cols;
-//+MERGE       let ma = red[tid];
-//+MERGE       let mt = red[t];
-//+MERGE       let mx = max(ma, mt);
-//+MERGE       let ra = exp(ma - mx);
-//+MERGE       let rb = exp(mt - mx);
-//+MERGE       red[tid] = mx;
-//+MERGE       for (var k = 1u; k < 6u; k++) {
-//+MERGE         red[k * 256u + tid] = red[k * 256u + tid] * ra + red[k * 256u + t] * rb;
-//+MERGE       }
-//+MERGE     }
-//+MERGE   }
-//+MERGE   workgroupBarrier();
-//+MERGE   if (grp == 0u) {
-//+MERGE     let s = vec4<f32>(red[512u + tid], red[768u + tid], red[1024u + tid], red[1280u + tid]) / red[256u + tid];
-//+MERGE     let ob = h * hd + d0;
-//+MERGE     o[ob] = s.x;
-//+MERGE     o[ob + 1u] = s.y;
-//+MERGE     o[ob + 2u] = s.z;
-//+MERGE     o[ob + 3u] = s.w;
-//+MERGE //+XQ    qs[col] = s;
-//+MERGE   }
-//+MERGE //+XQ  // The heads' rows quantized (groups of 16: hd a multiple of 16).
-//+MERGE //+XQ  workgroupBarrier();
-//+MERGE //+XQ  if (tid < cols / 4u) {
-//+MERGE //+XQ    quantize(array<vec4<f32>, 4>(qs[4u * tid], qs[4u * tid + 1u], qs[4u * tid + 2u], qs[4u * tid + 3u]), h0 * hd / 16u + tid);
-//+MERGE //+XQ  }
-//+MERGE }
