@@ -48,6 +48,7 @@ var abToggles = map[string]abToggle{
 	"router":    {func(g *GPUModel) *bool { return &g.fuseRouter }, false}, // the router's product in its routing dispatch
 	"accnorm":   {func(g *GPUModel) *bool { return &g.accNorm }, true},     // accumulates deferred to the next norm
 	"xqattn":    {func(g *GPUModel) *bool { return &g.xqAttn }, true},      // q8 activations for the attention's products too
+	"xqhead":    {func(g *GPUModel) *bool { return &g.xqHead }, true},      // q8 activations for the LM head too (with xqattn)
 	"routenorm": {func(g *GPUModel) *bool { return &g.routeNorm }, true},   // the router beside the FFN norm, normalizing x + o itself (router's and accnorm's off sides turn it off too)
 }
 

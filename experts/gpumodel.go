@@ -151,8 +151,13 @@ type GPUModel struct {
 	// steps, for q k v and o, against none with the experts' alone): its
 	// logits then differ from the float model's by up to 0.29 of the
 	// largest against 0.016, and match the reference that quantizes as
-	// it does within 1.1e-2.
+	// it does within 1.5e-2 (1.1e-2 before the LM head's x was quantized
+	// too, xqHead).
 	xqAttn bool
+	// xqHead has the LM head read the final norm quantized too, with
+	// xqAttn (quantizedHead); RDRR_GPU_XQHEAD=0 turns it off, for
+	// measurements.
+	xqHead bool
 	// perSubmit is how many masked layers a step records before it
 	// submits them, unless it is recorded ahead (see begin):
 	// maskedPerSubmit, or RDRR_GPU_PER_SUBMIT for every step (perSubmitSet;
@@ -319,6 +324,7 @@ func NewGPUModel(ctx context.Context, m *Manifest, d *gpu.Device, cache *tiers.C
 	}
 	g.xq = os.Getenv("RDRR_GPU_XQ") != "0" && g.canXQ()
 	g.xqAttn = g.xq && os.Getenv("RDRR_GPU_XQ") != "experts"
+	g.xqHead = os.Getenv("RDRR_GPU_XQHEAD") != "0"
 	g.yq = os.Getenv("RDRR_GPU_YQ") != "0"
 	g.accNorm = os.Getenv("RDRR_GPU_ACCNORM") != "0"
 	g.l2Router = os.Getenv("RDRR_GPU_L2") != "0"
@@ -727,8 +733,9 @@ func (g *GPUModel) matrixKey(name string) tiers.Key {
 }
 
 // Activations names what the layers' Q4_K products read: "q8" (x
-// quantized, xq, for every product of the layers), "q8-experts" (for the
-// experts' products only) or "f32".
+// quantized, xq, for every product of the layers and the LM head, unless
+// RDRR_GPU_XQHEAD=0), "q8-experts" (for the experts' products only) or
+// "f32".
 func (g *GPUModel) Activations() string {
 	switch {
 	case g.xq && g.xqAttn:
@@ -1897,6 +1904,14 @@ func (g *GPUModel) gluYQ() bool {
 	return g.xq && g.yq && ops.GLUQuantizesY(c.ExpertFFN(), c.HiddenSize, c.NumExpertsPerTok)
 }
 
+// quantizedHead reports whether the LM head reads the final norm
+// quantized: with every product of quantized x (xqAttn), as the layers'
+// products. Its float x took 52 us a step on an H200, at ~0.35 of copy
+// (experts/BENCHMARKS.md, 2026-11-29, night).
+func (g *GPUModel) quantizedHead() bool {
+	return g.xqAttn && g.xqHead && !g.partNorm && g.m.Config.HiddenSize%ops.XQGroup == 0
+}
+
 // quantizedO reports whether the o product reads the attention's output
 // quantized (by the attention's merge): with xqAttn, o not added into x
 // by its own product, and whole groups a head.
@@ -1922,11 +1937,17 @@ func (g *GPUModel) normX(ctx context.Context, b *gpu.Batch, x *gpu.Buffer, weigh
 	g.k.RMSNorm(ctx, b, g.buf["x"], g.dense[weight], g.buf["xn"], s)
 }
 
-// lmHead records the logits: the LM head of the final norm of x.
+// lmHead records the logits: the LM head of the final norm of x, of
+// that norm quantized with quantizedHead.
 func (g *GPUModel) lmHead(ctx context.Context, b *gpu.Batch, logits gpu.Region) {
 	c := &g.m.Config
 	if g.partNorm {
 		g.k.Q4KMatVecNormed(ctx, b, g.dense["lm_head.weight"], g.normed, logits, c.VocabSize, c.HiddenSize)
+		return
+	}
+	if g.quantizedHead() {
+		g.normXQ(ctx, b, g.residual(c.NumHiddenLayers), "model.norm.weight", ops.NormShape{Rows: 1, Dim: c.HiddenSize, Eps: float32(c.RMSNormEps)})
+		g.k.Q4KMatVecXQ(ctx, b, g.dense["lm_head.weight"], g.gateX(), logits, c.VocabSize, c.HiddenSize)
 		return
 	}
 	g.normX(ctx, b, g.residual(c.NumHiddenLayers), "model.norm.weight")

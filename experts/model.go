@@ -38,10 +38,11 @@ type RefModel struct {
 	// QuantizedX has the routed experts' products read their x as the
 	// GPU engine's quantized products do (ref.QuantizeX of the FFN's norm
 	// and of SwiGLU's output), QuantizedQKV the q k v products (of the
-	// attention's norm) and QuantizedO the o product (of the attention's
-	// output): the reference of that arithmetic, not of the model's. The
-	// LM head and the routers read float x.
-	QuantizedX, QuantizedQKV, QuantizedO bool
+	// attention's norm), QuantizedO the o product (of the attention's
+	// output) and QuantizedHead the LM head (of the final norm): the
+	// reference of that arithmetic, not of the model's. The routers read
+	// float x.
+	QuantizedX, QuantizedQKV, QuantizedO, QuantizedHead bool
 	// Follow, if not nil, returns the experts another engine chose for
 	// MoE layer l at this step (nil: not known). Where that choice
 	// differs from the reference's in experts whose selection scores all
@@ -218,6 +219,9 @@ func (rm *RefModel) Step(ctx context.Context, token int) ([]float64, error) {
 	}
 	rm.pos++
 	xn := ref.RMSNorm(x, rm.w("model.norm.weight"), 1, h, c.RMSNormEps)
+	if rm.QuantizedHead {
+		xn = ref.QuantizeX(xn)
+	}
 	return matvec(rm.w("lm_head.weight"), xn, c.VocabSize, h), nil
 }
 
