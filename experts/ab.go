@@ -47,8 +47,8 @@ var abToggles = map[string]abToggle{
 	"yq":        {func(g *GPUModel) *bool { return &g.yq }, true},          // gate and up products quantizing their output
 	"router":    {func(g *GPUModel) *bool { return &g.fuseRouter }, false}, // the router's product in its routing dispatch
 	"accnorm":   {func(g *GPUModel) *bool { return &g.accNorm }, true},     // accumulates deferred to the next norm
-	"xqattn":    {func(g *GPUModel) *bool { return &g.xqAttn }, true},      // q8 activations for the attention's products too
-	"xqhead":    {func(g *GPUModel) *bool { return &g.xqHead }, true},      // q8 activations for the LM head too (with xqattn)
+	"xqattn":    {func(g *GPUModel) *bool { return &g.xqAttn }, true},      // q8 activations for the attention's products too (and so the LM head's, with xqhead)
+	"xqhead":    {func(g *GPUModel) *bool { return &g.xqHead }, true},      // q8 activations for the LM head too (needs xqattn on)
 	"routenorm": {func(g *GPUModel) *bool { return &g.routeNorm }, true},   // the router beside the FFN norm, normalizing x + o itself (router's and accnorm's off sides turn it off too)
 }
 
@@ -87,6 +87,8 @@ func (g *GPUModel) SetAB(toggle string) error {
 		return fmt.Errorf("experts: no A/B toggle %q (toggles: %s)", toggle, strings.Join(ABToggles(), ", "))
 	case tg.needXQ && !g.xq:
 		return fmt.Errorf("experts: the A/B toggle %s needs the experts' q8 activations (RDRR_GPU_XQ not 0, activations not f32)", toggle)
+	case toggle == "xqhead" && !g.xqAttn:
+		return fmt.Errorf("experts: the A/B toggle xqhead needs q8 activations for every product (not q8-experts: the LM head reads float x then)")
 	case toggle == "routenorm" && g.ffnBufs == nil:
 		return fmt.Errorf("experts: the A/B toggle routenorm: this model's router cannot run beside its norm (softmax routing of at most %d experts, no shared experts)", ops.MaxRouterNormExperts)
 	}

@@ -127,8 +127,9 @@ func TestGPUModelAB(t *testing.T) {
 	}
 	// Toggles that change the step's bits (the attention's products of
 	// quantized x; the router beside the norm, which sums in another
-	// order) run too, each setting counted, the toggle set back after.
-	for _, toggle := range []string{"xqattn", "routenorm"} {
+	// order; the LM head of quantized x) run too, each setting counted,
+	// the toggle set back after.
+	for _, toggle := range []string{"xqattn", "routenorm", "xqhead"} {
 		was := abSetting(g, toggle)
 		if _, g := generate(toggle); g.ab == nil {
 			t.Fatalf("%s: no A/B", toggle)
@@ -155,6 +156,13 @@ func TestGPUModelAB(t *testing.T) {
 	if err := g.SetAB("yq"); err == nil {
 		t.Fatal("yq accepted without xq")
 	}
+	// q8-experts leaves xqhead no meaning (the head reads float x).
+	if err := g.SetActivations(ctx, "q8-experts"); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.SetAB("xqhead"); err == nil {
+		t.Fatal("xqhead accepted with q8-experts activations")
+	}
 }
 
 // abSetting is toggle's setting in g (true: the feature in use).
@@ -170,6 +178,8 @@ func abSetting(g *GPUModel, toggle string) bool {
 		return g.xqAttn
 	case "routenorm":
 		return g.routeNorm
+	case "xqhead":
+		return g.xqHead
 	}
 	panic(toggle)
 }

@@ -134,8 +134,8 @@ type GPUModel struct {
 	// q k v product and the experts hand their output over quantized too
 	// (ops.RMSNormXQ), as does the attention's merge (ops.AttentionXQ),
 	// and the gate and up products' output is quantized by a dispatch of
-	// its own. The LM head reads float x (the logits stay as exact as the
-	// sampler's reference needs). On unless RDRR_GPU_XQ=0, with glu
+	// its own. The LM head reads x quantized only with xqAttn (xqHead).
+	// On unless RDRR_GPU_XQ=0, with glu
 	// and not with partNorm. On an H200 the masked gate and up products
 	// took 52 us against 71, the down products 27 against 38
 	// (gpu/BENCHMARKS.md, 2026-11-28, evening).
@@ -151,8 +151,8 @@ type GPUModel struct {
 	// steps, for q k v and o, against none with the experts' alone): its
 	// logits then differ from the float model's by up to 0.29 of the
 	// largest against 0.016, and match the reference that quantizes as
-	// it does within 1.5e-2 (1.1e-2 before the LM head's x was quantized
-	// too, xqHead).
+	// it does within 1.5e-2 on lavapipe and 9.4e-3 on an H200 (1.1e-2 on
+	// lavapipe before the LM head's x was quantized too, xqHead).
 	xqAttn bool
 	// xqHead has the LM head read the final norm quantized too, with
 	// xqAttn (quantizedHead); RDRR_GPU_XQHEAD=0 turns it off, for
