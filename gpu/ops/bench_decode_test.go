@@ -20,7 +20,8 @@ import (
 // and v (6144x4096), o (4096x4096), the masked gate and up products of 8
 // experts with the router's 2 chosen (16 products of 14336x4096 in one
 // dispatch, 4 of them run) and the masked down products straight from
-// SwiGLU of those (8 of 4096x14336, 2 run), the LM head (32000x4096).
+// SwiGLU of those (8 of 4096x14336, 2 run), the LM head (32000x4096,
+// of float and of quantized x). Each also as x-of-same-copy (see report).
 //
 // Attention follows, at three cache lengths and three chunk sizes.
 // RDRR_BENCH_SWEEP=1 also times every configuration of the Q4_K kernel at
@@ -72,6 +73,7 @@ func BenchmarkQ4KDecode(b *testing.B) {
 		{"down_act", 4096, 14336, 8, maskedDown, false},
 		{"down_act_xq", 4096, 14336, 8, maskedDown, true},
 		{"head", 32000, 4096, 0, 0, false},
+		{"head_xq", 32000, 4096, 0, 0, true},
 	}
 	if m.cpu { // lavapipe: one small shape of each kind
 		shapes = []shape{{"qkv", 768, 512, 0, 0, false}, {"qkv_xq", 768, 512, 0, 0, true}, {"gate_up", 512, 512, 4, maskedGateUp, false}, {"glu", 512, 512, 4, maskedGLU, false},
