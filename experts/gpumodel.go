@@ -1604,7 +1604,7 @@ func (g *GPUModel) recordAttention(ctx context.Context, b *gpu.Batch, l int) {
 	p := fmt.Sprintf("model.layers.%d.", l)
 	normed := g.partNorm && g.qkv[l] != nil // the norm handed over to the q k v product
 	xq := g.xqAttn && g.qkv[l] != nil       // the q k v product of the norm quantized
-	norm := ops.NormShape{Rows: 1, Dim: h, Eps: float32(c.RMSNormEps)}
+	norm := g.rowNorm()
 	switch {
 	case xq:
 		g.normXQ(ctx, b, g.residual(l), p+"input_layernorm.weight", norm)
@@ -1722,7 +1722,7 @@ func (g *GPUModel) ffnNorm(ctx context.Context, b *gpu.Batch, l int) {
 	}
 	weight := fmt.Sprintf("model.layers.%d.post_attention_layernorm.weight", l)
 	if g.xq && c.IsMoE(l) {
-		g.normXQ(ctx, b, g.buf["x"], weight, ops.NormShape{Rows: 1, Dim: c.HiddenSize, Eps: float32(c.RMSNormEps)})
+		g.normXQ(ctx, b, g.buf["x"], weight, g.rowNorm())
 	} else {
 		g.normX(ctx, b, g.buf["x"], weight)
 	}
@@ -1905,11 +1905,16 @@ func (g *GPUModel) gluYQ() bool {
 }
 
 // quantizedHead reports whether the LM head reads the final norm
-// quantized: with every product of quantized x (xqAttn), as the layers'
+// quantized: with every product of quantized x (xqAttn, which only a
+// model whose forms allow quantized x has: canXQ), as the layers'
 // products. Its float x took 52 us a step on an H200, at ~0.35 of copy
 // (experts/BENCHMARKS.md, 2026-11-29, night).
-func (g *GPUModel) quantizedHead() bool {
-	return g.xqAttn && g.xqHead && !g.partNorm && g.m.Config.HiddenSize%ops.XQGroup == 0
+func (g *GPUModel) quantizedHead() bool { return g.xqAttn && g.xqHead }
+
+// rowNorm is the shape of an RMSNorm of one hidden-state row.
+func (g *GPUModel) rowNorm() ops.NormShape {
+	c := &g.m.Config
+	return ops.NormShape{Rows: 1, Dim: c.HiddenSize, Eps: float32(c.RMSNormEps)}
 }
 
 // quantizedO reports whether the o product reads the attention's output
@@ -1928,8 +1933,7 @@ func (g *GPUModel) quantizedO() bool {
 // accumulate is pending only with xq (accumulate), so xnq is then another
 // buffer than xn.
 func (g *GPUModel) normX(ctx context.Context, b *gpu.Batch, x *gpu.Buffer, weight string) {
-	c := &g.m.Config
-	s := ops.NormShape{Rows: 1, Dim: c.HiddenSize, Eps: float32(c.RMSNormEps)}
+	s := g.rowNorm()
 	if g.pending.set || x != g.buf["x"] {
 		g.normXQ(ctx, b, x, weight, s)
 		return
@@ -1946,7 +1950,7 @@ func (g *GPUModel) lmHead(ctx context.Context, b *gpu.Batch, logits gpu.Region) 
 		return
 	}
 	if g.quantizedHead() {
-		g.normXQ(ctx, b, g.residual(c.NumHiddenLayers), "model.norm.weight", ops.NormShape{Rows: 1, Dim: c.HiddenSize, Eps: float32(c.RMSNormEps)})
+		g.normXQ(ctx, b, g.residual(c.NumHiddenLayers), "model.norm.weight", g.rowNorm())
 		g.k.Q4KMatVecXQ(ctx, b, g.dense["lm_head.weight"], g.gateX(), logits, c.VocabSize, c.HiddenSize)
 		return
 	}
@@ -1976,7 +1980,7 @@ func (g *GPUModel) recordChoice(ctx context.Context, b *gpu.Batch, l int) bool {
 		// own: the guess of its experts.
 		q := fmt.Sprintf("model.layers.%d.", l+1)
 		g.flushAcc(ctx, b)
-		g.k.RMSNorm(ctx, b, g.residual(l+1), g.dense[q+"post_attention_layernorm.weight"], B["pxn"], ops.NormShape{Rows: 1, Dim: c.HiddenSize, Eps: float32(c.RMSNormEps)})
+		g.k.RMSNorm(ctx, b, g.residual(l+1), g.dense[q+"post_attention_layernorm.weight"], B["pxn"], g.rowNorm())
 		g.router(ctx, b, l+1, B["pxn"], B["plogits"], B["ids"].Sub(idsPredOff, uint64(k*4)), B["pw"], g.route(), false)
 		// Its logits beside it, read back with it: how sure the guess is.
 		n := uint64(c.Experts() * 4)

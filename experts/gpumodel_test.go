@@ -161,12 +161,7 @@ func testGPUModelMatches(t *testing.T, preset string, maxBuf uint64, resident bo
 	}
 	warm := gcache.Stats()[tiers.VRAM]
 	compiles := d.Stats().Compiles
-	rcache, _ := tiers.New(tiers.Config{RAM: m.TotalSize, Disk: src})
-	defer rcache.Close()
-	rm, err := NewRefModel(ctx, m, rcache)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rm := refModel(t, m, src)
 	rm.QuantizedX, rm.QuantizedQKV = g.xq, g.xqAttn
 	rm.QuantizedO = g.quantizedO()
 	rm.QuantizedHead = g.quantizedHead()
@@ -177,11 +172,7 @@ func testGPUModelMatches(t *testing.T, preset string, maxBuf uint64, resident bo
 	var plain *RefModel
 	worstPlain := 0.0
 	if g.xq {
-		pcache, _ := tiers.New(tiers.Config{RAM: m.TotalSize, Disk: src})
-		defer pcache.Close()
-		if plain, err = NewRefModel(ctx, m, pcache); err != nil {
-			t.Fatal(err)
-		}
+		plain = refModel(t, m, src)
 	}
 	// The reference follows the GPU's choice of experts through near-ties
 	// (within the tokens' tie tolerance): float32 and float64 sums, or a
@@ -607,15 +598,7 @@ func TestGPUModelSamples(t *testing.T) {
 	// reference replays the reference engine with the draws Generate
 	// makes, and returns its tokens and each draw's margin.
 	reference := func(s Sampling) ([]int, []float64) {
-		cache, err := tiers.New(tiers.Config{RAM: m.TotalSize, Disk: src})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer cache.Close()
-		rm, err := NewRefModel(ctx, m, cache)
-		if err != nil {
-			t.Fatal(err)
-		}
+		rm := refModel(t, m, src)
 		var margins []float64
 		toks, err := decode(ctx, m, nil, prompt, n, s, nil, func(ctx context.Context, tok int, dr *draw) (int, error) {
 			logits, err := rm.Step(ctx, tok)
@@ -727,6 +710,22 @@ var heapRAM bool
 // matrices and a cache that holds all of m in RAM; both end with the test.
 // As peer generate's --host-ram auto, the RAM level is in pinned host
 // memory when the arena does not hold every expert matrix (unless heapRAM).
+// refModel is the float64 reference engine of m, its weights read from
+// src through a cache of its own that closes when the test ends.
+func refModel(t testing.TB, m *Manifest, src tiers.Source) *RefModel {
+	t.Helper()
+	cache, err := tiers.New(tiers.Config{RAM: m.TotalSize, Disk: src})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cache.Close() })
+	rm, err := NewRefModel(context.Background(), m, cache)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rm
+}
+
 func testGPUModel(t *testing.T, d *gpu.Device, m *Manifest, src tiers.Source, slots int) (*GPUModel, *tiers.Cache) {
 	t.Helper()
 	arena, err := tiers.NewGPUArena(d, ExpertMatrixBytes(m), slots, nil)

@@ -10,7 +10,6 @@ import (
 
 	"github.com/rdrr/peer/gpu/ops"
 	"github.com/rdrr/peer/gpu/ref"
-	"github.com/rdrr/peer/tiers"
 )
 
 // TestGPUModelHeadXQ: with every product of quantized x, the LM head
@@ -88,16 +87,7 @@ func TestGPUModelHeadXQ(t *testing.T) {
 					t.Fatalf("xnq[%d] = %g; ref.QuantizeX of xn gives %g (a step %g)", i, xq[i], mirror[i], step)
 				}
 			}
-			rcache, err := tiers.New(tiers.Config{RAM: m.TotalSize, Disk: src})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer rcache.Close()
-			rm, err := NewRefModel(ctx, m, rcache)
-			if err != nil {
-				t.Fatal(err)
-			}
-			w := rm.w("lm_head.weight")
+			w := refModel(t, m, src).w("lm_head.weight")
 			want := map[bool][]float64{
 				true:  matvec(w, xq, c.VocabSize, c.HiddenSize),
 				false: matvec(w, xn, c.VocabSize, c.HiddenSize),
