@@ -1141,9 +1141,10 @@ func (g *GPUModel) begin(ctx context.Context, token int, onGPU bool, hd head) (_
 					return nil, err
 				}
 				masked = append(masked, l)
-				if len(masked)%perSubmit == 0 {
+				if len(masked)%perSubmit == 0 && l+1 < c.NumHiddenLayers {
 					// Submit as we go: the GPU runs these layers while the
-					// next ones are recorded.
+					// next ones are recorded (the last ones go with the
+					// head and the read-back: one submission fewer).
 					if err := b.Submit(ctx); err != nil {
 						return nil, err
 					}
@@ -1365,13 +1366,11 @@ func (g *GPUModel) begin(ctx context.Context, token int, onGPU bool, hd head) (_
 	if err := section("head"); err != nil {
 		return nil, err
 	}
-	if err := b.Submit(ctx); err != nil {
-		return nil, err
-	}
-	pr.Submits++
-	lap(&pr.Record)
-	// One read-back: from the logits (or the sampled token, or the first
-	// masked layer's choice) to the last masked layer's choice.
+	// One read-back, in the head's submission: from the logits (or the
+	// sampled token, or the first masked layer's choice) to the last
+	// masked layer's choice. A submission of its own idled an H200 for
+	// ~40 us before it and ~60 after it (experts/BENCHMARKS.md,
+	// 2026-11-29, late).
 	from, to := uint64(0), uint64(c.VocabSize*4)
 	switch {
 	case hd.logits:
@@ -1387,13 +1386,20 @@ func (g *GPUModel) begin(ctx context.Context, token int, onGPU bool, hd head) (_
 	run.from, run.to, run.masked = from, to, masked
 	if to > from {
 		var err error
-		if run.rd, err = g.d.StartRead(B["out"].Sub(from, to-from), int(to-from)); err != nil {
+		if run.rd, err = b.SubmitRead(ctx, B["out"].Sub(from, to-from), int(to-from)); err != nil {
 			return nil, err
 		}
 		pr.Readbacks++
-	} else if err := g.d.Sync(ctx); err != nil { // nothing to read: wait for the step
-		return nil, err
+	} else {
+		if err := b.Submit(ctx); err != nil {
+			return nil, err
+		}
+		if err := g.d.Sync(ctx); err != nil { // nothing to read: wait for the step
+			return nil, err
+		}
 	}
+	pr.Submits++
+	lap(&pr.Record)
 	pr.Steps++
 	g.pos++
 	run.turns = pr.TurnProfile.minus(before)

@@ -147,3 +147,85 @@ func TestEncodedAhead(t *testing.T) {
 		t.Fatalf("after Drop: %d buffers out of the pool; want %d", s.NativeBuffers-s.PooledBuffers, s0.NativeBuffers-s0.PooledBuffers)
 	}
 }
+
+// TestSubmitRead checks a read submitted with its batch: it sees what the
+// batch's dispatches wrote (not the data before them), a length that is
+// not a multiple of 4 and an offset into a buffer, nothing for 0 bytes;
+// a read past the buffer or of a batch already submitted fails without
+// submitting, and a released source fails the submit.
+func TestSubmitRead(t *testing.T) {
+	d, k := smallBindGroupCache(t)
+	ctx := ctxT(t)
+	const dim = 64
+	vals := make([]float32, 2*dim)
+	for i := range vals {
+		vals[i] = float32(i) + 0.5
+	}
+	src, w := upload(t, d, Bytes(vals)), upload(t, d, Bytes([]float32{3, 0, 0, 0}))
+	dst := upload(t, d, make([]byte, 2*dim*4))
+	b := d.Batch()
+	k.Accumulate(ctx, b, src, w, dst, 1, 2*dim, 0) // dst = 3 src
+	r, err := b.SubmitRead(ctx, dst.Sub(dim*4, dim*4), dim*4-2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, dim*4-2)
+	if err := r.Wait(ctx, got); err != nil {
+		t.Fatal(err)
+	}
+	three := make([]float32, dim)
+	for i := range three {
+		three[i] = 3 * vals[dim+i]
+	}
+	if want := Bytes(three)[:len(got)]; string(got) != string(want) {
+		t.Fatalf("read back % x...; want % x... (3 times the source: the batch's work)", got[:8], want[:8])
+	}
+	if err := b.Submit(ctx); !errors.Is(err, ErrClosed) {
+		t.Errorf("the batch submitted again: %v; want ErrClosed", err)
+	}
+	if _, err := b.SubmitRead(ctx, dst, 4); !errors.Is(err, ErrClosed) {
+		t.Errorf("a read of a batch already submitted: %v; want ErrClosed", err)
+	}
+	// Nothing to read: the batch still runs.
+	b = d.Batch()
+	k.Accumulate(ctx, b, src, w, dst, 1, 2*dim, 0)
+	if r, err = b.SubmitRead(ctx, dst, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Wait(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	all := make([]byte, 2*dim*4)
+	if err := d.Read(ctx, dst, all); err != nil {
+		t.Fatal(err)
+	}
+	if v := math.Float32frombits(binary.LittleEndian.Uint32(all)); v != 6*vals[0] {
+		t.Fatalf("after a batch with a read of nothing, element 0 = %g; want %g", v, 6*vals[0])
+	}
+	// A read past the buffer: refused, the batch not run.
+	b = d.Batch()
+	k.Accumulate(ctx, b, src, w, dst, 1, 2*dim, 0)
+	if _, err := b.SubmitRead(ctx, dst, 2*dim*4+4); !errors.Is(err, ErrShape) {
+		t.Errorf("a read past the buffer: %v; want ErrShape", err)
+	}
+	if err := d.Read(ctx, dst, all); err != nil {
+		t.Fatal(err)
+	}
+	if v := math.Float32frombits(binary.LittleEndian.Uint32(all)); v != 6*vals[0] {
+		t.Fatalf("a refused read's batch ran: element 0 = %g; want %g", v, 6*vals[0])
+	}
+	// A source released before the submit.
+	gone, err := d.Alloc(64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b = d.Batch()
+	k.Accumulate(ctx, b, src, w, dst, 1, 2*dim, 0)
+	gone.Release()
+	if _, err := b.SubmitRead(ctx, gone, 64); err == nil {
+		t.Error("a read of a released buffer submitted")
+	}
+}

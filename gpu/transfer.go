@@ -490,6 +490,67 @@ func (d *Device) StartRead(src Region, n int) (*PendingRead, error) {
 		return nil, fmt.Errorf("read: %w", d.noteNative(ne))
 	}
 	d.noteSubmit(idx)
+	r, err := d.mapReadLocked(rb, n, n4)
+	d.mu.Unlock()
+	if err == nil {
+		d.wake()
+	}
+	return r, err
+}
+
+// SubmitRead submits b with a read of n bytes of src after its work, in
+// the same command buffer, and returns the read as StartRead does: one
+// submission where Submit and StartRead make two (each boundary between
+// submissions idled an H200 for 40-60 us in a decode step;
+// experts/BENCHMARKS.md, 2026-11-29, late). On an error nothing is read
+// and, as with Submit, b is spent.
+func (b *Batch) SubmitRead(ctx context.Context, src Region, n int) (*PendingRead, error) {
+	d := b.d
+	sp := src.span()
+	err := func() error {
+		if b.done {
+			return fmt.Errorf("%w: batch already submitted", ErrClosed)
+		}
+		if n < 0 {
+			return fmt.Errorf("%w: %d bytes", ErrShape, n)
+		}
+		return d.checkCopy(sp, uint64(n))
+	}()
+	if err != nil {
+		b.Drop()
+		return nil, fmt.Errorf("read: %w", err)
+	}
+	n4 := alignUp(uint64(n), 4)
+	if n4 == 0 {
+		return &PendingRead{d: d}, b.Submit(ctx)
+	}
+	d.mu.Lock()
+	rb, err := d.allocLocked(usageReadback, n4)
+	d.mu.Unlock()
+	if err != nil {
+		b.Drop()
+		return nil, fmt.Errorf("read: %w", err)
+	}
+	b.cmds = append(b.cmds, command{src: Span{sp.buf, sp.off, n4}, dst: Span{rb, 0, n4}})
+	if err := b.Submit(ctx); err != nil {
+		d.mu.Lock()
+		d.releaseLocked(rb)
+		d.mu.Unlock()
+		return nil, err
+	}
+	d.mu.Lock()
+	r, err := d.mapReadLocked(rb, n, n4)
+	d.mu.Unlock()
+	if err == nil {
+		d.wake()
+	}
+	return r, err
+}
+
+// mapReadLocked maps rb (n bytes of a read, n4 rounded up to 4) for
+// reading once the work submitted before it has run. On an error rb is
+// given back.
+func (d *Device) mapReadLocked(rb *Buffer, n int, n4 uint64) (*PendingRead, error) {
 	var op *asyncOp
 	op = d.newOp(func(status uint32) {
 		// Runs in a callback: if the reader gave up, hand the buffer back
@@ -507,11 +568,9 @@ func (d *Device) StartRead(src Region, n int) (*PendingRead, error) {
 		}
 	})
 	if ne := mapAsync(d.dev, rb.raw, wgpu.MapModeRead, 0, n4, op.complete); ne != nil {
-		d.mu.Unlock()
+		d.releaseLocked(rb)
 		return nil, fmt.Errorf("read: %w", d.noteNative(ne))
 	}
-	d.mu.Unlock()
-	d.wake()
 	return &PendingRead{d: d, rb: rb, n: n, op: op}, nil
 }
 
