@@ -164,7 +164,8 @@ func TestSubmitRead(t *testing.T) {
 	src, w := upload(t, d, Bytes(vals)), upload(t, d, Bytes([]float32{3, 0, 0, 0}))
 	dst := upload(t, d, make([]byte, 2*dim*4))
 	b := d.Batch()
-	k.Accumulate(ctx, b, src, w, dst, 1, 2*dim, 0) // dst = 3 src
+	k.Accumulate(ctx, b, src, w, dst, 1, 2*dim, 0) // dst += 3 src (dst was zeros)
+	s0 := d.Stats()
 	r, err := b.SubmitRead(ctx, dst.Sub(dim*4, dim*4), dim*4-2)
 	if err != nil {
 		t.Fatal(err)
@@ -227,5 +228,17 @@ func TestSubmitRead(t *testing.T) {
 	gone.Release()
 	if _, err := b.SubmitRead(ctx, gone, 64); err == nil {
 		t.Error("a read of a released buffer submitted")
+	}
+	// What the reads took went back to the pool (the read-back buffers
+	// of the refused reads included).
+	if s := d.Stats(); s.NativeBuffers-s.PooledBuffers != s0.NativeBuffers-s0.PooledBuffers {
+		t.Errorf("after the reads: %d buffers out of the pool; want %d", s.NativeBuffers-s.PooledBuffers, s0.NativeBuffers-s0.PooledBuffers)
+	}
+	// A closed device: an error, not a crash.
+	b = d.Batch()
+	k.Accumulate(ctx, b, src, w, dst, 1, 2*dim, 0)
+	d.Close()
+	if _, err := b.SubmitRead(ctx, dst, 4); !errors.Is(err, ErrClosed) {
+		t.Errorf("a read on a closed device: %v; want ErrClosed", err)
 	}
 }

@@ -502,8 +502,10 @@ func (d *Device) StartRead(src Region, n int) (*PendingRead, error) {
 // the same command buffer, and returns the read as StartRead does: one
 // submission where Submit and StartRead make two (each boundary between
 // submissions idled an H200 for 40-60 us in a decode step;
-// experts/BENCHMARKS.md, 2026-11-29, late). On an error nothing is read
-// and, as with Submit, b is spent.
+// experts/BENCHMARKS.md, 2026-11-29, late). b is spent either way. An
+// error from the read's mapping comes after the batch was submitted (it
+// may have run); any other error submits nothing. A profile
+// (StartProfile) does not time the read's copy.
 func (b *Batch) SubmitRead(ctx context.Context, src Region, n int) (*PendingRead, error) {
 	d := b.d
 	sp := src.span()
@@ -522,10 +524,19 @@ func (b *Batch) SubmitRead(ctx context.Context, src Region, n int) (*PendingRead
 	}
 	n4 := alignUp(uint64(n), 4)
 	if n4 == 0 {
-		return &PendingRead{d: d}, b.Submit(ctx)
+		if err := b.Submit(ctx); err != nil {
+			return nil, err
+		}
+		return &PendingRead{d: d}, nil
 	}
 	d.mu.Lock()
-	rb, err := d.allocLocked(usageReadback, n4)
+	rb, err := func() (*Buffer, error) {
+		if err := d.usable(); err != nil {
+			return nil, err
+		}
+		d.drainLocked()
+		return d.allocLocked(usageReadback, n4)
+	}()
 	d.mu.Unlock()
 	if err != nil {
 		b.Drop()
@@ -539,6 +550,11 @@ func (b *Batch) SubmitRead(ctx context.Context, src Region, n int) (*PendingRead
 		return nil, err
 	}
 	d.mu.Lock()
+	if err := d.usable(); err != nil { // closed since the submit
+		d.releaseLocked(rb)
+		d.mu.Unlock()
+		return nil, fmt.Errorf("read: %w", err)
+	}
 	r, err := d.mapReadLocked(rb, n, n4)
 	d.mu.Unlock()
 	if err == nil {
