@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -25,7 +26,9 @@ import (
 //
 // Attention follows, at three cache lengths and three chunk sizes.
 // RDRR_BENCH_SWEEP=1 also times every configuration of the Q4_K kernel at
-// each shape (what DefaultQ4KConfig was chosen from for decode).
+// each shape (what DefaultQ4KConfig was chosen from for decode), with
+// 1, 2, 4 and 8 rows a thread, or the list in RDRR_BENCH_SWEEP_ROWS
+// ("6,8,12": at most 16, even for the gate and up products).
 func BenchmarkQ4KDecode(b *testing.B) {
 	m := newMeter(b)
 	var copyBW float64
@@ -130,11 +133,20 @@ func BenchmarkQ4KDecode(b *testing.B) {
 		if !sweep {
 			continue
 		}
+		rows := []int{1, 2, 4, 8}
+		if v := os.Getenv("RDRR_BENCH_SWEEP_ROWS"); v != "" { // e.g. "6,10,12,16"
+			rows = nil
+			for _, f := range strings.Split(v, ",") {
+				if n, err := strconv.Atoi(f); err == nil && n > 0 && n <= 16 {
+					rows = append(rows, n)
+				}
+			}
+		}
 		for _, wg := range []int{64, 128, 256} {
 			for spr := 1; spr <= wg/8 && spr <= 32; spr *= 2 {
-				for _, rw := range []int{1, 2, 4, 8} {
+				for _, rw := range rows {
 					cfg := Q4KConfig{WG: wg, SPR: spr, Rows: rw, Pipeline: true}
-					if uint64(spr) > uint64(s.cols/256) {
+					if uint64(spr) > uint64(s.cols/256) || rw*wg > 4096 || (s.form == maskedGLU && rw%2 != 0) {
 						continue
 					}
 					b.Run(fmt.Sprintf("%s_sweep/%dx%d/wg%d-spr%d-rows%d", s.name, s.rows, s.cols, wg, spr, rw), func(b *testing.B) { time1(b, &cfg) })
