@@ -263,6 +263,9 @@ func TestApplyConstants(t *testing.T) {
 	if _, err := applyConstants("override X: u32;", nil); err == nil {
 		t.Fatal("override without default or value accepted")
 	}
+	if got, err := (Kernel{Source: src, Constants: map[string]float64{"A": 8, "C": 0.25, "D": 0}}).Specialized(); err != nil || got != want {
+		t.Fatalf("Specialized: got\n%s\n(%v); want\n%s", got, err, want)
+	}
 }
 
 func TestPipelineCache(t *testing.T) {

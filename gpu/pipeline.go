@@ -293,6 +293,13 @@ func (d *Device) layoutLocked(bs []Access, params int) (*layoutEntry, error) {
 	return l, nil
 }
 
+// Specialized returns the WGSL that Compile hands the device: k's source
+// with every override declaration made a const of its value in
+// k.Constants (else its default). Other WebGPU implementations (a
+// browser's, Dawn) compile it as it is, where the raw source sizes
+// arrays from overrides, which WGSL forbids.
+func (k Kernel) Specialized() (string, error) { return applyConstants(k.Source, k.Constants) }
+
 // overrideDecl matches `override NAME [: TYPE] [= EXPR];`.
 var overrideDecl = regexp.MustCompile(`\boverride\s+([A-Za-z_][A-Za-z0-9_]*)\s*(?::\s*([A-Za-z0-9_<>]+))?\s*(?:=\s*([^;]+))?;`)
 

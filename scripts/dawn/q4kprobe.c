@@ -5,6 +5,12 @@
 // v22's WGSL lacks) would give the decode step's products. See README.md.
 //
 //   q4kprobe KERNEL.wgsl ROWS COLS [ROWS_A_THREAD SPR WG [REPS]]
+//   q4kprobe -ours PREFIX ROWS COLS [REPS]
+//
+// -ours runs the op library's own q4k_matmul_xq instead (PREFIX.wgsl and
+// PREFIX.launch from scripts/dawn/dump, for the same shape) on the same
+// weights and x in its own quantized form: what Dawn's compiler makes of
+// the kernel that wgpu-native runs today.
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -17,6 +23,7 @@
 #define FEATURE_SUBGROUPS ((WGPUFeatureName)17)
 
 static WGPUInstance inst;
+static WGPUComputePipeline copyPipe;
 static WGPUAdapter adapter;
 static WGPUDevice device;
 static volatile int done;
@@ -99,7 +106,7 @@ static WGPUComputePipeline pipeline(const char *src) {
   return wgpuDeviceCreateComputePipeline(device, &pd);
 }
 
-static WGPUBindGroup bind(WGPUComputePipeline p, int n, WGPUBuffer *bufs, uint64_t *sizes) {
+static WGPUBindGroup bindAt(WGPUComputePipeline p, uint32_t group, int n, WGPUBuffer *bufs, uint64_t *sizes) {
   WGPUBindGroupEntry e[8] = {{0}};
   for (int i = 0; i < n; i++) {
     e[i].binding = i;
@@ -107,11 +114,17 @@ static WGPUBindGroup bind(WGPUComputePipeline p, int n, WGPUBuffer *bufs, uint64
     e[i].size = sizes[i];
   }
   WGPUBindGroupDescriptor d = {0};
-  d.layout = wgpuComputePipelineGetBindGroupLayout(p, 0);
+  d.layout = wgpuComputePipelineGetBindGroupLayout(p, group);
   d.entryCount = n;
   d.entries = e;
   return wgpuDeviceCreateBindGroup(device, &d);
 }
+
+static WGPUBindGroup bind(WGPUComputePipeline p, int n, WGPUBuffer *bufs, uint64_t *sizes) {
+  return bindAt(p, 0, n, bufs, sizes);
+}
+
+static WGPUBindGroup group1; // -ours: the params' group, else NULL
 
 // run records reps dispatches (bind group i % nbg), submits them and
 // waits; it returns the seconds they took.
@@ -119,6 +132,7 @@ static double run(WGPUComputePipeline p, WGPUBindGroup *bgs, int nbg, uint32_t g
   WGPUCommandEncoder enc = wgpuDeviceCreateCommandEncoder(device, NULL);
   WGPUComputePassEncoder pass = wgpuCommandEncoderBeginComputePass(enc, NULL);
   wgpuComputePassEncoderSetPipeline(pass, p);
+  if (group1 && p != copyPipe) wgpuComputePassEncoderSetBindGroup(pass, 1, group1, 0, NULL);
   for (int i = 0; i < reps; i++) {
     wgpuComputePassEncoderSetBindGroup(pass, 0, bgs[i % nbg], 0, NULL);
     wgpuComputePassEncoderDispatchWorkgroups(pass, gx, gy, 1);
@@ -160,13 +174,26 @@ static int cmpd(const void *a, const void *b) {
 }
 
 int main(int argc, char **argv) {
+  int ours = argc > 1 && strcmp(argv[1], "-ours") == 0;
+  if (ours) {
+    argv++;
+    argc--;
+  }
   if (argc < 4) {
-    fprintf(stderr, "usage: q4kprobe KERNEL.wgsl ROWS COLS [ROWS_A_THREAD SPR WG [REPS]]\n");
+    fprintf(stderr, "usage: q4kprobe KERNEL.wgsl ROWS COLS [ROWS_A_THREAD SPR WG [REPS]]\n       q4kprobe -ours PREFIX ROWS COLS [REPS]\n");
     return 1;
   }
   unsigned rows = atoi(argv[2]), cols = atoi(argv[3]);
-  unsigned rt = argc > 4 ? atoi(argv[4]) : 4, spr = argc > 5 ? atoi(argv[5]) : 2, wg = argc > 6 ? atoi(argv[6]) : 128;
-  int reps = argc > 7 ? atoi(argv[7]) : 200;
+  unsigned rt = 4, spr = 2, wg = 128;
+  int reps = 200;
+  if (ours) {
+    if (argc > 4) reps = atoi(argv[4]);
+  } else {
+    if (argc > 4) rt = atoi(argv[4]);
+    if (argc > 5) spr = atoi(argv[5]);
+    if (argc > 6) wg = atoi(argv[6]);
+    if (argc > 7) reps = atoi(argv[7]);
+  }
   if (cols % 256 || rows == 0 || rt == 0 || rt > 16 || spr == 0 || spr > 4 || (wg != 64 && wg != 128 && wg != 256)) {
     fprintf(stderr, "bad shape or layout\n");
     return 1;
@@ -244,20 +271,61 @@ int main(int argc, char **argv) {
   unsigned perWG = rt * wg / 8 / spr;
   unsigned ngroups = (rows + perWG - 1) / perWG, gx = ngroups, gy = 1;
   while (gx > 65535) { gy++; gx = (ngroups + gy - 1) / gy; }
-  uint32_t params[4] = {rows, nb, gx, 0};
-  WGPUBuffer P = buffer(16, WGPUBufferUsage_Uniform | WGPUBufferUsage_CopyDst);
-  wgpuQueueWriteBuffer(queue, P, 0, params, 16);
-
-  char *src = readFile(argv[1]);
-  src = setConst(src, "ROWS", rt);
-  src = setConst(src, "SPR", spr);
-  src = setConst(src, "WG", wg);
-  WGPUComputePipeline kp = pipeline(src);
+  WGPUComputePipeline kp;
   WGPUBindGroup *kb = malloc(nw * sizeof *kb);
-  for (int i = 0; i < nw; i++) {
-    WGPUBuffer bs[5] = {W[i], X, XS, Y, P};
-    uint64_t ss[5] = {wbytes, cols, cols / 16 * 8, rows * 4, 16};
-    kb[i] = bind(kp, 5, bs, ss);
+  if (!ours) {
+    uint32_t params[4] = {rows, nb, gx, 0};
+    WGPUBuffer P = buffer(16, WGPUBufferUsage_Uniform | WGPUBufferUsage_CopyDst);
+    wgpuQueueWriteBuffer(queue, P, 0, params, 16);
+    char *src = readFile(argv[1]);
+    src = setConst(src, "ROWS", rt);
+    src = setConst(src, "SPR", spr);
+    src = setConst(src, "WG", wg);
+    kp = pipeline(src);
+    for (int i = 0; i < nw; i++) {
+      WGPUBuffer bs[5] = {W[i], X, XS, Y, P};
+      uint64_t ss[5] = {wbytes, cols, cols / 16 * 8, rows * 4, 16};
+      kb[i] = bind(kp, 5, bs, ss);
+    }
+  } else {
+    // The op library's form of x: a group's first vec4 holds v(4k+2) +
+    // 65536 v(4k) in word k, its second v(4k+3) + 65536 v(4k+1), its third
+    // the scale and the sum (quantize_x.wgsl).
+    unsigned ng = cols / 16;
+    uint32_t *xo = calloc(ng * 12, 4);
+    for (unsigned g = 0; g < ng; g++) {
+      const int8_t *v = xi + 16 * g;
+      for (int k = 0; k < 4; k++) {
+        xo[12 * g + k] = (uint32_t)((int32_t)v[4 * k + 2] + (int32_t)v[4 * k] * 65536);
+        xo[12 * g + 4 + k] = (uint32_t)((int32_t)v[4 * k + 3] + (int32_t)v[4 * k + 1] * 65536);
+      }
+      memcpy(&xo[12 * g + 8], &xsh[2 * g], 4);
+      memcpy(&xo[12 * g + 9], &xsh[2 * g + 1], 4);
+    }
+    WGPUBuffer XO = buffer(ng * 48, WGPUBufferUsage_Storage | WGPUBufferUsage_CopyDst);
+    wgpuQueueWriteBuffer(queue, XO, 0, xo, ng * 48);
+    char path[512];
+    snprintf(path, sizeof path, "%s.launch", argv[1]);
+    char *launch = readFile(path);
+    unsigned gz = 1;
+    char hexs[4096] = {0};
+    if (sscanf(launch, "%u %u %u %4095s", &gx, &gy, &gz, hexs) != 4 || gz != 1) { fprintf(stderr, "bad %s\n", path); return 1; }
+    size_t pn = strlen(hexs) / 2;
+    uint8_t *pb = malloc(pn);
+    for (size_t i = 0; i < pn; i++) sscanf(hexs + 2 * i, "%2hhx", &pb[i]);
+    WGPUBuffer P = buffer(pn, WGPUBufferUsage_Uniform | WGPUBufferUsage_CopyDst);
+    wgpuQueueWriteBuffer(queue, P, 0, pb, pn);
+    snprintf(path, sizeof path, "%s.wgsl", argv[1]);
+    kp = pipeline(readFile(path));
+    for (int i = 0; i < nw; i++) {
+      WGPUBuffer bs[3] = {W[i], XO, Y};
+      uint64_t ss[3] = {wbytes, ng * 48, rows * 4};
+      kb[i] = bind(kp, 3, bs, ss);
+    }
+    WGPUBuffer pbs[1] = {P};
+    uint64_t pss[1] = {pn};
+    group1 = bindAt(kp, 1, 1, pbs, pss);
+    rt = spr = wg = 0; // the op library's layout: see dump's output
   }
 
   // Check against the CPU (weights copy 0).
@@ -316,6 +384,7 @@ int main(int argc, char **argv) {
       "  if (i < arrayLength(&d)) { d[i] = s[i]; }\n"
       "}\n";
   WGPUComputePipeline cp = pipeline(copySrc);
+  copyPipe = cp;
   int nc = (int)((256ull << 20) / (2 * cn)) + 2;
   if (nc > 64) nc = 64;
   WGPUBindGroup *cbg = malloc(nc * sizeof *cbg);
@@ -336,7 +405,7 @@ int main(int argc, char **argv) {
   }
   qsort(kt, 5, sizeof(double), cmpd);
   qsort(ct, 5, sizeof(double), cmpd);
-  printf("%ux%u, %u rows a thread, %u slots, %u threads: product %.2f us, same-size copy %.2f us: x-of-same-copy %.3f; copy %.0f GB/s (medians of 5 x %d)\n",
-         rows, cols, rt, spr, wg, kt[2] * 1e6, ct[2] * 1e6, ct[2] / kt[2], 2 * cn / ct[2] / 1e9, reps);
+  printf("%s %ux%u, %u rows a thread, %u slots, %u threads: product %.2f us, same-size copy %.2f us: x-of-same-copy %.3f; copy %.0f GB/s (medians of 5 x %d)\n",
+         ours ? "q4k_matmul_xq (ours)" : "dp4a", rows, cols, rt, spr, wg, kt[2] * 1e6, ct[2] * 1e6, ct[2] / kt[2], 2 * cn / ct[2] / 1e9, reps);
   return 0;
 }
