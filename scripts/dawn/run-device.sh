@@ -23,3 +23,10 @@ for s in "${shapes[@]}"; do
     /tmp/dawn/q4kprobe scripts/dawn/q4k_dp4a.wgsl $1 $2 $l 2>&1 | grep -v -E "^Warning|While init|PhysicalDevice|^$" | tee -a "$out/dawn.txt"
   done
 done
+# The runtime's own products on wgpu-native in the same call, when
+# .glb/ops.test.gz is carried (go test -c -o ops.test ./gpu/ops): their
+# x-of-same-copy beside the probe's.
+if [ -f .glb/ops.test.gz ]; then
+  gunzip -c .glb/ops.test.gz > /tmp/dawn/ops.test && chmod +x /tmp/dawn/ops.test
+  (cd gpu/ops && /tmp/dawn/ops.test -test.run '^$' -test.bench 'Q4KDecode/(copy|qkv_xq|o_xq|head_xq)/' -test.benchtime 1x 2>&1 | grep -E '^Benchmark' | tee -a "$out/dawn.txt")
+fi
