@@ -712,22 +712,6 @@ var heapRAM bool
 // matrices and a cache that holds all of m in RAM; both end with the test.
 // As peer generate's --host-ram auto, the RAM level is in pinned host
 // memory when the arena does not hold every expert matrix (unless heapRAM).
-// refModel is the float64 reference engine of m, its weights read from
-// src through a cache of its own that closes when the test ends.
-func refModel(t testing.TB, m *Manifest, src tiers.Source) *RefModel {
-	t.Helper()
-	cache, err := tiers.New(tiers.Config{RAM: m.TotalSize, Disk: src})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cache.Close() })
-	rm, err := NewRefModel(context.Background(), m, cache)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return rm
-}
-
 func testGPUModel(t *testing.T, d *gpu.Device, m *Manifest, src tiers.Source, slots int) (*GPUModel, *tiers.Cache) {
 	t.Helper()
 	arena, err := tiers.NewGPUArena(d, ExpertMatrixBytes(m), slots, nil)

@@ -44,10 +44,19 @@ func shapeInStore(t testing.TB, p Preset, seed uint64) (*Manifest, tiers.Source)
 	return m, tiers.DiskSource{Store: st}
 }
 
-func generate(t *testing.T, m *Manifest, src tiers.Source, ram int64, n int) ([]int, *RefModel, *tiers.Cache) {
+// refModel is the float64 reference engine of m, its weights read from
+// src through a cache of its own that holds all of m and closes when the
+// test ends.
+func refModel(t testing.TB, m *Manifest, src tiers.Source) *RefModel {
+	rm, _ := refModelWith(t, m, tiers.Config{RAM: m.TotalSize, Disk: src})
+	return rm
+}
+
+// refModelWith is refModel through a cache of configuration cfg, which it
+// returns too.
+func refModelWith(t testing.TB, m *Manifest, cfg tiers.Config) (*RefModel, *tiers.Cache) {
 	t.Helper()
-	rec := &tiers.TraceRecorder{}
-	cache, err := tiers.New(tiers.Config{RAM: ram, Disk: src, Policy: "lru", Trace: rec})
+	cache, err := tiers.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,6 +65,13 @@ func generate(t *testing.T, m *Manifest, src tiers.Source, ram int64, n int) ([]
 	if err != nil {
 		t.Fatal(err)
 	}
+	return rm, cache
+}
+
+func generate(t *testing.T, m *Manifest, src tiers.Source, ram int64, n int) ([]int, *RefModel, *tiers.Cache) {
+	t.Helper()
+	rec := &tiers.TraceRecorder{}
+	rm, cache := refModelWith(t, m, tiers.Config{RAM: ram, Disk: src, Policy: "lru", Trace: rec})
 	rm.Trace = rec
 	toks, err := rm.Generate(context.Background(), ByteTokens("The swarm is"), n, Sampling{}, nil)
 	if err != nil {
