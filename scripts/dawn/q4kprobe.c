@@ -33,6 +33,44 @@ static void onAdapter(WGPURequestAdapterStatus s, WGPUAdapter a, WGPUStringView 
   adapter = a;
   done = 1;
 }
+
+// Dawn's toggles (DawnTogglesDescriptor, sType 0x5000A in this build: the
+// header used here lacks it): DAWN_ENABLE and DAWN_DISABLE, comma-separated
+// names (disable_robustness, disable_workgroup_init, ...), chained to the
+// instance's descriptor and the device's. The descriptors are zeroed
+// blocks larger than either struct, so that a field this header lacks
+// reads as zero.
+typedef struct {
+  WGPUChainedStruct chain;
+  size_t enabledCount;
+  const char *const *enabled;
+  size_t disabledCount;
+  const char *const *disabled;
+} DawnToggles;
+
+static size_t splitList(const char *env, const char **out, size_t max) {
+  const char *v = getenv(env);
+  size_t n = 0;
+  if (!v || !*v) return 0;
+  char *dup = strdup(v);
+  for (char *t = strtok(dup, ","); t && n < max; t = strtok(NULL, ",")) out[n++] = t;
+  return n;
+}
+
+static DawnToggles *toggles(void) {
+  static const char *en[16], *dis[16];
+  static DawnToggles t;
+  t.chain.sType = (WGPUSType)0x5000A;
+  t.enabledCount = splitList("DAWN_ENABLE", en, 16);
+  t.enabled = en;
+  t.disabledCount = splitList("DAWN_DISABLE", dis, 16);
+  t.disabled = dis;
+  if (t.enabledCount + t.disabledCount == 0) return NULL;
+  for (size_t i = 0; i < t.enabledCount; i++) printf("toggle on: %s\n", en[i]);
+  for (size_t i = 0; i < t.disabledCount; i++) printf("toggle off: %s\n", dis[i]);
+  return &t;
+}
+
 static void onDevice(WGPURequestDeviceStatus s, WGPUDevice d, WGPUStringView m, void *u1, void *u2) {
   if (s != WGPURequestDeviceStatus_Success) fprintf(stderr, "device: %.*s\n", (int)m.length, m.data);
   device = d;
@@ -198,7 +236,10 @@ int main(int argc, char **argv) {
     fprintf(stderr, "bad shape or layout\n");
     return 1;
   }
-  inst = wgpuCreateInstance(NULL);
+  DawnToggles *tg = toggles();
+  static uint64_t idesc[32]; // a zeroed WGPUInstanceDescriptor, larger than Dawn's
+  ((WGPUInstanceDescriptor *)idesc)->nextInChain = tg ? &tg->chain : NULL;
+  inst = wgpuCreateInstance((WGPUInstanceDescriptor *)idesc);
   WGPURequestAdapterOptions ao = {0};
   ao.powerPreference = WGPUPowerPreference_HighPerformance;
   WGPURequestAdapterCallbackInfo ac = {0};
@@ -219,6 +260,7 @@ int main(int argc, char **argv) {
   dd.requiredFeatureCount = 1;
   dd.requiredFeatures = feats;
   dd.uncapturedErrorCallbackInfo.callback = onError;
+  dd.nextInChain = tg ? &tg->chain : NULL;
   WGPURequestDeviceCallbackInfo dc = {0};
   dc.mode = WGPUCallbackMode_AllowProcessEvents;
   dc.callback = onDevice;
