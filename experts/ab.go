@@ -43,6 +43,7 @@ type abToggle struct {
 // abToggles are the toggles an A/B alternates, by name.
 var abToggles = map[string]abToggle{
 	"l2":        {func(g *GPUModel) *bool { return &g.l2Router }, false},   // the router's L2 prefetch
+	"ffn":       {func(g *GPUModel) *bool { return &g.fusedFFN }, true},    // a resident layer's gate, up and down products in one dispatch
 	"rope":      {func(g *GPUModel) *bool { return &g.ropeAttn }, false},   // RoPE and the KV store in the attention's split
 	"yq":        {func(g *GPUModel) *bool { return &g.yq }, true},          // gate and up products quantizing their output
 	"router":    {func(g *GPUModel) *bool { return &g.fuseRouter }, false}, // the router's product in its routing dispatch

@@ -127,6 +127,18 @@ type GPUModel struct {
 	// matrices lie in one arena buffer, and for paged experts where all of
 	// the call's matrices do (else the separate products run).
 	glu bool
+	// fusedFFN runs a resident MoE layer's gate, up and down products as
+	// one dispatch (ops.Q4KFFN) where its experts' matrices lie in one
+	// arena buffer and the shapes allow: the same bits as the two masked
+	// dispatches (gate and up, then down), without the barrier between
+	// them, so that the down products' first loads overlap the gate and
+	// up products' tail. On an H200 (gpu/BENCHMARKS.md, 2026-11-29) the
+	// Mixtral-shaped pair took 71.7 us against 75.1-75.7. A CPU adapter
+	// runs the kernel's two phases apart (lavapipe cannot wait). On
+	// unless RDRR_GPU_FFN=0; ffnCounters are its tile counters.
+	fusedFFN    bool
+	ffnCounters *gpu.Buffer
+	ffnRecorded int // Q4KFFN dispatches recorded (for tests)
 	// xq has the layers' Q4_K products read their x quantized
 	// (ops.QuantizeX: 8-bit integers and a scale a group of 16 values)
 	// and run as integer multiply-adds of two weights at a time
@@ -317,6 +329,7 @@ func NewGPUModel(ctx context.Context, m *Manifest, d *gpu.Device, cache *tiers.C
 	g.fuseO, g.fuseSwiGLU = fusions(os.Getenv("RDRR_GPU_FUSE"))
 	g.pipeline = os.Getenv("RDRR_GPU_PIPELINE") != "0"
 	g.glu = os.Getenv("RDRR_GPU_GLU") != "0" && !g.fuseSwiGLU
+	g.fusedFFN = os.Getenv("RDRR_GPU_FFN") != "0"
 	g.fuseRouter = os.Getenv("RDRR_GPU_ROUTER") != "0"
 	g.partNorm = os.Getenv("RDRR_GPU_NORM") == "1" && !g.fuseO && m.Config.NumSharedExperts == 0 && ops.AccumParts(m.Config.HiddenSize) <= ops.MaxParts
 	for l := range m.Config.NumHiddenLayers {
@@ -423,6 +436,16 @@ func NewGPUModel(ctx context.Context, m *Manifest, d *gpu.Device, cache *tiers.C
 		g.buf[name] = b
 	}
 	g.normed = ops.Normed{XG: g.buf["xg"], Parts: g.buf["parts"], Eps: float32(c.RMSNormEps)}
+	ctr, err := d.Alloc(16)
+	if err != nil {
+		g.Close()
+		return nil, err
+	}
+	g.ffnCounters = ctr
+	if err := d.Write(g.ffnCounters, make([]byte, 16)); err != nil { // Alloc's pooled buffers are not zeroed
+		g.Close()
+		return nil, err
+	}
 	g.routerL2 = make([]l2Read, c.NumHiddenLayers)
 	for l := range g.routerL2 {
 		rw := g.dense[fmt.Sprintf("model.layers.%d.mlp.gate.weight", l)]
@@ -899,6 +922,9 @@ func (g *GPUModel) Close() {
 		if r.sink != nil {
 			r.sink.Release()
 		}
+	}
+	if g.ffnCounters != nil {
+		g.ffnCounters.Release()
 	}
 	for _, f := range g.ffnBufs {
 		if f != nil {
@@ -2398,6 +2424,9 @@ func (g *GPUModel) recordMaskedProducts(ctx context.Context, b *gpu.Batch, l int
 			}
 		}
 	}
+	if g.recordFFN(ctx, b, l, experts, held, sel, normed) {
+		return
+	}
 	if ran, quantized := g.recordGLU(ctx, b, l, experts, held, sel, normed); ran {
 		products([]int{2}, g.downX(ctx, b, 0, k, quantized), false, g.xq, B["y"], 0, h, ffn, false)
 		return
@@ -2411,6 +2440,42 @@ func (g *GPUModel) recordMaskedProducts(ctx context.Context, b *gpu.Batch, l int
 		// The down products read silu(gate) * up straight from gu.
 		products([]int{2}, B["gu"], false, false, B["y"], 0, h, ffn, true)
 	}
+}
+
+// recordFFN records the gate, up and down products of experts (leases
+// in held, as recordMaskedProducts has them) for the router's choice in
+// sel as one ops.Q4KFFN dispatch (fusedFFN), into actq and y as the
+// masked dispatches write them; it records nothing and returns false
+// where it cannot: fusedFFN off, the experts' x not quantized or handed
+// over by a norm, their output not quantized by the gate and up
+// products (gluYQ), more experts than its tables hold, a shape the
+// kernel does not take, or matrices in more than one arena buffer.
+func (g *GPUModel) recordFFN(ctx context.Context, b *gpu.Batch, l int, experts []int, held []*tiers.Lease, sel gpu.Region, normed bool) bool {
+	c := &g.m.Config
+	k := c.NumExpertsPerTok
+	if !g.fusedFFN || !g.glu || normed || !g.gluYQ() || g.ffnCounters == nil || len(experts) == 0 || len(experts) > ops.MaxFFNExperts ||
+		!ops.CanFFN(c.HiddenSize, c.ExpertFFN(), k) {
+		return false
+	}
+	f := ops.FFN{Sel: sel, K: k, X: g.ffnX(l), Q: g.actq(0, k), Y: g.buf["y"], Counters: g.ffnCounters,
+		Hidden: c.HiddenSize, Width: c.ExpertFFN(), Apart: g.d.Info().Type == "cpu"}
+	var arena *gpu.Buffer
+	for i, e := range experts {
+		for j, slots := range []*[]int{&f.Gate, &f.Up, &f.Down} {
+			buf, idx := g.arena.Locate(held[3*i+j].Slot())
+			if arena == nil {
+				arena = buf
+			} else if buf != arena {
+				return false
+			}
+			*slots = append(*slots, idx)
+		}
+		f.Experts = append(f.Experts, e)
+	}
+	f.Arena = arena
+	g.k.Q4KFFN(ctx, b, f)
+	g.ffnRecorded++
+	return true
 }
 
 // recordGLU records the gate and up products of experts (leases in held,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -83,6 +84,25 @@ func BenchmarkQ4KDecode(b *testing.B) {
 			{"glu_xq", 512, 512, 4, maskedGLU, true}, {"down", 512, 512, 4, maskedDownSwiGLU, false}, {"down_act", 512, 512, 4, maskedDown, false}}
 	}
 	if !m.cpu {
+		// A resident MoE layer's gate, up and down products of 8
+		// experts, 2 chosen: the two masked dispatches a step runs
+		// (glu_xq then down_act_xq, over the same arenas), and the one
+		// of Q4KFFN that replaces them, each pair or dispatch after the
+		// one before. ffn-of-two is the fused dispatch's time over the
+		// pair's.
+		var two time.Duration
+		b.Run("ffn_two_xq/14336x4096", func(b *testing.B) {
+			bytes, per := m.ffnSerial(b, 4096, 14336, 8, 2, true)
+			two = per
+			report(b, bytes, per)
+		})
+		b.Run("ffn_xq/14336x4096", func(b *testing.B) {
+			bytes, per := m.ffnSerial(b, 4096, 14336, 8, 2, false)
+			report(b, bytes, per)
+			if two > 0 {
+				b.ReportMetric(float64(per)/float64(two), "ffn-of-two")
+			}
+		})
 		// What the mask costs: the 4 gate and up products the router
 		// chose as a plain group (no products that return at once).
 		b.Run("gate_up_group4/14336x4096", func(b *testing.B) {
@@ -284,6 +304,67 @@ func (m *meter) q4kMaskedSerial(b *testing.B, rows, cols, experts, kSel int, f m
 		run = 2 * kSel
 	}
 	return float64(run)*float64(wBytes) + float64(xBytes) + float64(ySize), per
+}
+
+// ffnSerial times a resident MoE layer's feed-forward for kSel of
+// experts chosen, dispatch after dispatch over rotated arenas (expert
+// e's gate, up and down at slots 3e, 3e+1, 3e+2): with two true the
+// masked gate and up products (their output quantized) and the masked
+// down products, two dispatches; else Q4KFFN. It returns the weight
+// bytes a step reads and the time of one.
+func (m *meter) ffnSerial(b *testing.B, hidden, width, experts, kSel int, two bool) (float64, time.Duration) {
+	ctx := context.Background()
+	wBytes := abi.Q4K.Bytes(hidden * width)
+	if uint64(3*experts)*wBytes > m.d.Limits().MaxStorageBufferBindingSize {
+		b.Skipf("%d matrices of %d bytes pass the storage binding limit", 3*experts, wBytes)
+	}
+	blocks := benchQ4K(hidden * width / 256)
+	arenas := make([]*gpu.Buffer, 2)
+	for i := range arenas {
+		arenas[i] = m.alloc(b, uint64(3*experts)*wBytes)
+		for s := range 3 * experts {
+			if err := m.d.Upload(ctx, arenas[i].Sub(uint64(s)*wBytes, wBytes), blocks); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	gate, up, down, ids := make([]int, experts), make([]int, experts), make([]int, experts), make([]int, experts)
+	for e := range experts {
+		gate[e], up[e], down[e], ids[e] = 3*e, 3*e+1, 3*e+2, e
+	}
+	sel := m.alloc(b, uint64(kSel*4))
+	chosen := make([]uint32, kSel)
+	for j := range chosen {
+		chosen[j] = uint32((3 + 5*j) % experts)
+	}
+	if err := m.d.Write(sel, gpu.Bytes(chosen)); err != nil {
+		b.Fatal(err)
+	}
+	x := m.alloc(b, uint64(hidden*4))
+	m.fill(b, x, uint64(hidden*4))
+	xq := m.quantized(b, x, hidden)
+	q, act, y := m.alloc(b, uint64(kSel)*XQBytes(width)), m.alloc(b, uint64(kSel*width*4)), m.alloc(b, uint64(kSel*hidden*4))
+	ctr := m.alloc(b, 16)
+	if err := m.d.Write(ctr, make([]byte, 16)); err != nil {
+		b.Fatal(err)
+	}
+	per := m.timeDispatches(b, func(bt *gpu.Batch, i int) error {
+		a := arenas[i%len(arenas)]
+		if two {
+			if err := m.k.Q4KMatVecMasked(ctx, bt, Masked{Arena: a, Slots: gate, UpSlots: up, Experts: ids, Sel: sel, K: kSel,
+				X: xq, SharedX: true, Y: act, Rows: width, Cols: hidden, XQ: true, YQ: q}); err != nil {
+				return err
+			}
+			return m.k.Q4KMatVecMasked(ctx, bt, Masked{Arena: a, Slots: down, Experts: ids, Sel: sel, K: kSel,
+				X: q, Y: y, Rows: hidden, Cols: width, XQ: true})
+		}
+		return m.k.Q4KFFN(ctx, bt, FFN{Arena: a, Gate: gate, Up: up, Down: down, Experts: ids, Sel: sel, K: kSel, X: xq, Q: q, Y: y,
+			Counters: ctr, Hidden: hidden, Width: width})
+	})
+	if got := make([]uint32, 4); !two && (m.d.Read(ctx, ctr, gpu.Bytes(got)) != nil || !slices.Equal(got, []uint32{0, 0, 0, 0})) {
+		b.Fatalf("counters %v after the dispatches: a workgroup gave up waiting, or they were not set back", got)
+	}
+	return float64(3*kSel) * float64(wBytes), per
 }
 
 // quantized returns n values of x quantized (QuantizeX), as a decode step

@@ -1,0 +1,68 @@
+package experts
+
+import (
+	"context"
+	"math"
+	"slices"
+	"testing"
+
+	"github.com/rdrr/peer/gpu/ops"
+	"github.com/rdrr/peer/tiers"
+)
+
+// TestGPUModelFusedFFN: a resident MoE layer's gate, up and down
+// products in one dispatch (fusedFFN, ops.Q4KFFN) give the logits of the
+// two masked dispatches bit for bit, step after step, on a shape the
+// kernel takes: tiny-moe's with a hidden size of 512 and experts 1024
+// wide (tiny-moe's own, 256 and 512, is too small for its layouts, and
+// runs the masked dispatches).
+func TestGPUModelFusedFFN(t *testing.T) {
+	moe, err := PresetByName("tiny-moe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ops.CanFFN(moe.Config.HiddenSize, moe.Config.ExpertFFN(), moe.Config.NumExpertsPerTok) {
+		t.Fatalf("tiny-moe's shape takes the fused kernel: this test's wider shape is not needed")
+	}
+	wide := Preset{Name: "tiny-moe-wide", Config: moe.Config}
+	wide.Config.HiddenSize, wide.Config.IntermediateSize, wide.Config.NumAttentionHeads = 512, 1024, 8
+	c := wide.Config
+	if !ops.CanFFN(c.HiddenSize, c.ExpertFFN(), c.NumExpertsPerTok) {
+		t.Fatalf("hidden %d, FFN %d: not a shape the fused kernel takes", c.HiddenSize, c.ExpertFFN())
+	}
+	d := openTestDevice(t, 0)
+	m, src := shapeInStore(t, wide, 1)
+	ctx := context.Background()
+	run := func(on bool) (logits [][]float32, fused int) {
+		t.Setenv("RDRR_GPU_FFN", map[bool]string{true: "1", false: "0"}[on])
+		g, cache := testGPUModel(t, d, m, src, ExpertMatrices(m))
+		if !g.xq || !g.gluYQ() {
+			t.Skip("the forms the fused kernel needs are off in the environment (RDRR_GPU_XQ, RDRR_GPU_YQ, RDRR_GPU_GLU)")
+		}
+		if err := cache.Warm(ctx, g.ExpertKeys(), tiers.VRAM, 2, nil); err != nil {
+			t.Fatal(err)
+		}
+		tok := int('R')
+		for range 8 {
+			lg, err := g.Step(ctx, tok)
+			if err != nil {
+				t.Fatal(err)
+			}
+			logits = append(logits, slices.Clone(lg))
+			tok = slices.Index(lg, slices.Max(lg))
+		}
+		return logits, g.ffnRecorded
+	}
+	on, fused := run(true)
+	off, masked := run(false)
+	if want := 8 * c.NumHiddenLayers; fused != want || masked != 0 {
+		t.Fatalf("fused FFN dispatches: %d with it on (want %d: one a layer and step), %d off", fused, want, masked)
+	}
+	for s := range on {
+		for i := range on[s] {
+			if math.Float32bits(on[s][i]) != math.Float32bits(off[s][i]) {
+				t.Fatalf("step %d: logit %d = %v fused; %v from the masked dispatches", s, i, on[s][i], off[s][i])
+			}
+		}
+	}
+}

@@ -1,0 +1,121 @@
+package ops
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"testing"
+
+	"github.com/rdrr/peer/gpu"
+)
+
+// TestQ4KFFN: the fused gate, up and down products give the bits of the
+// two masked dispatches they replace (the quantized activations and the
+// down outputs), twice in one batch (the first sets its counters back
+// for the second), with the tables' entries in any order and slots
+// anywhere in the arena. A choice the tables lack leaves its rows as
+// they were, and the dispatch still ends. Both layouts of the gate and
+// up products: one block slot (short rows) and two (16 blocks and more).
+func TestQ4KFFN(t *testing.T) {
+	d, k := shared.d, shared.k
+	r := rng(t)
+	for _, c := range []struct{ hidden, width, nexp int }{{1024, 2048, 8}, {4096, 12288, 1}} {
+		t.Run(fmt.Sprintf("%dx%d/%d", c.hidden, c.width, c.nexp), func(t *testing.T) {
+			const kSel = 2
+			if !CanFFN(c.hidden, c.width, kSel) {
+				t.Fatalf("CanFFN(%d, %d, %d) = false", c.hidden, c.width, kSel)
+			}
+			n := c.nexp
+			ab, _, _ := q4kArena(t, d, r, 3*n+1, c.width, c.hidden)
+			perm := r.Perm(3*n + 1)
+			gate, up, down := perm[:n], perm[n:2*n], perm[2*n:3*n]
+			experts := make([]int, n)
+			for e := range experts {
+				experts[e] = 3*e + 1 // ids the lookup must find, not entry numbers
+			}
+			xs := randF32(r, c.hidden, 1)
+			xb := uploadF32(t, d, xs)
+			xq := poisoned(t, d, int(XQBytes(c.hidden)))
+			run(t, d, func(b *gpu.Batch) error { return k.QuantizeX(ctxT(t), b, xb, xq, c.hidden) })
+			nq := kSel * int(XQBytes(c.width))
+			ny := kSel * c.hidden
+
+			choices := [][]uint32{{uint32(experts[0]), 999}, {999, uint32(experts[0])}}
+			if n > 1 {
+				choices = [][]uint32{{uint32(experts[n-1]), uint32(experts[0])}, {uint32(experts[1]), 999}}
+			}
+			for _, choice := range choices {
+				sel := upload(t, d, gpu.Bytes(choice))
+				// The two dispatches.
+				act := poisoned(t, d, kSel*c.width*4)
+				q1, y1 := poisoned(t, d, nq), poisoned(t, d, ny*4)
+				run(t, d, func(b *gpu.Batch) error {
+					if err := k.Q4KMatVecMasked(ctxT(t), b, Masked{Arena: ab, Slots: gate, UpSlots: up, Experts: experts, Sel: sel, K: kSel,
+						X: xq, SharedX: true, Y: act, Rows: c.width, Cols: c.hidden, XQ: true, YQ: q1}); err != nil {
+						return err
+					}
+					return k.Q4KMatVecMasked(ctxT(t), b, Masked{Arena: ab, Slots: down, Experts: experts, Sel: sel, K: kSel,
+						X: q1, Y: y1, Rows: c.hidden, Cols: c.width, XQ: true})
+				})
+				// Fused, twice in one batch: in one dispatch (a GPU: its
+				// down workgroups wait for the gate and up tiles) and in
+				// two (FFN.Apart, all that lavapipe can run).
+				for _, apart := range []bool{false, true} {
+					if !apart && d.Info().Type == "cpu" {
+						continue
+					}
+					q2, y2 := poisoned(t, d, nq), poisoned(t, d, ny*4)
+					ctr := upload(t, d, make([]byte, 16)) // zeros: Alloc's pooled buffers are not
+					f := FFN{Arena: ab, Gate: gate, Up: up, Down: down, Experts: experts, Sel: sel, K: kSel, X: xq, Q: q2, Y: y2, Counters: ctr,
+						Hidden: c.hidden, Width: c.width, Apart: apart}
+					run(t, d, func(b *gpu.Batch) error {
+						if err := k.Q4KFFN(ctxT(t), b, f); err != nil {
+							return err
+						}
+						return k.Q4KFFN(ctxT(t), b, f)
+					})
+					if got := readU32(t, d, ctr, 4); got[0] != 0 || got[1] != 0 || got[2] != 0 || got[3] != 0 {
+						t.Fatalf("apart %v: counters %v after the dispatches; want them set back to zero, and no give-up flag", apart, got)
+					}
+					gq, wq := readU32(t, d, q2, nq/4), readU32(t, d, q1, nq/4)
+					for i := range wq {
+						if gq[i] != wq[i] {
+							t.Fatalf("apart %v, choice %v: quantized activation word %d = %#x; the masked gate and up products give %#x", apart, choice, i, gq[i], wq[i])
+						}
+					}
+					gy, wy := readF32(t, d, y2, ny), readF32(t, d, y1, ny)
+					for i := range wy {
+						if math.Float32bits(gy[i]) != math.Float32bits(wy[i]) {
+							t.Fatalf("apart %v, choice %v: y[%d] = %v; the masked down products give %v", apart, choice, i, gy[i], wy[i])
+						}
+					}
+					for j, id := range choice {
+						rows := gy[j*c.hidden : (j+1)*c.hidden]
+						if nan := nanCount(rows); id == 999 && nan != c.hidden || id != 999 && nan != 0 {
+							t.Fatalf("apart %v, choice %v: %d of the %d down rows of expert %d not written", apart, choice, nan, c.hidden, id)
+						}
+					}
+					ctr.Release()
+				}
+			}
+		})
+	}
+	// Shapes refused before anything runs.
+	ab, _, _ := q4kArena(t, d, r, 3, 2048, 1024)
+	any := upload(t, d, make([]byte, 1<<20))
+	for _, bad := range []FFN{
+		{Gate: make([]int, 9), Up: make([]int, 9), Down: make([]int, 9), Experts: make([]int, 9), K: 2, Hidden: 1024, Width: 2048},
+		{Gate: []int{0}, Up: []int{1}, Down: []int{}, Experts: []int{0}, K: 2, Hidden: 1024, Width: 2048},
+		{Gate: []int{0}, Up: []int{1}, Down: []int{2}, Experts: []int{0}, K: 0, Hidden: 1024, Width: 2048},
+		{Gate: []int{0}, Up: []int{1}, Down: []int{2}, Experts: []int{0}, K: 2, Hidden: 1000, Width: 2048},
+		{Gate: []int{0}, Up: []int{-1}, Down: []int{2}, Experts: []int{0}, K: 2, Hidden: 1024, Width: 2048},
+		{Gate: []int{0}, Up: []int{1}, Down: []int{2}, Experts: []int{-3}, K: 2, Hidden: 1024, Width: 2048},
+	} {
+		bad.Arena, bad.X, bad.Q, bad.Y, bad.Sel, bad.Counters = ab, any, any, any, any, any
+		b := d.Batch()
+		k.Q4KFFN(ctxT(t), b, bad)
+		if err := b.Submit(ctxT(t)); !errors.Is(err, gpu.ErrShape) {
+			t.Errorf("FFN %d experts, K %d, hidden %d: %v; want gpu.ErrShape", len(bad.Experts), bad.K, bad.Hidden, err)
+		}
+	}
+}
