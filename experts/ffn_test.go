@@ -15,7 +15,8 @@ import (
 // two masked dispatches bit for bit, step after step, on a shape the
 // kernel takes: tiny-moe's with a hidden size of 512 and experts 1024
 // wide (tiny-moe's own, 256 and 512, is too small for its layouts, and
-// runs the masked dispatches).
+// runs the masked dispatches), every layer's matrices in one GPU buffer
+// of several.
 func TestGPUModelFusedFFN(t *testing.T) {
 	moe, err := PresetByName("tiny-moe")
 	if err != nil {
@@ -30,12 +31,16 @@ func TestGPUModelFusedFFN(t *testing.T) {
 	if !ops.CanFFN(c.HiddenSize, c.ExpertFFN(), c.NumExpertsPerTok) {
 		t.Fatalf("hidden %d, FFN %d: not a shape the fused kernel takes", c.HiddenSize, c.ExpertFFN())
 	}
-	d := openTestDevice(t, 0)
 	m, src := shapeInStore(t, wide, 1)
+	// Banks (GPU buffers) of 40 slots, 160 in all: a layer's 24 matrices
+	// fit a bank whole only if it keeps them together (groupExperts: its
+	// gate and up apart from its down would put the second layer's down
+	// matrices in another bank than its gate and up).
+	d := openTestDevice(t, 40*uint64(ExpertMatrixBytes(m)))
 	ctx := context.Background()
 	run := func(on bool) (logits [][]float32, fused int) {
 		t.Setenv("RDRR_GPU_FFN", map[bool]string{true: "1", false: "0"}[on])
-		g, cache := testGPUModel(t, d, m, src, ExpertMatrices(m))
+		g, cache := testGPUModel(t, d, m, src, 160)
 		if !g.xq || !g.gluYQ() {
 			t.Skip("the forms the fused kernel needs are off in the environment (RDRR_GPU_XQ, RDRR_GPU_YQ, RDRR_GPU_GLU)")
 		}

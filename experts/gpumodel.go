@@ -2304,6 +2304,11 @@ func (g *GPUModel) groupExperts() {
 				kinds[j] = append(kinds[j], g.matrixKey(name))
 			}
 		}
+		if g.fusedFFN && c.Experts() <= ops.MaxFFNExperts && ops.CanFFN(c.HiddenSize, c.ExpertFFN(), c.NumExpertsPerTok) {
+			// One dispatch reads all three kinds (recordFFN).
+			g.cache.Group(append(append(kinds[0], kinds[1]...), kinds[2]...))
+			continue
+		}
 		for _, run := range [][]tiers.Key{append(kinds[0], kinds[1]...), kinds[2]} {
 			for i := 0; i < len(run); i += ops.MaxGroup {
 				g.cache.Group(run[i:min(i+ops.MaxGroup, len(run))])
