@@ -82,49 +82,11 @@ fn entry(j: u32) -> u32 {
   return 0xffffffffu;
 }
 
-struct Sel {
-  lo: bool,
-  s_sc: u32,
-  s_m: u32,
-  mask: u32,
-  s_hi: u32,
-  m_hi: u32,
-}
+//#include q4k_xq.inc
 
-fn selector(j: u32) -> Sel {
-  let lo = j < 2u;
-  let i = 2u * j;
-  let k = (i - 4u) & 7u;
-  var s: Sel;
-  s.lo = lo;
-  s.s_sc = select(8u * k, 8u * i, lo);
-  s.s_m = select(8u * k + 4u, 8u * i, lo);
-  s.mask = select(15u, 63u, lo);
-  s.s_hi = select(8u * k + 2u, 0u, lo);
-  s.m_hi = select(0x30u, 0u, lo);
-  return s;
-}
-
+// tofloat: q4k_matmul.wgsl's with CONV 1 (see there).
 fn tofloat(v: vec4<u32>) -> vec4<f32> {
   return bitcast<vec4<f32>>(v | vec4<u32>(0x4b000000u)) - vec4<f32>(8388608.0);
-}
-
-// pairs, pairsum: q4k_matmul.wgsl's (see there).
-fn pairs(h: vec4<u32>, s: Sel) -> vec4<f32> {
-  let a_sc = select(h.w, h.y, s.lo);
-  let a_m = select(h.w, h.z, s.lo);
-  let mask = select(0x0f0fu, 0x3f3fu, s.lo);
-  let m_hi = select(0x3030u, 0u, s.lo);
-  let tsc = ((a_sc >> s.s_sc) & mask) | ((h.y >> s.s_hi) & m_hi);
-  let tm = ((a_m >> s.s_m) & mask) | ((h.z >> s.s_hi) & m_hi);
-  return tofloat(vec4<u32>(tsc, tsc, tm, tm) & vec4<u32>(0x3fu, 0x3f00u, 0x3fu, 0x3f00u));
-}
-
-fn pairsum(qw: vec4<u32>, a: vec4<u32>, b: vec4<u32>) -> f32 {
-  let M = vec4<u32>(0x000f000fu);
-  let s = 0x8000u + dot(qw & M, a) + dot((qw >> vec4<u32>(8u)) & M, b);
-  let h = bitcast<i32>(s) >> 16u;
-  return bitcast<f32>(bitcast<u32>(h) + 0x4b400000u) - 12582912.0;
 }
 
 fn load_x(g: u32) -> array<vec4<u32>, 6> {

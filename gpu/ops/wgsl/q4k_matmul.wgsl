@@ -155,35 +155,7 @@ const RT: u32 = ROWS * TOK; // accumulators per thread
 const RED: u32 = WG * RT;
 var<workgroup> red: array<f32, RED>;
 
-// Sub-block scales and mins. Thread c needs sub-blocks 2j and 2j+1
-// (j = c/2) of every block, so the byte positions are per-thread constants
-// (sel), and get_scale_min_k4 becomes two shift-and-mask pairs per value:
-//   j < 2:  sc = Y >> 8i & 63               m = Z >> 8i & 63
-//   j >= 2: sc = W >> 8k & 15 | Y >> 8k+2 & 0x30
-//           m  = W >> 8k+4 & 15 | Z >> 8k+2 & 0x30      (k = i - 4)
-// with Y, Z, W the header words holding scale bytes 0-3, 4-7, 8-11.
-struct Sel {
-  lo: bool,       // j < 2
-  s_sc: u32,      // shift of the low part of the scale
-  s_m: u32,       // shift of the low part of the min
-  mask: u32,      // 63 or 15
-  s_hi: u32,      // shift of the two high bits (j >= 2)
-  m_hi: u32,      // 0 or 0x30
-}
-
-fn selector(j: u32) -> Sel {
-  let lo = j < 2u;
-  let i = 2u * j;          // first sub-block
-  let k = (i - 4u) & 7u;   // its index among sub-blocks 4..7
-  var s: Sel;
-  s.lo = lo;
-  s.s_sc = select(8u * k, 8u * i, lo);
-  s.s_m = select(8u * k + 4u, 8u * i, lo);
-  s.mask = select(15u, 63u, lo);
-  s.s_hi = select(8u * k + 2u, 0u, lo);
-  s.m_hi = select(0x30u, 0u, lo);
-  return s;
-}
+//#include q4k_xq.inc
 
 // scales returns (sc0, sc1, m0, m1) of sub-blocks 2j and 2j+1 as floats.
 fn scales(h: vec4<u32>, s: Sel) -> vec4<f32> {
@@ -196,20 +168,6 @@ fn scales(h: vec4<u32>, s: Sel) -> vec4<f32> {
   return tofloat(vec4<u32>(sc0, sc1, m0, m1));
 }
 
-// pairs is scales for the matrix-vector path: each value's pair (of
-// sub-blocks 2j and 2j+1) taken in one go, the two six-bit values in
-// bytes 0 and 1 of a word, then made floats with the positional trick:
-// (sc0, 256 sc1, m0, 256 m1). The caller scales what sc1 and m1 multiply
-// by 2^-8 (exact).
-fn pairs(h: vec4<u32>, s: Sel) -> vec4<f32> {
-  let a_sc = select(h.w, h.y, s.lo);
-  let a_m = select(h.w, h.z, s.lo);
-  let mask = select(0x0f0fu, 0x3f3fu, s.lo);
-  let m_hi = select(0x3030u, 0u, s.lo);
-  let tsc = ((a_sc >> s.s_sc) & mask) | ((h.y >> s.s_hi) & m_hi);
-  let tm = ((a_m >> s.s_m) & mask) | ((h.z >> s.s_hi) & m_hi);
-  return tofloat(vec4<u32>(tsc, tsc, tm, tm) & vec4<u32>(0x3fu, 0x3f00u, 0x3fu, 0x3f00u));
-}
 
 // tofloat converts small integers (< 2^23) to f32 exactly. CONV 1 uses
 // f32(2^23 + v) - 2^23 (an OR and an add, full-rate ALU) instead of
@@ -295,25 +253,6 @@ fn load_xq(g: u32) -> array<vec4<u32>, 6> {
   return array<vec4<u32>, 6>(xu(g), xu(g + 1u), xu(g + 2u), xu(g + 6u), xu(g + 7u), xu(g + 8u));
 }
 
-// pairsum is the sum of the upper halves of the products of the low
-// nibbles of q's bytes 0 and 2 with a (a group's first pair words) and
-// of its bytes 1 and 3 with b (its second): eight products, 16 weights,
-// as a float; q shifted right by 4 gives the high nibbles. One chain of
-// eight multiply-adds from the rounding's 2^15 (integer dot products),
-// no lane sums after: on an H200 the masked gate and up products took
-// 48.0 us against 49.1 with the lanes summed after, down 27.3 against
-// 27.7 (gpu/BENCHMARKS.md, 2026-11-28, night). Bounds: the upper halves add
-// to at most 16 * 15 * 127 = 30480 in magnitude, the lower (q0 v(4k+2)
-// and its like) to at most 8 * 15 * 127 = 15240, so the 32-bit sum is
-// exact as a signed number and the 2^15 before the arithmetic shift
-// rounds the lower halves away. Then the 1.5 * 2^23 trick (|h| < 2^22)
-// makes it a float without a conversion instruction.
-fn pairsum(q: vec4<u32>, a: vec4<u32>, b: vec4<u32>) -> f32 {
-  let M = vec4<u32>(0x000f000fu);
-  let s = 0x8000u + dot(q & M, a) + dot((q >> vec4<u32>(8u)) & M, b);
-  let h = bitcast<i32>(s) >> 16u;
-  return bitcast<f32>(bitcast<u32>(h) + 0x4b400000u) - 12582912.0;
-}
 
 // With POS 0 the scale is 1: f32(POS) picks 2^-8k or 1 per lane.
 const XS: vec4<f32> = vec4<f32>(1.0, 1.0 - f32(POS) * 0.99609375, 1.0 - f32(POS) * 0.9999847412109375, 1.0 - f32(POS) * 0.9999847412109375);
