@@ -4,8 +4,10 @@ import (
 	"context"
 	"math"
 	"slices"
+	"strings"
 	"testing"
 
+	"github.com/rdrr/peer/gpu"
 	"github.com/rdrr/peer/gpu/ops"
 	"github.com/rdrr/peer/tiers"
 )
@@ -16,7 +18,7 @@ import (
 // kernel takes: tiny-moe's with a hidden size of 512 and experts 1024
 // wide (tiny-moe's own, 256 and 512, is too small for its layouts, and
 // runs the masked dispatches), every layer's matrices in one GPU buffer
-// of several.
+// of several; and paged, half of the matrices in VRAM.
 func TestGPUModelFusedFFN(t *testing.T) {
 	moe, err := PresetByName("tiny-moe")
 	if err != nil {
@@ -38,13 +40,17 @@ func TestGPUModelFusedFFN(t *testing.T) {
 	// matrices in another bank than its gate and up).
 	d := openTestDevice(t, 40*uint64(ExpertMatrixBytes(m)))
 	ctx := context.Background()
-	run := func(on bool) (logits [][]float32, fused int) {
+	run := func(on bool, slots int) (logits [][]float32, fused int) {
 		t.Setenv("RDRR_GPU_FFN", map[bool]string{true: "1", false: "0"}[on])
-		g, cache := testGPUModel(t, d, m, src, 160)
-		if !g.xq || !g.gluYQ() {
-			t.Skip("the forms the fused kernel needs are off in the environment (RDRR_GPU_XQ, RDRR_GPU_YQ, RDRR_GPU_GLU)")
+		g, cache := testGPUModel(t, d, m, src, slots)
+		if on && !g.canFuseFFN() {
+			t.Skip("the forms the fused kernel needs are off in the environment (RDRR_GPU_XQ, RDRR_GPU_YQ, RDRR_GPU_GLU, RDRR_GPU_FUSE, RDRR_GPU_NORM)")
 		}
-		if err := cache.Warm(ctx, g.ExpertKeys(), tiers.VRAM, 2, nil); err != nil {
+		level := tiers.VRAM
+		if slots < ExpertMatrices(m) {
+			level = tiers.RAM
+		}
+		if err := cache.Warm(ctx, g.ExpertKeys(), level, 2, nil); err != nil {
 			t.Fatal(err)
 		}
 		tok := int('R')
@@ -58,16 +64,45 @@ func TestGPUModelFusedFFN(t *testing.T) {
 		}
 		return logits, g.ffnRecorded
 	}
-	on, fused := run(true)
-	off, masked := run(false)
+	same := func(what string, on, off [][]float32) {
+		t.Helper()
+		for s := range on {
+			for i := range on[s] {
+				if math.Float32bits(on[s][i]) != math.Float32bits(off[s][i]) {
+					t.Fatalf("%s, step %d: logit %d = %v fused; %v from the masked dispatches", what, s, i, on[s][i], off[s][i])
+				}
+			}
+		}
+	}
+	on, fused := run(true, 160)
+	off, masked := run(false, 160)
 	if want := 8 * c.NumHiddenLayers; fused != want || masked != 0 {
 		t.Fatalf("fused FFN dispatches: %d with it on (want %d: one a layer and step), %d off", fused, want, masked)
 	}
-	for s := range on {
-		for i := range on[s] {
-			if math.Float32bits(on[s][i]) != math.Float32bits(off[s][i]) {
-				t.Fatalf("step %d: logit %d = %v fused; %v from the masked dispatches", s, i, on[s][i], off[s][i])
-			}
-		}
+	same("resident", on, off)
+	// Half of the matrices in VRAM: layers paged, their resident experts'
+	// products recorded apart from the misses'.
+	on, pagedFused := run(true, ExpertMatrices(m)/2)
+	off, _ = run(false, ExpertMatrices(m)/2)
+	if pagedFused == 0 {
+		t.Fatalf("paged: no fused FFN dispatch (the resident experts of a paged layer run fused too: 20 of 32 here when written)")
+	}
+	same("paged", on, off)
+
+	// A workgroup that gave up waiting (the counters' fourth word) fails
+	// the generation.
+	t.Setenv("RDRR_GPU_FFN", "1")
+	g, cache := testGPUModel(t, d, m, src, 160)
+	if err := cache.Warm(ctx, g.ExpertKeys(), tiers.VRAM, 2, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := g.Generate(ctx, ByteTokens("Hi"), 3, Sampling{}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Write(g.ffnCounters, gpu.Bytes([]uint32{0, 0, 0, 1})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := g.Generate(ctx, ByteTokens("Hi"), 3, Sampling{}, nil); err == nil || !strings.Contains(err.Error(), "RDRR_GPU_FFN=0") {
+		t.Fatalf("a give-up flag in the counters: %v; want an error that names RDRR_GPU_FFN=0", err)
 	}
 }

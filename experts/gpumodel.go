@@ -2282,11 +2282,12 @@ func fusions(env string) (o, swiglu bool) {
 	return false, false
 }
 
-// groupExperts declares to the cache the matrices that one masked
-// dispatch reads (recordMasked): per MoE layer, its experts' gate and up
-// matrices (gate of every expert, then up) and their down matrices, in
-// runs of ops.MaxGroup. The VRAM level then keeps each run in one arena
-// buffer when it can, so that a resident layer takes one dispatch per run
+// groupExperts declares to the cache the matrices that one dispatch
+// reads (recordMasked): per MoE layer, all of its experts' matrices where
+// one fused FFN dispatch runs them (canFuseFFN: gate of every expert, up,
+// down), else its gate and up matrices and its down matrices, in runs of
+// ops.MaxGroup. The VRAM level then keeps each group in one arena buffer
+// when it can, so that a resident layer takes one dispatch per group
 // instead of one per buffer its matrices straddle.
 func (g *GPUModel) groupExperts() {
 	c := &g.m.Config
@@ -2304,7 +2305,7 @@ func (g *GPUModel) groupExperts() {
 				kinds[j] = append(kinds[j], g.matrixKey(name))
 			}
 		}
-		if g.fusedFFN && c.Experts() <= ops.MaxFFNExperts && ops.CanFFN(c.HiddenSize, c.ExpertFFN(), c.NumExpertsPerTok) {
+		if g.canFuseFFN() {
 			// One dispatch reads all three kinds (recordFFN).
 			g.cache.Group(append(append(kinds[0], kinds[1]...), kinds[2]...))
 			continue
@@ -2458,8 +2459,7 @@ func (g *GPUModel) recordMaskedProducts(ctx context.Context, b *gpu.Batch, l int
 func (g *GPUModel) recordFFN(ctx context.Context, b *gpu.Batch, l int, experts []int, held []*tiers.Lease, sel gpu.Region, normed bool) bool {
 	c := &g.m.Config
 	k := c.NumExpertsPerTok
-	if !g.fusedFFN || !g.glu || normed || !g.gluYQ() || g.ffnCounters == nil || len(experts) == 0 || len(experts) > ops.MaxFFNExperts ||
-		!ops.CanFFN(c.HiddenSize, c.ExpertFFN(), k) {
+	if !g.canFuseFFN() || normed || g.ffnCounters == nil || len(experts) == 0 || len(experts) > ops.MaxFFNExperts {
 		return false
 	}
 	f := ops.FFN{Sel: sel, K: k, X: g.ffnX(l), Q: g.actq(0, k), Y: g.buf["y"], Counters: g.ffnCounters,
@@ -2481,6 +2481,35 @@ func (g *GPUModel) recordFFN(ctx context.Context, b *gpu.Batch, l int, experts [
 	g.k.Q4KFFN(ctx, b, f)
 	g.ffnRecorded++
 	return true
+}
+
+// canFuseFFN reports whether this model's MoE layers can run their gate,
+// up and down products as one dispatch (recordFFN, when their matrices
+// lie in one arena buffer): fusedFFN on, the forms it computes (gate and
+// up together, quantized x and output, no norm handed over), at most
+// ops.MaxFFNExperts experts, a shape the kernel takes.
+func (g *GPUModel) canFuseFFN() bool {
+	c := &g.m.Config
+	return g.fusedFFN && g.glu && g.gluYQ() && !g.partNorm && c.Experts() <= ops.MaxFFNExperts &&
+		ops.CanFFN(c.HiddenSize, c.ExpertFFN(), c.NumExpertsPerTok)
+}
+
+// checkFFN fails if a fused FFN dispatch's workgroup gave up waiting for
+// its gate and up tiles (its down rows were garbage): never, unless the
+// GPU does not run a dispatch's workgroups side by side. It reads the
+// counters once a generation.
+func (g *GPUModel) checkFFN(ctx context.Context) error {
+	if g.ffnRecorded == 0 || g.ffnCounters == nil {
+		return nil
+	}
+	ctr := make([]uint32, 4)
+	if err := g.d.Read(ctx, g.ffnCounters, gpu.Bytes(ctr)); err != nil {
+		return err
+	}
+	if ctr[3] != 0 {
+		return fmt.Errorf("experts: a fused FFN dispatch gave up waiting for its gate and up products, so its tokens are wrong; this GPU may not run a dispatch's workgroups side by side: RDRR_GPU_FFN=0 runs without it")
+	}
+	return nil
 }
 
 // recordGLU records the gate and up products of experts (leases in held,
@@ -2544,13 +2573,20 @@ func (g *GPUModel) recordGLU(ctx context.Context, b *gpu.Batch, l int, experts [
 // f32 rounding of a boundary.
 func (g *GPUModel) Generate(ctx context.Context, prompt []int, maxTokens int, s Sampling, emit func(int)) ([]int, error) {
 	g.clock.start() // and so the A/B's: no interval from the last generation
+	var toks []int
+	var err error
 	if g.pipeline && !g.ProfileGPU && maxTokens > 1 && len(prompt) > 0 {
-		return g.generatePipelined(ctx, prompt, maxTokens, s, emit)
+		toks, err = g.generatePipelined(ctx, prompt, maxTokens, s, emit)
+	} else {
+		toks, err = decode(ctx, g.m, g.Trace, prompt, maxTokens, s, emit, func(ctx context.Context, tok int, d *draw) (int, error) {
+			_, next, err := g.step(ctx, tok, sampleHead(d))
+			return next, err
+		})
 	}
-	return decode(ctx, g.m, g.Trace, prompt, maxTokens, s, emit, func(ctx context.Context, tok int, d *draw) (int, error) {
-		_, next, err := g.step(ctx, tok, sampleHead(d))
-		return next, err
-	})
+	if err == nil {
+		err = g.checkFFN(ctx)
+	}
+	return toks, err
 }
 
 // generatePipelined is Generate (decode's loop: the same tokens, draws

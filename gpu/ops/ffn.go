@@ -25,7 +25,7 @@ type FFN struct {
 	X              gpu.Region // the FFN norm's output quantized: XQBytes(Hidden)
 	Q              gpu.Region // K activations quantized: K * XQBytes(Width)
 	Y              gpu.Region // K down outputs: K * Hidden floats
-	Counters       gpu.Region // 16 bytes, zero at first, this dispatch's own: it sets them back
+	Counters       gpu.Region // 16 bytes, zero at first (Alloc's are not); it sets the first three back, the fourth says a workgroup gave up waiting
 	Hidden, Width  int
 	// Apart records the two phases as two dispatches of the kernel, a
 	// barrier between, so that no workgroup waits: what a CPU adapter
@@ -86,14 +86,12 @@ func FFNLaunch(f FFN) (Launch, error) {
 	if uint64(maxSlot+1)*slotBytes/16 > math.MaxUint32 {
 		return Launch{}, shapeErr(name, "slot %d is beyond 64 GiB", maxSlot)
 	}
-	for _, e := range f.Experts {
-		if e < 0 || e >= MaskedUpper {
-			return Launch{}, shapeErr(name, "expert %d", e)
+	for i, e := range f.Experts {
+		if e < 0 || e >= MaskedUpper || slices.Contains(f.Experts[:i], e) {
+			return Launch{}, shapeErr(name, "expert %d (each once, below 2^31)", e)
 		}
 	}
-	out1 := glu.rowsPerWG() / 2 // gate and up rows a workgroup
-	tiles1 := ceilDiv(uint64(f.Width), out1)
-	tiles2 := ceilDiv(uint64(f.Hidden), down.rowsPerWG())
+	tiles1, tiles2 := ffnTiles(glu, down, f)
 	total := uint64(f.K) * (tiles1 + tiles2)
 	gx, gy := grid(total)
 	params := gpu.Params{}.U32(uint32(f.Width)).U32(uint32(f.Hidden / 256)).U32(uint32(glu.SPR)).U32(uint32(tiles1)).
@@ -139,15 +137,27 @@ func (k *Kernels) Q4KFFN(ctx context.Context, b *gpu.Batch, f FFN) error {
 	if err != nil || !f.Apart {
 		return k.launch(ctx, b, l, err, f.Arena, f.X, f.Y, f.Sel, f.Q, f.Counters)
 	}
+	glu, down, _ := ffnConfigs(f.Hidden, f.Width, f.K)
+	tiles1, tiles2 := ffnTiles(glu, down, f)
+	tiles := [2]uint64{tiles1, tiles2}
 	for phase := uint32(1); phase <= 2; phase++ {
 		lp := l
 		lp.Params = slices.Clone(l.Params)
 		binary.LittleEndian.PutUint32(lp.Params[ffnPhaseAt:], phase)
+		gx, gy := grid(uint64(f.K) * tiles[phase-1]) // a workgroup a tile of this phase
+		lp.Groups = [3]uint32{gx, gy, 1}
 		if err := k.launch(ctx, b, lp, nil, f.Arena, f.X, f.Y, f.Sel, f.Q, f.Counters); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// ffnTiles are an FFN's tiles an expert of each phase: a workgroup's
+// output rows of gate and up (half its rows: a gate row and an up row
+// make one), then of down.
+func ffnTiles(glu, down Q4KConfig, f FFN) (tiles1, tiles2 uint64) {
+	return ceilDiv(uint64(f.Width), glu.rowsPerWG()/2), ceilDiv(uint64(f.Hidden), down.rowsPerWG())
 }
 
 // ffnPhaseAt is the byte of the params that says which phases a dispatch

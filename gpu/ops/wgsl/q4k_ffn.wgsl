@@ -59,10 +59,12 @@ override ROWS: u32 = 8u;
 override WG: u32 = 128u;
 const HROWS: u32 = ROWS / 2u;
 const RED: u32 = WG * ROWS;
-// A workgroup looks at phase 1's count up to SPIN * SPIN times before it
-// gives up (ctr[3] then says so, and its down rows hold garbage): never,
-// unless phase 1 cannot finish. A GPU looks ~10^8 times a second.
-const SPIN: u32 = 1u << 15u;
+// A workgroup looks at phase 1's count up to SPIN * SPIN times (2^26)
+// before it gives up: ctr[3] then says so, its down rows hold garbage,
+// and the model reports it (GPUModel.checkFFN). Never, unless phase 1
+// cannot finish: each look waits on a round trip to the L2 (~0.2-0.5
+// us), so that is some 15-30 s, where phase 1 takes tens of us.
+const SPIN: u32 = 1u << 13u;
 
 var<workgroup> red: array<f32, RED>;
 var<workgroup> outv: array<f32, 256>;
@@ -228,10 +230,11 @@ fn down(j: u32, t: u32, e: u32, wait: bool, tid: u32) {
       pre_q[r] = w[blk + 1u + c];
     }
   }
-  // Phase 1's count: thread 0 spins, the barrier (a device-scope
-  // acquire and release, as storageBarrier is) holds the others. Two
-  // nested loops of SPIN looks each: lavapipe (gallivm) ends any loop
-  // after 65535 rounds, whatever its condition.
+  // Phase 1's count: thread 0 spins, the barrier holds the others (naga
+  // makes storageBarrier a device-scope acquire and release on Vulkan,
+  // Metal and D3D; WGSL itself promises workgroup scope). Two nested
+  // loops of SPIN looks each, 2^26 in all. (lavapipe never waits: it
+  // runs FFN.Apart.)
   if (tid == 0u && wait) {
     var done = false;
     for (var o = 0u; o < SPIN && !done; o++) {
@@ -329,10 +332,14 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(num_workgroups) nw: 
       down(j, t, e, p.phase == 0u, tid);
     }
   }
+  // This workgroup's counts before its leaving (a device-scope release),
+  // so that the last to leave sets back counters no one adds to after.
+  storageBarrier();
   if (tid == 0u) {
     let left = atomicAdd(&ctr[2], 1u) + 1u;
     if (left == nw.x * nw.y * nw.z) {
       // The last to leave: every other workgroup has taken its last tile.
+      // ctr[3], the give-up flag, stays for the host to read.
       atomicStore(&ctr[0], 0u);
       atomicStore(&ctr[1], 0u);
       atomicStore(&ctr[2], 0u);
