@@ -480,6 +480,9 @@ func (c *Config) validate() error {
 			return e
 		}
 	}
+	if c.MoEIntermediateSize < 0 || c.MoEIntermediateSize > 1<<22 { // 0: the experts are intermediate_size wide
+		return fieldErr("config.moe_intermediate_size", "%d (want 0 to %d)", c.MoEIntermediateSize, 1<<22)
+	}
 	if c.NumAttentionHeads%c.NumKeyValueHeads != 0 {
 		return fieldErr("config.num_key_value_heads", "%d does not divide num_attention_heads %d", c.NumKeyValueHeads, c.NumAttentionHeads)
 	}

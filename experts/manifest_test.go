@@ -62,6 +62,8 @@ func TestValidateErrorsNameTheField(t *testing.T) {
 		{"top-k above experts", func(m *Manifest) { m.Config.NumExpertsPerTok = 9 }, "config.num_experts_per_tok"},
 		{"kv heads", func(m *Manifest) { m.Config.NumKeyValueHeads = 3 }, "config.num_key_value_heads"},
 		{"layers", func(m *Manifest) { m.Config.NumHiddenLayers = MaxLayers + 1 }, "config.num_hidden_layers"},
+		{"expert width", func(m *Manifest) { m.Config.MoEIntermediateSize = 1 << 40 }, "config.moe_intermediate_size"},
+		{"negative expert width", func(m *Manifest) { m.Config.MoEIntermediateSize = -256 }, "config.moe_intermediate_size"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := tinyManifest(t)
