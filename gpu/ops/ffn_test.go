@@ -119,23 +119,30 @@ func TestQ4KFFN(t *testing.T) {
 			}
 		})
 	}
-	// Shapes refused before anything runs.
+	// Shapes refused before anything runs: each a change of one good
+	// call (which runs, so that what refuses the others is the shape rule,
+	// not their buffers).
 	ab, _, _ := q4kArena(t, d, r, 3, 2048, 1024)
-	any := upload(t, d, make([]byte, 1<<20))
-	for _, bad := range []FFN{
-		{Gate: make([]int, 9), Up: make([]int, 9), Down: make([]int, 9), Experts: make([]int, 9), K: 2, Hidden: 1024, Width: 2048},
-		{Gate: []int{0}, Up: []int{1}, Down: []int{}, Experts: []int{0}, K: 2, Hidden: 1024, Width: 2048},
-		{Gate: []int{0}, Up: []int{1}, Down: []int{2}, Experts: []int{0}, K: 0, Hidden: 1024, Width: 2048},
-		{Gate: []int{0}, Up: []int{1}, Down: []int{2}, Experts: []int{0}, K: 2, Hidden: 1000, Width: 2048},
-		{Gate: []int{0}, Up: []int{-1}, Down: []int{2}, Experts: []int{0}, K: 2, Hidden: 1024, Width: 2048},
-		{Gate: []int{0}, Up: []int{1}, Down: []int{2}, Experts: []int{-3}, K: 2, Hidden: 1024, Width: 2048},
-		{Gate: []int{0, 0}, Up: []int{1, 1}, Down: []int{2, 2}, Experts: []int{5, 5}, K: 2, Hidden: 1024, Width: 2048},
+	good := FFN{Arena: ab, Gate: []int{0}, Up: []int{1}, Down: []int{2}, Experts: []int{5}, K: 2, Hidden: 1024, Width: 2048, Apart: cpu,
+		X: poisoned(t, d, int(XQBytes(1024))), Q: poisoned(t, d, 2*int(XQBytes(2048))), Y: poisoned(t, d, 2*1024*4),
+		Sel: upload(t, d, gpu.Bytes([]uint32{5, 999})), Counters: upload(t, d, make([]byte, 16))}
+	run(t, d, func(b *gpu.Batch) error { return k.Q4KFFN(ctxT(t), b, good) })
+	for _, change := range []func(f *FFN){
+		func(f *FFN) { f.Gate, f.Up, f.Down, f.Experts = make([]int, 9), make([]int, 9), make([]int, 9), []int{0, 1, 2, 3, 4, 5, 6, 7, 8} },
+		func(f *FFN) { f.Down = nil },
+		func(f *FFN) { f.K = 0 },
+		func(f *FFN) { f.Hidden = 1000 },
+		func(f *FFN) { f.Hidden, f.Width = 1<<23, 1<<23 },
+		func(f *FFN) { f.Up = []int{-1} },
+		func(f *FFN) { f.Experts = []int{-3} },
+		func(f *FFN) { f.Gate, f.Up, f.Down, f.Experts = []int{0, 0}, []int{1, 1}, []int{2, 2}, []int{5, 5} },
 	} {
-		bad.Arena, bad.X, bad.Q, bad.Y, bad.Sel, bad.Counters = ab, any, any, any, any, any
+		bad := good
+		change(&bad)
 		b := d.Batch()
 		k.Q4KFFN(ctxT(t), b, bad)
 		if err := b.Submit(ctxT(t)); !errors.Is(err, gpu.ErrShape) {
-			t.Errorf("FFN %d experts, K %d, hidden %d: %v; want gpu.ErrShape", len(bad.Experts), bad.K, bad.Hidden, err)
+			t.Errorf("FFN %d experts %v, K %d, hidden %d, width %d: %v; want gpu.ErrShape", len(bad.Experts), bad.Experts, bad.K, bad.Hidden, bad.Width, err)
 		}
 	}
 }
