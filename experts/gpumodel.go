@@ -135,10 +135,13 @@ type GPUModel struct {
 	// up products' tail. On an H200 (gpu/BENCHMARKS.md, 2026-11-29) the
 	// Mixtral-shaped pair took 71.7 us against 75.1-75.7. A CPU adapter
 	// runs the kernel's two phases apart (lavapipe cannot wait). On
-	// unless RDRR_GPU_FFN=0; ffnCounters are its tile counters.
-	fusedFFN    bool
-	ffnCounters *gpu.Buffer
-	ffnRecorded int // Q4KFFN dispatches recorded (for tests)
+	// unless RDRR_GPU_FFN=0; ffnCounters are its tile counters, ffnFits
+	// whether the model's shape is one the kernel takes, ffnApart whether
+	// it runs apart (a CPU adapter), both fixed at load.
+	fusedFFN          bool
+	ffnCounters       *gpu.Buffer
+	ffnFits, ffnApart bool
+	ffnRecorded       int // Q4KFFN dispatches recorded: checkFFN reads the counters only after one, and the tests count them
 	// xq has the layers' Q4_K products read their x quantized
 	// (ops.QuantizeX: 8-bit integers and a scale a group of 16 values)
 	// and run as integer multiply-adds of two weights at a time
@@ -330,6 +333,8 @@ func NewGPUModel(ctx context.Context, m *Manifest, d *gpu.Device, cache *tiers.C
 	g.pipeline = os.Getenv("RDRR_GPU_PIPELINE") != "0"
 	g.glu = os.Getenv("RDRR_GPU_GLU") != "0" && !g.fuseSwiGLU
 	g.fusedFFN = os.Getenv("RDRR_GPU_FFN") != "0"
+	g.ffnFits = m.Config.Experts() <= ops.MaxFFNExperts && ops.CanFFN(m.Config.HiddenSize, m.Config.ExpertFFN(), m.Config.NumExpertsPerTok)
+	g.ffnApart = d.Info().Type == "cpu"
 	g.fuseRouter = os.Getenv("RDRR_GPU_ROUTER") != "0"
 	g.partNorm = os.Getenv("RDRR_GPU_NORM") == "1" && !g.fuseO && m.Config.NumSharedExperts == 0 && ops.AccumParts(m.Config.HiddenSize) <= ops.MaxParts
 	for l := range m.Config.NumHiddenLayers {
@@ -2459,13 +2464,15 @@ func (g *GPUModel) recordMaskedProducts(ctx context.Context, b *gpu.Batch, l int
 func (g *GPUModel) recordFFN(ctx context.Context, b *gpu.Batch, l int, experts []int, held []*tiers.Lease, sel gpu.Region, normed bool) bool {
 	c := &g.m.Config
 	k := c.NumExpertsPerTok
-	if !g.canFuseFFN() || normed || g.ffnCounters == nil || len(experts) == 0 || len(experts) > ops.MaxFFNExperts {
+	if !g.canFuseFFN() || normed || g.ffnCounters == nil || len(experts) == 0 {
 		return false
 	}
-	f := ops.FFN{Sel: sel, K: k, X: g.ffnX(l), Q: g.actq(0, k), Y: g.buf["y"], Counters: g.ffnCounters,
-		Hidden: c.HiddenSize, Width: c.ExpertFFN(), Apart: g.d.Info().Type == "cpu"}
+	n := len(experts)
+	f := ops.FFN{Gate: make([]int, 0, n), Up: make([]int, 0, n), Down: make([]int, 0, n), Experts: experts,
+		Sel: sel, K: k, X: g.ffnX(l), Q: g.actq(0, k), Y: g.buf["y"], Counters: g.ffnCounters,
+		Hidden: c.HiddenSize, Width: c.ExpertFFN(), Apart: g.ffnApart}
 	var arena *gpu.Buffer
-	for i, e := range experts {
+	for i := range experts {
 		for j, slots := range []*[]int{&f.Gate, &f.Up, &f.Down} {
 			buf, idx := g.arena.Locate(held[3*i+j].Slot())
 			if arena == nil {
@@ -2475,7 +2482,6 @@ func (g *GPUModel) recordFFN(ctx context.Context, b *gpu.Batch, l int, experts [
 			}
 			*slots = append(*slots, idx)
 		}
-		f.Experts = append(f.Experts, e)
 	}
 	f.Arena = arena
 	g.k.Q4KFFN(ctx, b, f)
@@ -2489,9 +2495,7 @@ func (g *GPUModel) recordFFN(ctx context.Context, b *gpu.Batch, l int, experts [
 // up together, quantized x and output, no norm handed over), at most
 // ops.MaxFFNExperts experts, a shape the kernel takes.
 func (g *GPUModel) canFuseFFN() bool {
-	c := &g.m.Config
-	return g.fusedFFN && g.glu && g.gluYQ() && !g.partNorm && c.Experts() <= ops.MaxFFNExperts &&
-		ops.CanFFN(c.HiddenSize, c.ExpertFFN(), c.NumExpertsPerTok)
+	return g.fusedFFN && g.ffnFits && g.glu && g.gluYQ() && !g.partNorm
 }
 
 // checkFFN fails if a fused FFN dispatch's workgroup gave up waiting for

@@ -34,8 +34,20 @@ type FFN struct {
 	Apart bool
 }
 
-// MaxFFNExperts is how many experts an FFN's tables hold.
-const MaxFFNExperts = 8
+// MaxFFNExperts is how many experts an FFN's tables hold, and maxFFNDim
+// the largest hidden size and width it takes (a manifest's bound on
+// intermediate_size).
+const (
+	MaxFFNExperts = 8
+	maxFFNDim     = 1 << 22
+)
+
+// ffnShapeOK reports whether hidden, width and k are within what the
+// kernel's params and arithmetic hold, before anything is computed from
+// them.
+func ffnShapeOK(hidden, width, k int) bool {
+	return hidden > 0 && width > 0 && hidden <= maxFFNDim && width <= maxFFNDim && hidden%256 == 0 && width%256 == 0 && k > 0 && k <= 32
+}
 
 // ffnConfigs are the configurations of an FFN's two phases: those of the
 // masked gate and up products (with their output quantized) and of the
@@ -54,44 +66,55 @@ func ffnConfigs(hidden, width, k int) (glu, down Q4KConfig, ok bool) {
 // CanFFN reports whether Q4KFFN takes a layer of this shape with k
 // experts chosen.
 func CanFFN(hidden, width, k int) bool {
+	if !ffnShapeOK(hidden, width, k) {
+		return false
+	}
 	_, _, ok := ffnConfigs(hidden, width, k)
-	return ok && hidden%256 == 0 && width%256 == 0 && k > 0 && k <= 32
+	return ok
 }
 
 // FFNLaunch is the dispatch rule of Q4KFFN (it reads f's shape, not its
 // regions). Bindings: weight arena, x, y, sel, quantized activations,
 // counters.
 func FFNLaunch(f FFN) (Launch, error) {
+	l, _, err := ffnLaunch(f)
+	return l, err
+}
+
+// ffnLaunch is FFNLaunch and the tiles an expert of each phase.
+func ffnLaunch(f FFN) (Launch, [2]uint64, error) {
 	const name = "q4k_ffn_xq"
+	var none [2]uint64
 	n := len(f.Experts)
-	if f.Hidden <= 0 || f.Width <= 0 || f.Hidden%256 != 0 || f.Width%256 != 0 || f.K <= 0 || f.K > 32 ||
-		n == 0 || n > MaxFFNExperts || len(f.Gate) != n || len(f.Up) != n || len(f.Down) != n {
-		return Launch{}, shapeErr(name, "%d experts (1..%d, a gate, up and down slot each), %d chosen (1..32), hidden %d and width %d (multiples of 256)",
-			n, MaxFFNExperts, f.K, f.Hidden, f.Width)
+	if !ffnShapeOK(f.Hidden, f.Width, f.K) || n == 0 || n > MaxFFNExperts || len(f.Gate) != n || len(f.Up) != n || len(f.Down) != n {
+		return Launch{}, none, shapeErr(name, "%d experts (1..%d, a gate, up and down slot each), %d chosen (1..32), hidden %d and width %d (multiples of 256, at most %d)",
+			n, MaxFFNExperts, f.K, f.Hidden, f.Width, maxFFNDim)
 	}
 	glu, down, ok := ffnConfigs(f.Hidden, f.Width, f.K)
 	if !ok {
-		return Launch{}, shapeErr(name, "hidden %d, width %d, %d chosen: the masked products' configurations (%+v, %+v) are not one workgroup size and 8 rows a thread", f.Hidden, f.Width, f.K, glu, down)
+		return Launch{}, none, shapeErr(name, "hidden %d, width %d, %d chosen: the masked products' configurations (%+v, %+v) are not one workgroup size and 8 rows a thread", f.Hidden, f.Width, f.K, glu, down)
 	}
 	slotBytes := abi.Q4K.Bytes(f.Hidden * f.Width)
 	maxSlot := 0
 	for _, ss := range [][]int{f.Gate, f.Up, f.Down} {
 		for _, s := range ss {
 			if s < 0 {
-				return Launch{}, shapeErr(name, "negative slot %d", s)
+				return Launch{}, none, shapeErr(name, "negative slot %d", s)
 			}
 			maxSlot = max(maxSlot, s)
 		}
 	}
 	if uint64(maxSlot+1)*slotBytes/16 > math.MaxUint32 {
-		return Launch{}, shapeErr(name, "slot %d is beyond 64 GiB", maxSlot)
+		return Launch{}, none, shapeErr(name, "slot %d is beyond 64 GiB", maxSlot)
 	}
 	for i, e := range f.Experts {
 		if e < 0 || e >= MaskedUpper || slices.Contains(f.Experts[:i], e) {
-			return Launch{}, shapeErr(name, "expert %d (each once, below 2^31)", e)
+			return Launch{}, none, shapeErr(name, "expert %d (each once, below 2^31)", e)
 		}
 	}
-	tiles1, tiles2 := ffnTiles(glu, down, f)
+	// Tiles an expert: a workgroup's output rows of gate and up (half its
+	// rows: a gate row and an up row make one), then of down.
+	tiles1, tiles2 := ceilDiv(uint64(f.Width), glu.rowsPerWG()/2), ceilDiv(uint64(f.Hidden), down.rowsPerWG())
 	total := uint64(f.K) * (tiles1 + tiles2)
 	gx, gy := grid(total)
 	params := gpu.Params{}.U32(uint32(f.Width)).U32(uint32(f.Hidden / 256)).U32(uint32(glu.SPR)).U32(uint32(tiles1)).
@@ -117,7 +140,7 @@ func FFNLaunch(f FFN) (Launch, error) {
 	return Launch{Kernel: name, Constants: map[string]float64{"ROWS": float64(glu.Rows), "WG": float64(glu.wg())},
 		Groups: [3]uint32{gx, gy, 1}, Params: params,
 		Bindings: []Binding{{"weight arena", uint64(maxSlot+1) * slotBytes}, {"x", XQBytes(f.Hidden)}, {"y", uint64(f.K * f.Hidden * 4)},
-			{"sel", uint64(f.K * 4)}, {"quantized activations", uint64(f.K) * XQBytes(f.Width)}, {"counters", 16}}}, nil
+			{"sel", uint64(f.K * 4)}, {"quantized activations", uint64(f.K) * XQBytes(f.Width)}, {"counters", 16}}}, [2]uint64{tiles1, tiles2}, nil
 }
 
 // Q4KFFN records f: the same bits as Q4KMatVecMasked of the gate and up
@@ -133,13 +156,10 @@ func FFNLaunch(f FFN) (Launch, error) {
 // counters of its own or let wgpu order them (the same buffer, read and
 // written: a barrier between).
 func (k *Kernels) Q4KFFN(ctx context.Context, b *gpu.Batch, f FFN) error {
-	l, err := FFNLaunch(f)
+	l, tiles, err := ffnLaunch(f)
 	if err != nil || !f.Apart {
 		return k.launch(ctx, b, l, err, f.Arena, f.X, f.Y, f.Sel, f.Q, f.Counters)
 	}
-	glu, down, _ := ffnConfigs(f.Hidden, f.Width, f.K)
-	tiles1, tiles2 := ffnTiles(glu, down, f)
-	tiles := [2]uint64{tiles1, tiles2}
 	for phase := uint32(1); phase <= 2; phase++ {
 		lp := l
 		lp.Params = slices.Clone(l.Params)
@@ -151,13 +171,6 @@ func (k *Kernels) Q4KFFN(ctx context.Context, b *gpu.Batch, f FFN) error {
 		}
 	}
 	return nil
-}
-
-// ffnTiles are an FFN's tiles an expert of each phase: a workgroup's
-// output rows of gate and up (half its rows: a gate row and an up row
-// make one), then of down.
-func ffnTiles(glu, down Q4KConfig, f FFN) (tiles1, tiles2 uint64) {
-	return ceilDiv(uint64(f.Width), glu.rowsPerWG()/2), ceilDiv(uint64(f.Hidden), down.rowsPerWG())
 }
 
 // ffnPhaseAt is the byte of the params that says which phases a dispatch

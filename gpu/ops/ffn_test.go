@@ -128,7 +128,9 @@ func TestQ4KFFN(t *testing.T) {
 		Sel: upload(t, d, gpu.Bytes([]uint32{5, 999})), Counters: upload(t, d, make([]byte, 16))}
 	run(t, d, func(b *gpu.Batch) error { return k.Q4KFFN(ctxT(t), b, good) })
 	for _, change := range []func(f *FFN){
-		func(f *FFN) { f.Gate, f.Up, f.Down, f.Experts = make([]int, 9), make([]int, 9), make([]int, 9), []int{0, 1, 2, 3, 4, 5, 6, 7, 8} },
+		func(f *FFN) {
+			f.Gate, f.Up, f.Down, f.Experts = make([]int, 9), make([]int, 9), make([]int, 9), []int{0, 1, 2, 3, 4, 5, 6, 7, 8}
+		},
 		func(f *FFN) { f.Down = nil },
 		func(f *FFN) { f.K = 0 },
 		func(f *FFN) { f.Hidden = 1000 },
