@@ -118,6 +118,8 @@ fn vrow(t: u32, stride4: u32, vb: u32, z: u32) -> vec4<f32> {
 const WG: u32 = 256u;
 // Positions per chunk: 16, 32 or 64, set by the rule (attnChunk).
 override CH: u32 = 32u;
+// 1: CH is 32 and p.hd 32, 64 or 128 (main_v's shapes); 0: any other.
+override V: u32 = 0u;
 const MAXG: u32 = 8u;  // query heads per KV head
 const LANES: u32 = 8u; // threads per position for the scores
 const PP: u32 = WG / LANES;
@@ -197,7 +199,10 @@ fn chunkSoftmax(tid: u32, g_n: u32, t0: u32) {
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
   // Chunks of 32 and hd of 32, 64 or 128: every load at once (main_v).
-  if (ROPE || (CH == 32u && (p.hd == 32u || p.hd == 64u || p.hd == 128u))) {
+  // V, set by the dispatch rule, says so as a constant: the path not
+  // taken is then compiled out, and its registers do not count against
+  // the one taken.
+  if (ROPE || V == 1u) {
     main_v(wid, tid);
     return;
   }
