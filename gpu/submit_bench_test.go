@@ -15,7 +15,8 @@ import (
 // batches recorded and submitted one after another (Submit; the host
 // records the next while the GPU runs the one before), or each with a
 // 4-byte read-back in its submission (SubmitRead, as a decode step
-// ends). Each is
+// ends), and the same with 32 KiB written by queue.WriteBuffer before
+// each submit (about a step's params: 293 dispatches at 64-byte alignment). Each is
 // timed from its first submit to the Sync that sees it done; medians of
 // 15, the three alternated. per-boundary-us is what each of the 15
 // boundaries adds to the baseline; x-of-one the ratio to it. A decode
@@ -38,6 +39,8 @@ func BenchmarkSubmit(b *testing.B) {
 		return buf
 	}
 	src, dst := alloc(), alloc()
+	params := alloc()
+	blob := make([]byte, 32<<10)
 	encode := func(n int) []*Encoded {
 		var es []*Encoded
 		for range n {
@@ -65,7 +68,7 @@ func BenchmarkSubmit(b *testing.B) {
 		return bt
 	}
 	run := func(mode string) time.Duration {
-		if mode == "submit" || mode == "read" {
+		if mode == "submit" || mode == "read" || mode == "write" {
 			if err := d.Sync(ctx); err != nil {
 				b.Fatal(err)
 			}
@@ -78,6 +81,13 @@ func BenchmarkSubmit(b *testing.B) {
 						b.Fatal(err)
 					}
 					continue
+				}
+				if mode == "write" {
+					// A decode step's params: ~300 dispatches' uniforms,
+					// written with queue.WriteBuffer before its submit.
+					if err := d.Write(params, blob); err != nil {
+						b.Fatal(err)
+					}
 				}
 				r, err := bt.SubmitRead(ctx, dst.Sub(0, 4), 4)
 				if err != nil {
@@ -120,7 +130,7 @@ func BenchmarkSubmit(b *testing.B) {
 		}
 		return time.Since(t0)
 	}
-	modes := []string{"one", "buffers", "each", "submit", "read"}
+	modes := []string{"one", "buffers", "each", "submit", "read", "write"}
 	for b.Loop() {
 		const n = 15
 		times := map[string][]time.Duration{}
