@@ -302,6 +302,19 @@ func (d *Device) probe() error {
 // granted.
 func (d *Device) Info() AdapterInfo { return d.info }
 
+// LocalMemory returns the bytes of the adapter's largest device-local
+// memory heap, which WebGPU does not report: asked of the Vulkan loader
+// for the physical device of the adapter's vendor and device id (Linux,
+// the Vulkan backend), 0 where it cannot tell. A CPU adapter's heap is
+// host memory.
+func (d *Device) LocalMemory() uint64 {
+	if d.info.Backend != BackendVulkan {
+		return 0
+	}
+	n, _ := localMemory(d.info.VendorID, d.info.DeviceID)
+	return n
+}
+
 // Err returns a non-nil error (wrapping ErrDeviceLost or ErrClosed) once the
 // device can no longer be used.
 func (d *Device) Err() error {

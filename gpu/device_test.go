@@ -9,6 +9,7 @@ import (
 	"math"
 	"os"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -826,4 +827,46 @@ func TestSpinWait(t *testing.T) {
 			}
 		})
 	}
+}
+
+// LocalMemory is what the Vulkan loader says of the adapter's largest
+// device-local heap: present for a Vulkan adapter, and for a CPU one
+// (lavapipe) no more than the machine's memory.
+func TestLocalMemory(t *testing.T) {
+	d := shared.d
+	info := d.Info()
+	n := d.LocalMemory()
+	t.Logf("%s: largest device-local heap %d MiB", info, n>>20)
+	if info.Backend != BackendVulkan {
+		if n != 0 {
+			t.Fatalf("LocalMemory %d on the %s backend; want 0 (only Vulkan's loader is asked)", n, info.Backend)
+		}
+		return
+	}
+	if n < 64<<20 {
+		t.Fatalf("LocalMemory %d bytes; a Vulkan adapter has a device-local heap of at least 64 MiB", n)
+	}
+	if info.Type == "cpu" {
+		if total := memTotalForTest(t); total > 0 && n > total {
+			t.Fatalf("LocalMemory %d bytes on a CPU adapter; the machine has %d", n, total)
+		}
+	}
+}
+
+// memTotalForTest is MemTotal from /proc/meminfo (0 where there is none).
+func memTotalForTest(t *testing.T) uint64 {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "MemTotal:"); ok {
+			kb, err := strconv.ParseUint(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
+			if err != nil {
+				t.Fatalf("/proc/meminfo: %q: %v", line, err)
+			}
+			return kb << 10
+		}
+	}
+	return 0
 }

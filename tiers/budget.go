@@ -44,8 +44,16 @@ func Clamp(b Budgets, storeDir string, storeBytes int64, log *slog.Logger) Budge
 	return b
 }
 
+// MemAvailable returns MemAvailable from /proc/meminfo in bytes: what
+// the machine can give without swapping (0 if unknown).
+func MemAvailable() int64 { return memInfo("MemAvailable:") }
+
 // memTotal returns MemTotal from /proc/meminfo in bytes (0 if unknown).
-func memTotal() int64 {
+func memTotal() int64 { return memInfo("MemTotal:") }
+
+// memInfo returns the /proc/meminfo line with this key in bytes (0 if
+// unknown).
+func memInfo(key string) int64 {
 	f, err := os.Open("/proc/meminfo")
 	if err != nil {
 		return 0
@@ -53,7 +61,7 @@ func memTotal() int64 {
 	defer f.Close()
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
-		if rest, ok := strings.CutPrefix(sc.Text(), "MemTotal:"); ok {
+		if rest, ok := strings.CutPrefix(sc.Text(), key); ok {
 			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
 			if err == nil {
 				return kb << 10

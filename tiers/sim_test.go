@@ -236,3 +236,30 @@ func TestRecordedTrace(t *testing.T) {
 		}
 	}
 }
+
+// Grouped keeps only the accesses of keys in a group (the experts): a
+// dense tensor read once at load is neither a miss of MIN's nor part of
+// the bytes a budget must hold.
+func TestTraceGrouped(t *testing.T) {
+	tr := &Trace{Keys: []TraceKey{{Size: 100, Label: "dense", Group: -1}, {Size: 10, Label: "L0E0", Group: 0}, {Size: 10, Label: "L0E1", Group: 0}}}
+	for _, k := range []int{0, 1, 2, 1, 2, 1, 2} {
+		tr.Accesses = append(tr.Accesses, Access{Key: k})
+	}
+	g := tr.Grouped()
+	if g.Bytes() != 20 {
+		t.Fatalf("Bytes %d; want 20 (the two experts)", g.Bytes())
+	}
+	if len(g.Accesses) != 6 || len(g.Keys) != 3 {
+		t.Fatalf("%d accesses of %d keys; want the 6 of the experts, the key ids kept", len(g.Accesses), len(g.Keys))
+	}
+	// At a budget of both experts: 2 cold misses in 6, not 3 in 7.
+	if r := Belady(g, 20); r.Hits != 4 || r.Misses != 2 {
+		t.Fatalf("MIN on the experts: %d hits, %d misses; want 4 and 2", r.Hits, r.Misses)
+	}
+	if r := Belady(tr, 20); r.Misses != 3 {
+		t.Fatalf("MIN on the whole trace: %d misses; want 3 (the dense read too)", r.Misses)
+	}
+	if tr.Bytes() != 120 || len(tr.Accesses) != 7 {
+		t.Fatal("Grouped changed the trace it was called on")
+	}
+}

@@ -24,6 +24,27 @@ type Trace struct {
 	Tokens map[int]int
 }
 
+// Grouped is t with only the accesses of keys in a group (Cache.SetGroup:
+// the GPU pager gives each expert matrix its layer), the keys that a VRAM
+// level of expert slots holds: a model's dense tensors, read once through
+// the cache when it loads, are not among them and would count as misses
+// that no VRAM budget could avoid. Keys not in a group keep their ids,
+// with size 0, so that Bytes counts only the others.
+func (t *Trace) Grouped() *Trace {
+	g := &Trace{Keys: slices.Clone(t.Keys), Tokens: maps.Clone(t.Tokens)}
+	for i := range g.Keys {
+		if g.Keys[i].Group < 0 {
+			g.Keys[i].Size = 0
+		}
+	}
+	for _, a := range t.Accesses {
+		if a.Key >= 0 && a.Key < len(t.Keys) && t.Keys[a.Key].Group >= 0 {
+			g.Accesses = append(g.Accesses, a)
+		}
+	}
+	return g
+}
+
 // Bytes is the size of all the trace's keys together: the budget that
 // holds every one of them.
 func (t *Trace) Bytes() int64 {

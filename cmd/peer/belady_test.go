@@ -40,7 +40,13 @@ func TestGenerateReportsBelady(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := tiers.Belady(tr, vram.Budget)
+	// MIN over the experts' accesses only: the dense tensors' reads at
+	// load are in the trace too, and never go to the VRAM level.
+	ex := tr.Grouped()
+	if len(ex.Accesses) == 0 || len(ex.Accesses) == len(tr.Accesses) {
+		t.Fatalf("%d of the trace's %d accesses are of keys in a group; want the experts' and the dense tensors' both", len(ex.Accesses), len(tr.Accesses))
+	}
+	want := tiers.Belady(ex, vram.Budget)
 	if res.Belady.Budget != vram.Budget || res.Belady.HitRate != want.HitRate || want.HitRate <= 0 {
 		t.Fatalf("belady %+v; the trace replayed at the VRAM budget %d gives %+v", *res.Belady, vram.Budget, want)
 	}
@@ -104,5 +110,29 @@ func TestSimulateWithPrefetchesTo(t *testing.T) {
 	}
 	if _, err := run(t, home, "tiers", "simulate", "--trace", trace, "--with-prefetches", "vram"); err == nil || !strings.Contains(err.Error(), "--with-prefetches=vram") {
 		t.Errorf("--with-prefetches vram (a space): %v; want the = named", err)
+	}
+}
+
+// tiers simulate leaves out the accesses of keys in no group (a model's
+// dense tensors in a recorded trace) where other keys have groups; a
+// trace with no groups at all replays whole.
+func TestSimulateLeavesDenseOut(t *testing.T) {
+	home := t.TempDir()
+	for _, c := range []struct {
+		trace    string
+		accesses int
+	}{
+		{"# rdrr-trace/1\nk 0 100 dense\nk 1 5 a 0\nk 2 5 b 1\na 0 0\na 0 1\na 0 2\na 1 1\n", 3},
+		{"# rdrr-trace/1\nk 0 100 dense\nk 1 5 a\nk 2 5 b\na 0 0\na 0 1\na 0 2\na 1 1\n", 4},
+	} {
+		trace := filepath.Join(home, "t.trace")
+		if err := os.WriteFile(trace, []byte(c.trace), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		var res struct{ Accesses int }
+		mustRunJSON(t, home, &res, "tiers", "simulate", "--trace", trace, "--budget", "0.5", "--json")
+		if res.Accesses != c.accesses {
+			t.Errorf("%q: %d accesses replayed; want %d", c.trace, res.Accesses, c.accesses)
+		}
 	}
 }

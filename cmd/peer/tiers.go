@@ -36,7 +36,9 @@ from use rates it learns by recency, frequency and the step's token; it
 needs the trace's key groups and steps' tokens, which traces recorded by
 peer generate have, and is LRU without groups) and against Belady's MIN,
 the best any policy can do, at each budget (a fraction of all experts'
-bytes).`,
+bytes). Where a trace's keys have groups, the accesses of keys in none (a
+model's dense tensors, which peer generate records as it loads them) are
+left out: no expert level holds them.`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 1 && (args[0] == "vram" || args[0] == "ram" || args[0] == "all") {
 				return fmt.Errorf("%q: a level of --with-prefetches takes an =: --with-prefetches=%s", args[0], args[0])
@@ -69,6 +71,14 @@ bytes).`,
 				defer f.Close()
 				if tr, err = tiers.ReadTrace(f); err != nil {
 					return err
+				}
+				// A trace peer generate recorded has its dense tensors'
+				// reads at load too: keys in no group, which no expert
+				// level holds. Where some keys have groups, the others
+				// are left out (budgets are fractions of the experts).
+				if g := tr.Grouped(); len(g.Accesses) > 0 && len(g.Accesses) < len(tr.Accesses) {
+					a.log.Info("tiers simulate: the accesses of keys in no group (a model's dense tensors) are left out", "accesses", len(tr.Accesses)-len(g.Accesses))
+					tr = g
 				}
 			} else {
 				base := tiers.DefaultMoETrace

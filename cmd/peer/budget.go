@@ -1,0 +1,43 @@
+package main
+
+import "github.com/rdrr/peer/experts"
+
+// defaultBudget is --vram's and --ram's value where the machine cannot be
+// asked.
+const defaultBudget = 8 << 30
+
+// expertBytes is what all of m's expert matrices take.
+func expertBytes(m *experts.Manifest) int64 {
+	return int64(experts.ExpertMatrices(m)) * experts.ExpertMatrixBytes(m)
+}
+
+// autoRAM is generate's RAM budget when --ram is not given: half of what
+// the machine has available (avail, /proc/meminfo's MemAvailable), and no
+// more than every expert of m with 64 MiB to spare; defaultBudget where
+// avail is not known.
+func autoRAM(m *experts.Manifest, avail int64) int64 {
+	if avail <= 0 {
+		return defaultBudget
+	}
+	return max(min(avail/2, expertBytes(m)+64<<20), 1<<20)
+}
+
+// autoVRAM is the GPU engine's VRAM budget (its expert arena) when --vram
+// is not given: 90% of the GPU's device-local memory (heap bytes) less
+// what else the model puts there (its dense weights, a KV cache of
+// maxPos positions) and 2 GiB for activations, scratch and the driver;
+// no more than every expert of m, and no less than one layer's chosen
+// matrices (the engine then says what the budget holds). ok is false
+// where the heap is not known (0), so that the flag's default stands.
+func autoVRAM(m *experts.Manifest, heap uint64, maxPos int) (budget int64, ok bool) {
+	if heap == 0 {
+		return 0, false
+	}
+	c := &m.Config
+	all := expertBytes(m)
+	dense := max(m.TotalSize-all, 0)
+	kv := int64(maxPos) * int64(c.NumHiddenLayers) * int64(c.NumKeyValueHeads) * int64(c.HeadDimension()) * 2 * 4
+	room := int64(0.9*float64(heap)) - dense - kv - 2<<30
+	least := 3 * int64(c.NumExpertsPerTok) * experts.ExpertMatrixBytes(m)
+	return max(min(room, all), least), true
+}
