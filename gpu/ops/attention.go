@@ -90,7 +90,7 @@ func AttentionLaunches(s AttnShape) (split, merge Launch, partials uint64, err e
 	chunks := (s.KVLen + ch - 1) / ch
 	partials = uint64(s.Heads * chunks * (s.HeadDim + 2) * 4)
 	groups := (s.Heads/s.KVHeads + 7) / 8 // query heads of a cache head, 8 a workgroup
-	v := 0.0 // main_v's shapes: see attention_split.wgsl
+	v := 0.0                              // main_v's shapes: see attention_split.wgsl
 	if ch == 32 && (s.HeadDim == 32 || s.HeadDim == 64 || s.HeadDim == 128) {
 		v = 1
 	}
