@@ -2323,6 +2323,36 @@ func (g *GPUModel) groupExperts() {
 	}
 }
 
+// ArenaSlots is how many expert slots, in banks of perBank (a GPU
+// buffer's), hold every expert matrix of m as the GPU model places them:
+// a MoE layer's matrices are one bank group where they fit one bank
+// (groupExperts: the fused FFN reads them in one dispatch), so a bank
+// holds whole layers and the rest of it stays empty (Mixtral: 2 layers of
+// 24 in a bank of 68), but for the last bank, which NewGPUArena makes only
+// as large as asked. Otherwise the groups are smaller, and one bank more
+// than the matrices is room enough.
+func ArenaSlots(m *Manifest, perBank int) int {
+	all := ExpertMatrices(m)
+	if perBank <= 0 {
+		return all
+	}
+	c := &m.Config
+	moe := 0
+	for l := 0; l < c.NumHiddenLayers; l++ {
+		if c.IsMoE(l) {
+			moe++
+		}
+	}
+	group := 3 * c.Experts()
+	if moe == 0 || group == 0 || group > perBank {
+		return all + perBank
+	}
+	perBankLayers := perBank / group
+	banks := (moe + perBankLayers - 1) / perBankLayers
+	last := moe - (banks-1)*perBankLayers // the last bank needs only its layers' slots
+	return max((banks-1)*perBank+last*group, all)
+}
+
 // holdLayer holds every matrix of every expert of MoE layer l in VRAM and
 // returns the leases (gate, up, down of expert 0, then expert 1, ...), or
 // nil, holding nothing, if one is not there.

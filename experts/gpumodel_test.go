@@ -1031,3 +1031,29 @@ func TestPrefetchSure(t *testing.T) {
 		t.Fatal("sure with PrefetchSure 0")
 	}
 }
+
+// ArenaSlots counts whole banks of whole layers where a layer's matrices
+// fit one bank, as groupExperts places them.
+func TestArenaSlots(t *testing.T) {
+	mixtral, err := PresetByName("mixtral-8x7b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lo, err := NewLayout(mixtral, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := lo.Manifest
+	for _, c := range []struct{ perBank, want int }{
+		{68, 15*68 + 48},  // 2 layers of 24 a bank: 15 full banks, the last only as large as its 2 layers
+		{72, 10*72 + 48},  // 3 a bank, nothing left over: the matrices
+		{24, 32 * 24},     // 1 a bank: the matrices
+		{100, 7*100 + 96}, // 4 a bank, 4 slots of each left over
+		{23, 768 + 23},    // a layer does not fit a bank: the matrices and a bank more
+		{0, 768},
+	} {
+		if got := ArenaSlots(m, c.perBank); got != c.want {
+			t.Errorf("ArenaSlots(Mixtral, %d a bank) = %d; want %d", c.perBank, got, c.want)
+		}
+	}
+}

@@ -26,16 +26,19 @@ func autoRAM(m *experts.Manifest, avail int64) int64 {
 // is not given: 90% of the GPU's device-local memory (heap bytes) less
 // what else the model puts there (its dense weights, a KV cache of
 // maxPos positions) and 2 GiB for activations, scratch and the driver;
-// no more than every expert of m, and no less than one layer's chosen
+// no more than every expert of m takes in the arena, and no less than one layer's chosen
 // matrices (the engine then says what the budget holds). ok is false
 // where the heap is not known (0), so that the flag's default stands.
-func autoVRAM(m *experts.Manifest, heap uint64, maxPos int) (budget int64, ok bool) {
+//
+// perBank is the arena's slots a buffer: the experts' bytes are counted
+// as experts.ArenaSlots places them, a layer's matrices in one buffer.
+func autoVRAM(m *experts.Manifest, heap uint64, maxPos, perBank int) (budget int64, ok bool) {
 	if heap == 0 {
 		return 0, false
 	}
 	c := &m.Config
-	all := expertBytes(m)
-	dense := max(m.TotalSize-all, 0)
+	all := int64(experts.ArenaSlots(m, perBank)) * experts.ExpertMatrixBytes(m)
+	dense := max(m.TotalSize-expertBytes(m), 0)
 	kv := int64(maxPos) * int64(c.NumHiddenLayers) * int64(c.NumKeyValueHeads) * int64(c.HeadDimension()) * 2 * 4
 	room := int64(0.9*float64(heap)) - dense - kv - 2<<30
 	least := 3 * int64(c.NumExpertsPerTok) * experts.ExpertMatrixBytes(m)

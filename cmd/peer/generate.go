@@ -600,12 +600,14 @@ func (a *app) gpuEngine(ctx context.Context, st *cas.Store, m *experts.Manifest,
 		// A CPU adapter's "VRAM" is the machine's memory: the flag's
 		// default stands there, as where the GPU's memory is not known,
 		// but never more than the experts take.
-		if v, ok := autoVRAM(m, d.LocalMemory(), maxPos); ok && d.Info().Type != "cpu" {
+		lim := d.Info().Limits
+		perBank := int(min(lim.MaxBufferSize, lim.MaxStorageBufferBindingSize) / uint64(max(experts.ExpertMatrixBytes(m), 1)))
+		if v, ok := autoVRAM(m, d.LocalMemory(), maxPos, perBank); ok && d.Info().Type != "cpu" {
 			vram = v
 			a.log.Info("generate: VRAM budget (90% of the GPU's memory less the dense weights, the KV cache and 2 GiB; at most the experts; --vram sets it)",
 				"vram", formatBytes(vram), "gpu_memory", formatBytes(int64(d.LocalMemory())))
 		} else {
-			vram = min(vram, max(expertBytes(m), 3*int64(m.Config.NumExpertsPerTok)*experts.ExpertMatrixBytes(m)))
+			vram = min(vram, max(int64(experts.ArenaSlots(m, perBank))*experts.ExpertMatrixBytes(m), 3*int64(m.Config.NumExpertsPerTok)*experts.ExpertMatrixBytes(m)))
 			a.log.Info("generate: VRAM budget (the GPU's memory not known, or a CPU adapter: 8 GiB, at most the experts; --vram sets it)", "vram", formatBytes(vram))
 		}
 	}
