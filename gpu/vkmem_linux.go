@@ -81,10 +81,12 @@ static uint64_t vkLocalHeap(uint32_t vendor, uint32_t device, uint32_t *type) {
 				for (uint32_t i = 0; i < n && i < 16; i++) {
 					// VkPhysicalDeviceProperties starts apiVersion,
 					// driverVersion, vendorID, deviceID, deviceType (all
-					// 32-bit); the whole struct is under 1 KB.
-					uint32_t p[1024];
-					memset(p, 0, sizeof p);
-					props(devs[i], p);
+					// 32-bit); the whole struct is under 1 KB, and has
+					// 64-bit fields (so the buffer is 64-bit aligned).
+					uint64_t buf[512];
+					memset(buf, 0, sizeof buf);
+					props(devs[i], buf);
+					const uint32_t *p = (const uint32_t *)buf;
 					if (p[2] != vendor || p[3] != device) {
 						continue;
 					}

@@ -51,12 +51,14 @@ decodes its tokens with its own tokenizer (SentencePiece for llama,
 byte-level BPE for gpt2; experts.TokenCodec); synthetic models use bytes as
 tokens. --profile-gpu times every dispatch on the GPU.
 
-Without --vram the GPU engine's experts take 90% of the GPU's memory less
-the dense weights, the KV cache and 2 GiB (all the experts if that holds
-them; the GPU's memory asked of the Vulkan loader, 8 GiB where it cannot
-tell or the adapter is a CPU). Without --ram the RAM level takes half of
+Without --vram the GPU engine's experts take 90% of a discrete GPU's
+memory less the dense weights, the KV cache and 2 GiB (all the experts if
+that holds them; the GPU's memory asked of the Vulkan loader; 8 GiB where
+it cannot tell, or the adapter is a CPU or an integrated GPU, whose memory
+is the machine's). Without --ram the GPU engine's RAM level takes half of
 the memory the machine has available, at most every expert (8 GiB where
-it cannot tell). The log says what was chosen (--log-level info).`,
+it cannot tell, and for the reference engine, whose dense weights are
+float64 outside it). The log says what was chosen (--log-level info).`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
@@ -141,7 +143,10 @@ it cannot tell). The log says what was chosen (--log-level info).`,
 				if codec != nil && codec.Warning() != "" {
 					a.log.Warn("generate: " + codec.Warning())
 				}
-				if !cmd.Flags().Changed("ram") {
+				// The reference engine keeps its dense weights as float64
+				// outside the cache (Mixtral's: ~13 GB): its RAM budget
+				// stays the flag's.
+				if !cmd.Flags().Changed("ram") && engine == "gpu" {
 					budgets[1] = byteSize(autoRAM(m, tiers.MemAvailable()))
 					a.log.Info("generate: RAM budget (half of the memory available, at most the experts; --ram sets it)", "ram", formatBytes(int64(budgets[1])))
 				}
@@ -597,18 +602,24 @@ func (a *app) gpuEngine(ctx context.Context, st *cas.Store, m *experts.Manifest,
 		a.log.Info("generate: kernel variants active", "ops", used)
 	}
 	if autoVRAMBudget {
-		// A CPU adapter's "VRAM" is the machine's memory: the flag's
-		// default stands there, as where the GPU's memory is not known,
-		// but never more than the experts take.
+		// Only a discrete GPU's own memory is counted: a CPU adapter's or
+		// an integrated GPU's "VRAM" is the machine's memory, which the
+		// RAM level budgets too, so the flag's default stands there, as
+		// where the GPU's memory is not known, but never more than the
+		// experts take.
 		lim := d.Info().Limits
 		perBank := int(min(lim.MaxBufferSize, lim.MaxStorageBufferBindingSize) / uint64(max(experts.ExpertMatrixBytes(m), 1)))
-		if v, ok := autoVRAM(m, d.LocalMemory(), maxPos, perBank); ok && d.Info().Type != "cpu" {
+		heap := uint64(0)
+		if d.Info().Type == "discrete-gpu" {
+			heap = d.LocalMemory()
+		}
+		if v, ok := autoVRAM(m, heap, maxPos, perBank); ok {
 			vram = v
 			a.log.Info("generate: VRAM budget (90% of the GPU's memory less the dense weights, the KV cache and 2 GiB; at most the experts; --vram sets it)",
-				"vram", formatBytes(vram), "gpu_memory", formatBytes(int64(d.LocalMemory())))
+				"vram", formatBytes(vram), "gpu_memory", formatBytes(int64(heap)))
 		} else {
 			vram = min(vram, max(int64(experts.ArenaSlots(m, perBank))*experts.ExpertMatrixBytes(m), 3*int64(m.Config.NumExpertsPerTok)*experts.ExpertMatrixBytes(m)))
-			a.log.Info("generate: VRAM budget (the GPU's memory not known, or a CPU adapter: 8 GiB, at most the experts; --vram sets it)", "vram", formatBytes(vram))
+			a.log.Info("generate: VRAM budget (not a discrete GPU, or its memory not known: 8 GiB, at most the experts; --vram sets it)", "vram", formatBytes(vram), "adapter", d.Info().Type)
 		}
 	}
 	esize := experts.ExpertMatrixBytes(m)
