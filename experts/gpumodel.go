@@ -2329,8 +2329,9 @@ func (g *GPUModel) groupExperts() {
 // (groupExperts: the fused FFN reads them in one dispatch), so a bank
 // holds whole layers and the rest of it stays empty (Mixtral: 2 layers of
 // 24 in a bank of 68), but for the last bank, which NewGPUArena makes only
-// as large as asked. Otherwise the groups are smaller, and one bank more
-// than the matrices is room enough.
+// as large as asked. Where a layer does not fit a bank, its groups are
+// of ops.MaxGroup matrices, and whole groups fill each bank the same way
+// (DeepSeek-V3: 16 of 16 in a bank of 260).
 func ArenaSlots(m *Manifest, perBank int) int {
 	all := ExpertMatrices(m)
 	if perBank <= 0 {
@@ -2343,14 +2344,21 @@ func ArenaSlots(m *Manifest, perBank int) int {
 			moe++
 		}
 	}
-	group := 3 * c.Experts()
-	if moe == 0 || group == 0 || group > perBank {
+	e := c.Experts()
+	unit, units := 3*e, moe // groups of a whole layer
+	if unit > perBank {
+		// groupExperts' groups of ops.MaxGroup: a layer's gate and up
+		// matrices, then its down matrices (DeepSeek-V3: 48 a layer).
+		unit = ops.MaxGroup
+		units = moe * ((2*e+unit-1)/unit + (e+unit-1)/unit)
+	}
+	per := perBank / max(unit, 1)
+	if moe == 0 || e == 0 || per == 0 {
 		return all + perBank
 	}
-	perBankLayers := perBank / group
-	banks := (moe + perBankLayers - 1) / perBankLayers
-	last := moe - (banks-1)*perBankLayers // the last bank needs only its layers' slots
-	return max((banks-1)*perBank+last*group, all)
+	banks := (units + per - 1) / per
+	last := units - (banks-1)*per // the last bank needs only its groups' slots
+	return max((banks-1)*perBank+last*unit, all)
 }
 
 // holdLayer holds every matrix of every expert of MoE layer l in VRAM and

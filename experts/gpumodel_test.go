@@ -1049,11 +1049,24 @@ func TestArenaSlots(t *testing.T) {
 		{72, 10*72 + 48},  // 3 a bank, nothing left over: the matrices
 		{24, 32 * 24},     // 1 a bank: the matrices
 		{100, 7*100 + 96}, // 4 a bank, 4 slots of each left over
-		{23, 768 + 23},    // a layer does not fit a bank: the matrices and a bank more
+		{23, 63*23 + 16},  // a layer does not fit a bank: groups of at most 16 (the down group is 8, counted as 16: an upper bound), one a bank
 		{0, 768},
 	} {
 		if got := ArenaSlots(m, c.perBank); got != c.want {
 			t.Errorf("ArenaSlots(Mixtral, %d a bank) = %d; want %d", c.perBank, got, c.want)
 		}
+	}
+	ds, err := PresetByName("deepseek-v3-671b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dlo, err := NewLayout(ds, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 58 MoE layers of 256 experts: 48 groups of 16 a layer, 2784 in all,
+	// 16 in a bank of 260: 173 full banks and one of 16 groups.
+	if got, want := ArenaSlots(dlo.Manifest, 260), 173*260+16*16; got != want {
+		t.Errorf("ArenaSlots(DeepSeek-V3, 260 a bank) = %d; want %d", got, want)
 	}
 }
