@@ -303,16 +303,17 @@ func (d *Device) probe() error {
 func (d *Device) Info() AdapterInfo { return d.info }
 
 // LocalMemory returns the bytes of the adapter's largest device-local
-// memory heap, which WebGPU does not report: asked of the Vulkan loader
-// for the physical device of the adapter's vendor and device id (Linux,
-// the Vulkan backend), 0 where it cannot tell. A CPU adapter's heap is
-// host memory.
-func (d *Device) LocalMemory() uint64 {
+// memory heap, which WebGPU does not report, and what this process can
+// still allocate from it where the driver says (VK_EXT_memory_budget:
+// the heap less what other processes, and this one, hold; else 0): asked
+// of the Vulkan loader for the physical device of the adapter's vendor
+// and device id (Linux, the Vulkan backend), 0 where it cannot tell. A
+// CPU adapter's heap is host memory.
+func (d *Device) LocalMemory() (size, budget uint64) {
 	if d.info.Backend != BackendVulkan {
-		return 0
+		return 0, 0
 	}
-	n, _ := localMemory(d.info.VendorID, d.info.DeviceID)
-	return n
+	return localMemory(d.info.VendorID, d.info.DeviceID)
 }
 
 // Err returns a non-nil error (wrapping ErrDeviceLost or ErrClosed) once the

@@ -835,13 +835,16 @@ func TestSpinWait(t *testing.T) {
 func TestLocalMemory(t *testing.T) {
 	d := shared.d
 	info := d.Info()
-	n := d.LocalMemory()
-	t.Logf("%s: largest device-local heap %d MiB", info, n>>20)
+	n, free := d.LocalMemory()
+	t.Logf("%s: largest device-local heap %d MiB, %d MiB of it free to this process (0: not said)", info, n>>20, free>>20)
 	if info.Backend != BackendVulkan {
-		if n != 0 {
-			t.Fatalf("LocalMemory %d on the %s backend; want 0 (only Vulkan's loader is asked)", n, info.Backend)
+		if n != 0 || free != 0 {
+			t.Fatalf("LocalMemory %d, %d on the %s backend; want 0 (only Vulkan's loader is asked)", n, free, info.Backend)
 		}
 		return
+	}
+	if free > n {
+		t.Fatalf("LocalMemory: %d bytes free of a heap of %d", free, n)
 	}
 	if n < 64<<20 {
 		t.Fatalf("LocalMemory %d bytes; a Vulkan adapter has a device-local heap of at least 64 MiB", n)

@@ -32,15 +32,23 @@ func autoRAM(m *experts.Manifest, avail int64) int64 {
 //
 // perBank is the arena's slots a buffer: the experts' bytes are counted
 // as experts.ArenaSlots places them, a layer's matrices in one buffer.
-func autoVRAM(m *experts.Manifest, heap uint64, maxPos, perBank int) (budget int64, ok bool) {
+//
+// free, where the driver says (VK_EXT_memory_budget), is what this process
+// can still allocate from the heap: other processes' allocations are not
+// there to take, so the 90% is of no more than that.
+func autoVRAM(m *experts.Manifest, heap, free uint64, maxPos, perBank int) (budget int64, ok bool) {
 	if heap == 0 {
 		return 0, false
+	}
+	base := 0.9 * float64(heap)
+	if free > 0 {
+		base = min(base, 0.9*float64(free))
 	}
 	c := &m.Config
 	all := int64(experts.ArenaSlots(m, perBank)) * experts.ExpertMatrixBytes(m)
 	dense := max(m.TotalSize-expertBytes(m), 0)
 	kv := int64(maxPos) * int64(c.NumHiddenLayers) * int64(c.NumKeyValueHeads) * int64(c.HeadDimension()) * 2 * 4
-	room := int64(0.9*float64(heap)) - dense - kv - 2<<30
+	room := int64(base) - dense - kv - 2<<30
 	least := 3 * int64(c.NumExpertsPerTok) * experts.ExpertMatrixBytes(m)
 	return max(min(room, all), least), true
 }

@@ -52,7 +52,8 @@ byte-level BPE for gpt2; experts.TokenCodec); synthetic models use bytes as
 tokens. --profile-gpu times every dispatch on the GPU.
 
 Without --vram the GPU engine's experts take 90% of a discrete GPU's
-memory less the dense weights, the KV cache and 2 GiB (all the experts if
+memory (of what other processes leave, where the driver says) less the
+dense weights, the KV cache and 2 GiB (all the experts if
 that holds them; the GPU's memory asked of the Vulkan loader; 8 GiB where
 it cannot tell, or the adapter is a CPU or an integrated GPU, whose memory
 is the machine's). Without --ram the GPU engine's RAM level takes half of
@@ -609,14 +610,14 @@ func (a *app) gpuEngine(ctx context.Context, st *cas.Store, m *experts.Manifest,
 		// experts take.
 		lim := d.Info().Limits
 		perBank := int(min(lim.MaxBufferSize, lim.MaxStorageBufferBindingSize) / uint64(max(experts.ExpertMatrixBytes(m), 1)))
-		heap := uint64(0)
+		var heap, free uint64
 		if d.Info().Type == "discrete-gpu" {
-			heap = d.LocalMemory()
+			heap, free = d.LocalMemory()
 		}
-		if v, ok := autoVRAM(m, heap, maxPos, perBank); ok {
+		if v, ok := autoVRAM(m, heap, free, maxPos, perBank); ok {
 			vram = v
-			a.log.Info("generate: VRAM budget (90% of the GPU's memory less the dense weights, the KV cache and 2 GiB; at most the experts; --vram sets it)",
-				"vram", formatBytes(vram), "gpu_memory", formatBytes(int64(heap)))
+			a.log.Info("generate: VRAM budget (90% of the GPU's memory free to this process less the dense weights, the KV cache and 2 GiB; at most the experts; --vram sets it)",
+				"vram", formatBytes(vram), "gpu_memory", formatBytes(int64(heap)), "free", formatBytes(int64(free)))
 		} else {
 			vram = min(vram, max(int64(experts.ArenaSlots(m, perBank))*experts.ExpertMatrixBytes(m), 3*int64(m.Config.NumExpertsPerTok)*experts.ExpertMatrixBytes(m)))
 			a.log.Info("generate: VRAM budget (not a discrete GPU, or its memory not known: 8 GiB, at most the experts; --vram sets it)", "vram", formatBytes(vram), "adapter", d.Info().Type)
