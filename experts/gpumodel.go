@@ -441,13 +441,13 @@ func NewGPUModel(ctx context.Context, m *Manifest, d *gpu.Device, cache *tiers.C
 		g.buf[name] = b
 	}
 	g.normed = ops.Normed{XG: g.buf["xg"], Parts: g.buf["parts"], Eps: float32(c.RMSNormEps)}
-	ctr, err := d.Alloc(16)
+	ctr, err := d.Alloc(ops.FFNCounterBytes)
 	if err != nil {
 		g.Close()
 		return nil, err
 	}
 	g.ffnCounters = ctr
-	if err := d.Write(g.ffnCounters, make([]byte, 16)); err != nil { // Alloc's pooled buffers are not zeroed
+	if err := d.Write(g.ffnCounters, make([]byte, ops.FFNCounterBytes)); err != nil { // Alloc's pooled buffers are not zeroed
 		g.Close()
 		return nil, err
 	}
@@ -2338,12 +2338,7 @@ func ArenaSlots(m *Manifest, perBank int) int {
 		return all
 	}
 	c := &m.Config
-	moe := 0
-	for l := 0; l < c.NumHiddenLayers; l++ {
-		if c.IsMoE(l) {
-			moe++
-		}
-	}
+	moe := c.MoELayers()
 	e := c.Experts()
 	unit, units := 3*e, moe // groups of a whole layer
 	if unit > perBank {
@@ -2544,7 +2539,7 @@ func (g *GPUModel) checkFFN(ctx context.Context) error {
 	if g.ffnRecorded == 0 || g.ffnCounters == nil {
 		return nil
 	}
-	ctr := make([]uint32, 4)
+	ctr := make([]uint32, ops.FFNCounterBytes/4)
 	if err := g.d.Read(ctx, g.ffnCounters, gpu.Bytes(ctr)); err != nil {
 		return err
 	}

@@ -1035,15 +1035,18 @@ func TestPrefetchSure(t *testing.T) {
 // ArenaSlots counts whole banks of whole layers where a layer's matrices
 // fit one bank, as groupExperts places them.
 func TestArenaSlots(t *testing.T) {
-	mixtral, err := PresetByName("mixtral-8x7b")
-	if err != nil {
-		t.Fatal(err)
+	layout := func(name string) *Manifest {
+		p, err := PresetByName(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lo, err := NewLayout(p, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return lo.Manifest
 	}
-	lo, err := NewLayout(mixtral, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := lo.Manifest
+	m := layout("mixtral-8x7b")
 	for _, c := range []struct{ perBank, want int }{
 		{68, 15*68 + 48},  // 2 layers of 24 a bank: 15 full banks, the last only as large as its 2 layers
 		{72, 10*72 + 48},  // 3 a bank, nothing left over: the matrices
@@ -1056,17 +1059,9 @@ func TestArenaSlots(t *testing.T) {
 			t.Errorf("ArenaSlots(Mixtral, %d a bank) = %d; want %d", c.perBank, got, c.want)
 		}
 	}
-	ds, err := PresetByName("deepseek-v3-671b")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dlo, err := NewLayout(ds, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
 	// 58 MoE layers of 256 experts: 48 groups of 16 a layer, 2784 in all,
 	// 16 in a bank of 260: 173 full banks and one of 16 groups.
-	if got, want := ArenaSlots(dlo.Manifest, 260), 173*260+16*16; got != want {
+	if got, want := ArenaSlots(layout("deepseek-v3-671b"), 260), 173*260+16*16; got != want {
 		t.Errorf("ArenaSlots(DeepSeek-V3, 260 a bank) = %d; want %d", got, want)
 	}
 }

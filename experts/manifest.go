@@ -190,6 +190,17 @@ func (c *Config) HeadDimension() int {
 // first_k_dense_replace layers are dense).
 func (c *Config) IsMoE(l int) bool { return c.Experts() > 0 && l >= c.FirstKDenseReplace }
 
+// MoELayers is how many layers route to experts.
+func (c *Config) MoELayers() int {
+	n := 0
+	for l := range c.NumHiddenLayers {
+		if c.IsMoE(l) {
+			n++
+		}
+	}
+	return n
+}
+
 // Tensor says where one tensor's bytes are. Offset is inside shard Shard;
 // a tensor larger than what is left of its shard continues at the start
 // of the next shards (only dense tensors larger than a shard do: see

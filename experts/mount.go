@@ -64,14 +64,8 @@ func Mount(m *Manifest, b Budgets) *Plan {
 			p.ResidentBytes += t.Size
 		}
 	}
-	moe := 0
-	for l := 0; l < c.NumHiddenLayers; l++ {
-		if c.IsMoE(l) {
-			moe++
-		}
-	}
 	if len(m.Experts) > 0 {
-		p.ExpertsPerToken = moe * c.NumExpertsPerTok
+		p.ExpertsPerToken = c.MoELayers() * c.NumExpertsPerTok
 		p.ExpertReadBytes = int64(p.ExpertsPerToken) * (p.PagedBytes / int64(len(m.Experts)))
 	}
 	// Every resident byte is read once per token, the embeddings aside

@@ -41,31 +41,26 @@ func BenchmarkSubmit(b *testing.B) {
 	src, dst := alloc(), alloc()
 	params := alloc()
 	blob := make([]byte, 32<<10)
+	// record is a batch of the chain's copies split n ways.
+	record := func(n int) *Batch {
+		bt := d.Batch()
+		for range copies / n {
+			if err := bt.Copy(dst, src); err != nil {
+				b.Fatal(err)
+			}
+		}
+		return bt
+	}
 	encode := func(n int) []*Encoded {
 		var es []*Encoded
 		for range n {
-			bt := d.Batch()
-			for range copies / n {
-				if err := bt.Copy(dst, src); err != nil {
-					b.Fatal(err)
-				}
-			}
-			e, err := bt.Encode(ctx)
+			e, err := record(n).Encode(ctx)
 			if err != nil {
 				b.Fatal(err)
 			}
 			es = append(es, e)
 		}
 		return es
-	}
-	record := func() *Batch {
-		bt := d.Batch()
-		for range copies / batches {
-			if err := bt.Copy(dst, src); err != nil {
-				b.Fatal(err)
-			}
-		}
-		return bt
 	}
 	run := func(mode string) time.Duration {
 		if mode == "submit" || mode == "read" || mode == "write" {
@@ -75,7 +70,7 @@ func BenchmarkSubmit(b *testing.B) {
 			t0 := time.Now()
 			var reads []*PendingRead
 			for range batches {
-				bt := record()
+				bt := record(batches)
 				if mode == "submit" {
 					if err := bt.Submit(ctx); err != nil {
 						b.Fatal(err)

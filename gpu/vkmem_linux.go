@@ -96,12 +96,11 @@ static int hasExtension(pfnExtensions list, void *dev, const char *name) {
 }
 
 // vkLocalHeap returns the size of the largest device-local memory heap of
-// the physical device with this vendor and device id, its device type in
-// *type (VkPhysicalDeviceType) and, where the device offers
+// the physical device with this vendor and device id and, where it offers
 // VK_EXT_memory_budget, in *budget what this process can still allocate
 // from that heap (else 0); 0 if the Vulkan loader, an instance or the
 // device is missing. It makes an instance of its own and destroys it.
-static uint64_t vkLocalHeap(uint32_t vendor, uint32_t device, uint32_t *type, uint64_t *budget) {
+static uint64_t vkLocalHeap(uint32_t vendor, uint32_t device, uint64_t *budget) {
 	*budget = 0;
 	void *lib = dlopen("libvulkan.so.1", RTLD_NOW | RTLD_LOCAL);
 	if (!lib) {
@@ -136,8 +135,7 @@ static uint64_t vkLocalHeap(uint32_t vendor, uint32_t device, uint32_t *type, ui
 			if (r >= 0) { // VK_SUCCESS or VK_INCOMPLETE
 				for (uint32_t i = 0; i < n && i < 16; i++) {
 					// VkPhysicalDeviceProperties starts apiVersion,
-					// driverVersion, vendorID, deviceID, deviceType (all
-					// 32-bit); the whole struct is under 1 KB, and has
+					// driverVersion, vendorID, deviceID (all 32-bit); the whole struct is under 1 KB, and has
 					// 64-bit fields (so the buffer is 64-bit aligned).
 					uint64_t buf[512];
 					memset(buf, 0, sizeof buf);
@@ -154,7 +152,6 @@ static uint64_t vkLocalHeap(uint32_t vendor, uint32_t device, uint32_t *type, ui
 						if ((mp.memoryHeaps[h].flags & 1) && mp.memoryHeaps[h].size > best) {
 							best = mp.memoryHeaps[h].size;
 							heap = (int)h;
-							*type = p[4];
 						}
 					}
 					if (heap >= 0 && memory2 && app.apiVersion == v11 && p[0] >= v11 && hasExtension(extensions, devs[i], "VK_EXT_memory_budget")) {
@@ -185,8 +182,7 @@ import "C"
 // not tell): its size, and what this process can still allocate from it
 // where the driver says (VK_EXT_memory_budget; else 0).
 func localMemory(vendor, device uint32) (size, budget uint64) {
-	var typ C.uint32_t
 	var b C.uint64_t
-	n := C.vkLocalHeap(C.uint32_t(vendor), C.uint32_t(device), &typ, &b)
+	n := C.vkLocalHeap(C.uint32_t(vendor), C.uint32_t(device), &b)
 	return uint64(n), uint64(b)
 }

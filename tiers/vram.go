@@ -28,11 +28,10 @@ func NewGPUArena(d *gpu.Device, slotSize int64, slots int, log *slog.Logger) (*G
 	if slotSize <= 0 || slotSize%4 != 0 || slots <= 0 {
 		return nil, fmt.Errorf("tiers: arena of %d slots of %d bytes (want > 0, slots a multiple of 4 bytes)", slots, slotSize)
 	}
-	lim := d.Info().Limits
-	maxBuf := min(int64(lim.MaxBufferSize), int64(lim.MaxStorageBufferBindingSize))
-	perBuf := int(maxBuf / slotSize)
+	perBuf := SlotsPerBuffer(d, slotSize)
 	if perBuf == 0 {
-		return nil, fmt.Errorf("tiers: the device cannot hold one slot of %d bytes in a buffer (max %d)", slotSize, maxBuf)
+		lim := d.Info().Limits
+		return nil, fmt.Errorf("tiers: the device cannot hold one slot of %d bytes in a buffer (max %d)", slotSize, min(lim.MaxBufferSize, lim.MaxStorageBufferBindingSize))
 	}
 	if info := d.Info(); info.Type == "cpu" {
 		// A CPU adapter (lavapipe) allocates lazily and would fail only
@@ -61,6 +60,13 @@ func NewGPUArena(d *gpu.Device, slotSize int64, slots int, log *slog.Logger) (*G
 		return nil, fmt.Errorf("tiers: the device cannot hold one slot of %d bytes", slotSize)
 	}
 	return a, nil
+}
+
+// SlotsPerBuffer is how many slots of slotSize (> 0) bytes one arena
+// buffer of d holds: a buffer as large as the device makes and binds.
+func SlotsPerBuffer(d *gpu.Device, slotSize int64) int {
+	lim := d.Info().Limits
+	return int(min(lim.MaxBufferSize, lim.MaxStorageBufferBindingSize) / uint64(slotSize))
 }
 
 // BankSlots is the slots of one buffer: a kernel binds one buffer, so

@@ -6,11 +6,6 @@ import "github.com/rdrr/peer/experts"
 // asked.
 const defaultBudget = 8 << 30
 
-// expertBytes is what all of m's expert matrices take.
-func expertBytes(m *experts.Manifest) int64 {
-	return int64(experts.ExpertMatrices(m)) * experts.ExpertMatrixBytes(m)
-}
-
 // autoRAM is generate's RAM budget when --ram is not given: half of what
 // the machine has available (avail, /proc/meminfo's MemAvailable), and no
 // more than every expert of m with 64 MiB to spare; defaultBudget where
@@ -19,19 +14,25 @@ func autoRAM(m *experts.Manifest, avail int64) int64 {
 	if avail <= 0 {
 		return defaultBudget
 	}
-	return max(min(avail/2, expertBytes(m)+64<<20), 1<<20)
+	return max(min(avail/2, experts.Mount(m, experts.Budgets{}).PagedBytes+64<<20), 1<<20)
+}
+
+// arenaBytes is what every expert of m takes in a GPU arena of perBank
+// slots a buffer (experts.ArenaSlots: a layer's matrices in one buffer),
+// and the least an arena can hold and run: one layer's chosen matrices.
+func arenaBytes(m *experts.Manifest, perBank int) (all, least int64) {
+	mat := experts.ExpertMatrixBytes(m)
+	return int64(experts.ArenaSlots(m, perBank)) * mat, 3 * int64(m.Config.NumExpertsPerTok) * mat
 }
 
 // autoVRAM is the GPU engine's VRAM budget (its expert arena) when --vram
 // is not given: 90% of the GPU's device-local memory (heap bytes) less
 // what else the model puts there (its dense weights, a KV cache of
 // maxPos positions) and 2 GiB for activations, scratch and the driver;
-// no more than every expert of m takes in the arena, and no less than one layer's chosen
-// matrices (the engine then says what the budget holds). ok is false
-// where the heap is not known (0), so that the flag's default stands.
-//
-// perBank is the arena's slots a buffer: the experts' bytes are counted
-// as experts.ArenaSlots places them, a layer's matrices in one buffer.
+// no more than every expert of m takes in an arena of perBank slots a
+// buffer, and no less than one layer's chosen matrices (arenaBytes; the
+// engine then says what the budget holds). ok is false where the heap is
+// not known (0), so that the flag's default stands.
 //
 // free, where the driver says (VK_EXT_memory_budget), is what this process
 // can still allocate from the heap: other processes' allocations are not
@@ -45,10 +46,9 @@ func autoVRAM(m *experts.Manifest, heap, free uint64, maxPos, perBank int) (budg
 		base = min(base, 0.9*float64(free))
 	}
 	c := &m.Config
-	all := int64(experts.ArenaSlots(m, perBank)) * experts.ExpertMatrixBytes(m)
-	dense := max(m.TotalSize-expertBytes(m), 0)
+	dense := experts.Mount(m, experts.Budgets{}).ResidentBytes
 	kv := int64(maxPos) * int64(c.NumHiddenLayers) * int64(c.NumKeyValueHeads) * int64(c.HeadDimension()) * 2 * 4
 	room := int64(base) - dense - kv - 2<<30
-	least := 3 * int64(c.NumExpertsPerTok) * experts.ExpertMatrixBytes(m)
+	all, least := arenaBytes(m, perBank)
 	return max(min(room, all), least), true
 }

@@ -23,7 +23,9 @@ func presetManifest(t *testing.T, name string) *experts.Manifest {
 func TestAutoBudgets(t *testing.T) {
 	mix := presetManifest(t, "mixtral-8x7b")
 	ds := presetManifest(t, "deepseek-v3-671b")
-	all := func(m *experts.Manifest) int64 { return expertBytes(m) }
+	all := func(m *experts.Manifest) int64 {
+		return int64(experts.ExpertMatrices(m)) * experts.ExpertMatrixBytes(m)
+	}
 	mat := experts.ExpertMatrixBytes(mix)
 	perBank := int((2<<30 - 4) / mat) // the arena's buffers of 2 GiB
 	inArena := int64(experts.ArenaSlots(mix, perBank)) * mat
@@ -42,7 +44,7 @@ func TestAutoBudgets(t *testing.T) {
 	}{
 		{"Mixtral on 141 GB", mix, 141e9, 0, 4096, func(v int64) bool { return v == inArena && v > all(mix) }, "every expert, as the arena places them (a layer in one buffer)"},
 		{"Mixtral on 24 GiB", mix, 24 << 30, 0, 4096, func(v int64) bool {
-			dense := mix.TotalSize - all(mix)
+			dense := experts.Mount(mix, experts.Budgets{}).ResidentBytes
 			heap := float64(24 << 30)
 			room := int64(0.9*heap) - dense - 2*gib
 			return v < inArena && v < room && v > room-2*gib
@@ -50,7 +52,7 @@ func TestAutoBudgets(t *testing.T) {
 		{"Mixtral on 4 GiB", mix, 4 << 30, 0, 4096, func(v int64) bool { return v == 3*2*mat }, "one layer's chosen matrices, the least that runs"},
 		{"Mixtral on 141 GB, 130 GB of it free", mix, 141e9, 130e9, 4096, func(v int64) bool { return v == inArena }, "every expert: what is free holds them"},
 		{"Mixtral on 141 GB, 24 GiB of it free", mix, 141e9, 24 << 30, 4096, func(v int64) bool {
-			dense := mix.TotalSize - all(mix)
+			dense := experts.Mount(mix, experts.Budgets{}).ResidentBytes
 			free := float64(24 << 30)
 			room := int64(0.9*free) - dense - 2*gib
 			return v < room && v > room-2*gib

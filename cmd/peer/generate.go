@@ -608,8 +608,7 @@ func (a *app) gpuEngine(ctx context.Context, st *cas.Store, m *experts.Manifest,
 		// RAM level budgets too, so the flag's default stands there, as
 		// where the GPU's memory is not known, but never more than the
 		// experts take.
-		lim := d.Info().Limits
-		perBank := int(min(lim.MaxBufferSize, lim.MaxStorageBufferBindingSize) / uint64(max(experts.ExpertMatrixBytes(m), 1)))
+		perBank := tiers.SlotsPerBuffer(d, max(experts.ExpertMatrixBytes(m), 1))
 		var heap, free uint64
 		if d.Info().Type == "discrete-gpu" {
 			heap, free = d.LocalMemory()
@@ -619,7 +618,8 @@ func (a *app) gpuEngine(ctx context.Context, st *cas.Store, m *experts.Manifest,
 			a.log.Info("generate: VRAM budget (90% of the GPU's memory free to this process less the dense weights, the KV cache and 2 GiB; at most the experts; --vram sets it)",
 				"vram", formatBytes(vram), "gpu_memory", formatBytes(int64(heap)), "free", formatBytes(int64(free)))
 		} else {
-			vram = min(vram, max(int64(experts.ArenaSlots(m, perBank))*experts.ExpertMatrixBytes(m), 3*int64(m.Config.NumExpertsPerTok)*experts.ExpertMatrixBytes(m)))
+			all, least := arenaBytes(m, perBank)
+			vram = min(vram, max(all, least))
 			a.log.Info("generate: VRAM budget (not a discrete GPU, or its memory not known: 8 GiB, at most the experts; --vram sets it)", "vram", formatBytes(vram), "adapter", d.Info().Type)
 		}
 	}

@@ -344,8 +344,8 @@ func (m *meter) ffnSerial(b *testing.B, hidden, width, experts, kSel int, two bo
 	m.fill(b, x, uint64(hidden*4))
 	xq := m.quantized(b, x, hidden)
 	q, act, y := m.alloc(b, uint64(kSel)*XQBytes(width)), m.alloc(b, uint64(kSel*width*4)), m.alloc(b, uint64(kSel*hidden*4))
-	ctr := m.alloc(b, 16)
-	if err := m.d.Write(ctr, make([]byte, 16)); err != nil {
+	ctr := m.alloc(b, FFNCounterBytes)
+	if err := m.d.Write(ctr, make([]byte, FFNCounterBytes)); err != nil {
 		b.Fatal(err)
 	}
 	per := m.timeDispatches(b, func(bt *gpu.Batch, i int) error {

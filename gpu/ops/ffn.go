@@ -25,7 +25,7 @@ type FFN struct {
 	X              gpu.Region // the FFN norm's output quantized: XQBytes(Hidden)
 	Q              gpu.Region // K activations quantized: K * XQBytes(Width)
 	Y              gpu.Region // K down outputs: K * Hidden floats
-	Counters       gpu.Region // 16 bytes, zero at first (Alloc's are not); it sets the first three back, the fourth says a workgroup gave up waiting
+	Counters       gpu.Region // FFNCounterBytes, zero at first (Alloc's are not); it sets the first three back, the fourth says a workgroup gave up waiting
 	Hidden, Width  int
 	// Apart records the two phases as two dispatches of the kernel, a
 	// barrier between, so that no workgroup waits: what a CPU adapter
@@ -41,6 +41,11 @@ const (
 	MaxFFNExperts = 8
 	maxFFNDim     = 1 << 22
 )
+
+// FFNCounterBytes is the size of an FFN's Counters: four u32, the tile
+// counter, the gate and up tiles finished, the workgroups that left, and
+// the give-up flag.
+const FFNCounterBytes = 16
 
 // ffnShapeOK reports whether hidden, width and k are within what the
 // kernel's params and arithmetic hold, before anything is computed from
@@ -140,7 +145,7 @@ func ffnLaunch(f FFN) (Launch, [2]uint64, error) {
 	return Launch{Kernel: name, Constants: map[string]float64{"ROWS": float64(glu.Rows), "WG": float64(glu.wg())},
 		Groups: [3]uint32{gx, gy, 1}, Params: params,
 		Bindings: []Binding{{"weight arena", uint64(maxSlot+1) * slotBytes}, {"x", XQBytes(f.Hidden)}, {"y", uint64(f.K * f.Hidden * 4)},
-			{"sel", uint64(f.K * 4)}, {"quantized activations", uint64(f.K) * XQBytes(f.Width)}, {"counters", 16}}}, [2]uint64{tiles1, tiles2}, nil
+			{"sel", uint64(f.K * 4)}, {"quantized activations", uint64(f.K) * XQBytes(f.Width)}, {"counters", FFNCounterBytes}}}, [2]uint64{tiles1, tiles2}, nil
 }
 
 // Q4KFFN records f: the same bits as Q4KMatVecMasked of the gate and up

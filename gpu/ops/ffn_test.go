@@ -84,7 +84,7 @@ func TestQ4KFFN(t *testing.T) {
 						continue
 					}
 					q2, y2 := poisoned(t, d, nq), poisoned(t, d, ny*4)
-					ctr := upload(t, d, make([]byte, 16)) // zeros: Alloc's pooled buffers are not
+					ctr := upload(t, d, make([]byte, FFNCounterBytes)) // zeros: Alloc's pooled buffers are not
 					f := FFN{Arena: ab, Gate: gate, Up: up, Down: down, Experts: experts, Sel: sel, K: kSel, X: xq, Q: q2, Y: y2, Counters: ctr,
 						Hidden: c.hidden, Width: c.width, Apart: apart}
 					run(t, d, func(b *gpu.Batch) error {
@@ -125,7 +125,7 @@ func TestQ4KFFN(t *testing.T) {
 	ab, _, _ := q4kArena(t, d, r, 3, 2048, 1024)
 	good := FFN{Arena: ab, Gate: []int{0}, Up: []int{1}, Down: []int{2}, Experts: []int{5}, K: 2, Hidden: 1024, Width: 2048, Apart: cpu,
 		X: poisoned(t, d, int(XQBytes(1024))), Q: poisoned(t, d, 2*int(XQBytes(2048))), Y: poisoned(t, d, 2*1024*4),
-		Sel: upload(t, d, gpu.Bytes([]uint32{5, 999})), Counters: upload(t, d, make([]byte, 16))}
+		Sel: upload(t, d, gpu.Bytes([]uint32{5, 999})), Counters: upload(t, d, make([]byte, FFNCounterBytes))}
 	run(t, d, func(b *gpu.Batch) error { return k.Q4KFFN(ctxT(t), b, good) })
 	for _, change := range []func(f *FFN){
 		func(f *FFN) {
