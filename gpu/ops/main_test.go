@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -34,11 +35,45 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "gpu tests need an adapter (make deps installs lavapipe):", err)
 		os.Exit(1)
 	}
+	if err := useVariants(d, os.Getenv("RDRR_OPS_VARIANT")); err != nil {
+		fmt.Fprintln(os.Stderr, "RDRR_OPS_VARIANT:", err)
+		os.Exit(1)
+	}
 	shared = fixture{d: d, k: NewKernels(d)}
 	code := m.Run()
 	shared.k.Close()
 	d.Close()
 	os.Exit(code)
+}
+
+// useVariants makes the device compile other WGSL for built-in kernels:
+// spec is "NAME=FILE;NAME=FILE...", each FILE the whole WGSL (includes
+// expanded) with NAME's bindings. A way to test and time a kernel
+// variant on a GPU with the test binary built once
+// (scripts/vkstats/README.md).
+func useVariants(d *gpu.Device, spec string) error {
+	for _, v := range strings.Split(spec, ";") {
+		if v == "" {
+			continue
+		}
+		name, file, ok := strings.Cut(v, "=")
+		if !ok {
+			return fmt.Errorf("%q: want NAME=FILE", v)
+		}
+		of, err := Builtin(name, nil)
+		if err != nil {
+			return err
+		}
+		src, err := os.ReadFile(file)
+		if err != nil {
+			return err
+		}
+		if err := d.UseVariant(context.Background(), gpu.Variant{Of: of, Name: name + "@" + file, Source: string(src)}); err != nil {
+			return err
+		}
+		fmt.Fprintf(os.Stderr, "RDRR_OPS_VARIANT: %s is %s\n", name, file)
+	}
+	return nil
 }
 
 // testOptions honours RDRR_GPU_BACKEND (vulkan, gl, ...).
