@@ -15,31 +15,35 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <vulkan/vk_layer.h>
 #include <vulkan/vulkan.h>
 
 #define EXPORT __attribute__((visibility("default")))
-#define MAXH 64
+#define MAXH 256  // live instances and devices (entries are cleared on destroy)
+#define MAXM 4096 // the last shader modules created (a ring)
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 
 static struct {
 	VkInstance h;
 	PFN_vkGetInstanceProcAddr gipa;
+	PFN_vkDestroyInstance destroy; // the next layer's, asked for at creation
 } insts[MAXH];
 
 static struct {
 	VkDevice h;
 	PFN_vkGetDeviceProcAddr gdpa;
-	int stats; // the extension was enabled
+	PFN_vkDestroyDevice destroy; // the next layer's, asked for at creation
+	int stats;                   // the extension was enabled
 } devs[MAXH];
 
 static struct {
 	VkShaderModule h;
 	int id;
 	uint64_t hash;
-} mods[4096];
-static int nmods;
+} mods[MAXM];
+static int nmods; // modules created: the next one's id
 
 static PFN_vkGetInstanceProcAddr instGIPA(VkInstance h) {
 	PFN_vkGetInstanceProcAddr f = NULL;
@@ -77,21 +81,31 @@ static VKAPI_ATTR VkResult VKAPI_CALL CreateInstance(const VkInstanceCreateInfo 
 	PFN_vkCreateInstance create = (PFN_vkCreateInstance)gipa(VK_NULL_HANDLE, "vkCreateInstance");
 	VkResult r = create(ci, a, out);
 	if (r != VK_SUCCESS) return r;
+	int slot = -1;
 	pthread_mutex_lock(&mu);
-	for (int i = 0; i < MAXH; i++)
+	for (int i = 0; i < MAXH && slot < 0; i++)
 		if (!insts[i].h) {
+			slot = i;
 			insts[i].h = *out;
 			insts[i].gipa = gipa;
-			break;
+			insts[i].destroy = (PFN_vkDestroyInstance)gipa(*out, "vkDestroyInstance");
 		}
 	pthread_mutex_unlock(&mu);
+	if (slot < 0) {
+		fprintf(stderr, "vkstats: more than %d live instances\n", MAXH);
+		PFN_vkDestroyInstance destroy = (PFN_vkDestroyInstance)gipa(*out, "vkDestroyInstance");
+		if (destroy) destroy(*out, a);
+		*out = VK_NULL_HANDLE;
+		return VK_ERROR_INITIALIZATION_FAILED;
+	}
 	return r;
 }
 
 static int offers(PFN_vkGetInstanceProcAddr gipa, VkPhysicalDevice pd, const char *ext) {
-	VkInstance inst = VK_NULL_HANDLE;
+	VkInstance inst = VK_NULL_HANDLE; // the newest live one: gpu.Open makes one
 	pthread_mutex_lock(&mu);
-	for (int i = 0; i < MAXH && !inst; i++) inst = insts[i].h;
+	for (int i = 0; i < MAXH; i++)
+		if (insts[i].h) inst = insts[i].h;
 	pthread_mutex_unlock(&mu);
 	PFN_vkEnumerateDeviceExtensionProperties en =
 		(PFN_vkEnumerateDeviceExtensionProperties)gipa(inst, "vkEnumerateDeviceExtensionProperties");
@@ -115,6 +129,7 @@ static VKAPI_ATTR VkResult VKAPI_CALL CreateDevice(VkPhysicalDevice pd, const Vk
 	PFN_vkGetInstanceProcAddr gipa = li->u.pLayerInfo->pfnNextGetInstanceProcAddr;
 	PFN_vkGetDeviceProcAddr gdpa = li->u.pLayerInfo->pfnNextGetDeviceProcAddr;
 	li->u.pLayerInfo = li->u.pLayerInfo->pNext;
+	VkLayerDeviceLink *below = li->u.pLayerInfo; // a retry starts the chain here again
 	PFN_vkCreateDevice create = (PFN_vkCreateDevice)gipa(VK_NULL_HANDLE, "vkCreateDevice");
 
 	const char *ext = VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME;
@@ -131,55 +146,98 @@ static VKAPI_ATTR VkResult VKAPI_CALL CreateDevice(VkPhysicalDevice pd, const Vk
 			if (!strcmp(ci->ppEnabledExtensionNames[i], ext)) have = 1;
 		if (!have) {
 			names = calloc(ci->enabledExtensionCount + 1, sizeof *names);
-			memcpy(names, ci->ppEnabledExtensionNames, ci->enabledExtensionCount * sizeof *names);
+			if (!names) return VK_ERROR_OUT_OF_HOST_MEMORY;
+			if (ci->enabledExtensionCount)
+				memcpy(names, ci->ppEnabledExtensionNames, ci->enabledExtensionCount * sizeof *names);
 			names[ci->enabledExtensionCount] = ext;
 			c.ppEnabledExtensionNames = names;
 			c.enabledExtensionCount++;
 		}
-		feat.pNext = (void *)c.pNext;
-		c.pNext = &feat;
+		// The feature once: an application that chains it decides it.
+		int chained = 0;
+		for (const VkBaseInStructure *b = c.pNext; b; b = b->pNext)
+			if (b->sType == VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR) {
+				chained = 1;
+				stats = ((const VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR *)b)->pipelineExecutableInfo;
+			}
+		if (!chained) {
+			feat.pNext = (void *)c.pNext;
+			c.pNext = &feat;
+		}
 	}
 	VkResult r = create(pd, &c, a, out);
-	if (r != VK_SUCCESS && stats) { // the feature refused: without it
+	if ((r == VK_ERROR_EXTENSION_NOT_PRESENT || r == VK_ERROR_FEATURE_NOT_PRESENT) && c.pNext != ci->pNext) {
 		fprintf(stderr, "vkstats: vkCreateDevice with %s failed (%d); without it\n", ext, r);
 		stats = 0;
+		li->u.pLayerInfo = below;
 		r = create(pd, ci, a, out);
 	}
 	free(names);
 	if (r != VK_SUCCESS) return r;
-	fprintf(stderr, "vkstats: device %p, statistics %s\n", (void *)*out, stats ? "on" : "not offered");
+	int slot = -1;
 	pthread_mutex_lock(&mu);
-	for (int i = 0; i < MAXH; i++)
+	for (int i = 0; i < MAXH && slot < 0; i++)
 		if (!devs[i].h) {
+			slot = i;
 			devs[i].h = *out;
 			devs[i].gdpa = gdpa;
+			devs[i].destroy = (PFN_vkDestroyDevice)gdpa(*out, "vkDestroyDevice");
 			devs[i].stats = stats;
-			break;
 		}
 	pthread_mutex_unlock(&mu);
+	if (slot < 0) { // its calls would find no next layer
+		fprintf(stderr, "vkstats: more than %d live devices\n", MAXH);
+		PFN_vkDestroyDevice destroy = (PFN_vkDestroyDevice)gdpa(*out, "vkDestroyDevice");
+		if (destroy) destroy(*out, a);
+		*out = VK_NULL_HANDLE;
+		return VK_ERROR_INITIALIZATION_FAILED;
+	}
+	fprintf(stderr, "vkstats: device %p, statistics %s\n", (void *)*out, stats ? "on" : "not offered");
 	return r;
+}
+
+static VKAPI_ATTR void VKAPI_CALL DestroyDevice(VkDevice d, const VkAllocationCallbacks *a) {
+	PFN_vkDestroyDevice f = NULL;
+	pthread_mutex_lock(&mu);
+	int i = devIndex(d);
+	if (i >= 0) {
+		f = devs[i].destroy;
+		devs[i].h = VK_NULL_HANDLE;
+	}
+	pthread_mutex_unlock(&mu);
+	if (f) f(d, a);
+}
+
+static VKAPI_ATTR void VKAPI_CALL DestroyInstance(VkInstance h, const VkAllocationCallbacks *a) {
+	PFN_vkDestroyInstance f = NULL;
+	pthread_mutex_lock(&mu);
+	for (int i = 0; i < MAXH; i++)
+		if (insts[i].h == h) {
+			f = insts[i].destroy;
+			insts[i].h = VK_NULL_HANDLE;
+		}
+	pthread_mutex_unlock(&mu);
+	if (f) f(h, a);
 }
 
 static VKAPI_ATTR VkResult VKAPI_CALL CreateShaderModule(VkDevice d, const VkShaderModuleCreateInfo *ci, const VkAllocationCallbacks *a, VkShaderModule *out) {
 	PFN_vkCreateShaderModule f = (PFN_vkCreateShaderModule)devProc(d, "vkCreateShaderModule");
+	if (!f) return VK_ERROR_INITIALIZATION_FAILED;
 	VkResult r = f(d, ci, a, out);
 	if (r != VK_SUCCESS) return r;
 	uint64_t h = 0xcbf29ce484222325ull; // FNV-1a of the SPIR-V
 	const unsigned char *b = (const unsigned char *)ci->pCode;
 	for (size_t i = 0; i < ci->codeSize; i++) h = (h ^ b[i]) * 0x100000001b3ull;
 	pthread_mutex_lock(&mu);
-	int id = nmods;
-	if (nmods < 4096) {
-		mods[nmods].h = *out;
-		mods[nmods].id = id;
-		mods[nmods].hash = h;
-		nmods++;
-	}
+	int id = nmods++;
+	mods[id % MAXM].h = *out;
+	mods[id % MAXM].id = id;
+	mods[id % MAXM].hash = h;
 	pthread_mutex_unlock(&mu);
 	const char *dir = getenv("VKSTATS_DIR");
 	if (dir) {
 		char path[4096];
-		snprintf(path, sizeof path, "%s/module-%d.spv", dir, id);
+		snprintf(path, sizeof path, "%s/module-%d-%d.spv", dir, (int)getpid(), id);
 		FILE *fp = fopen(path, "wb");
 		if (fp) {
 			fwrite(ci->pCode, 1, ci->codeSize, fp);
@@ -193,12 +251,14 @@ static void moduleOf(VkShaderModule m, int *id, uint64_t *hash) {
 	*id = -1;
 	*hash = 0;
 	pthread_mutex_lock(&mu);
-	for (int i = nmods - 1; i >= 0; i--)
+	for (int n = 0; n < MAXM && n < nmods; n++) { // newest first
+		int i = (nmods - 1 - n) % MAXM;
 		if (mods[i].h == m) {
 			*id = mods[i].id;
 			*hash = mods[i].hash;
 			break;
 		}
+	}
 	pthread_mutex_unlock(&mu);
 }
 
@@ -225,7 +285,7 @@ static void dumpIR(VkDevice d, VkPipeline p, uint32_t ne, int id) {
 		for (uint32_t i = 0; i < n; i++) {
 			if (res >= 0 && r[i].pData) {
 				char path[4096];
-				snprintf(path, sizeof path, "%s/module-%d.e%u.r%u.%s", dir, id, e, i, r[i].isText ? "txt" : "bin");
+				snprintf(path, sizeof path, "%s/module-%d-%d.e%u.r%u.%s", dir, (int)getpid(), id, e, i, r[i].isText ? "txt" : "bin");
 				FILE *fp = fopen(path, "wb");
 				if (fp) {
 					fprintf(stderr, "vkstats: module %d: %s (%s), %zu bytes\n", id, r[i].name, r[i].description, r[i].dataSize);
@@ -289,6 +349,7 @@ static void report(VkDevice d, VkPipeline p, const VkComputePipelineCreateInfo *
 static VKAPI_ATTR VkResult VKAPI_CALL CreateComputePipelines(VkDevice d, VkPipelineCache cache, uint32_t count,
 	const VkComputePipelineCreateInfo *ci, const VkAllocationCallbacks *a, VkPipeline *out) {
 	PFN_vkCreateComputePipelines f = (PFN_vkCreateComputePipelines)devProc(d, "vkCreateComputePipelines");
+	if (!f) return VK_ERROR_INITIALIZATION_FAILED;
 	pthread_mutex_lock(&mu);
 	int i = devIndex(d), on = i >= 0 && devs[i].stats;
 	pthread_mutex_unlock(&mu);
@@ -318,6 +379,8 @@ static PFN_vkVoidFunction ours(const char *name) {
 #define OURS(n) \
 	if (!strcmp(name, "vk" #n)) return (PFN_vkVoidFunction)n;
 	OURS(CreateDevice)
+	OURS(DestroyDevice)
+	OURS(DestroyInstance)
 	OURS(CreateShaderModule)
 	OURS(CreateComputePipelines)
 #undef OURS
@@ -339,6 +402,6 @@ EXPORT VKAPI_ATTR PFN_vkVoidFunction VKAPI_CALL vkGetInstanceProcAddr(VkInstance
 EXPORT VKAPI_ATTR PFN_vkVoidFunction VKAPI_CALL vkGetDeviceProcAddr(VkDevice d, const char *name) {
 	if (!strcmp(name, "vkGetDeviceProcAddr")) return (PFN_vkVoidFunction)vkGetDeviceProcAddr;
 	PFN_vkVoidFunction f = ours(name);
-	if (f && strcmp(name, "vkCreateDevice")) return f;
+	if (f && strcmp(name, "vkCreateDevice") && strcmp(name, "vkDestroyInstance")) return f;
 	return devProc(d, name);
 }

@@ -3,17 +3,18 @@
 // it (registers a thread, on NVIDIA) can be read against a kernel.
 //
 //	compile                       the decode step's kernels, Mixtral-shaped
-//	compile -dump q4k_ffn_xq      print a built-in's WGSL (includes expanded)
 //	compile -all                  and every other built-in, its defaults
 //	compile NAME[=FILE][@K=V,...] FILE's WGSL (or NAME's own) with NAME's
 //	                              bindings and the step's constants for
 //	                              NAME, those after @ changed
+//	compile -dump q4k_ffn_xq      print a built-in's WGSL (includes expanded)
 //
-// See ../README.md.
+// It exits 1 if a kernel did not compile. See ../README.md.
 package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -37,46 +38,74 @@ func main() {
 		fmt.Print(k.Source)
 		return
 	}
-	ctx := context.Background()
-	d, err := gpu.Open(ctx, gpu.Options{})
+	ks, err := kernels(*all, flag.Args())
 	if err != nil {
 		fail(err)
 	}
-	defer d.Close()
-	step, err := stepLaunches()
+	ctx := context.Background()
+	// No idle pipelines kept: a kernel compiled again must reach the
+	// driver, or the layer's next line would be another kernel's.
+	d, err := gpu.Open(ctx, gpu.Options{IdlePipelines: -1})
 	if err != nil {
 		fail(err)
+	}
+	failed := 0
+	for _, k := range ks {
+		fmt.Fprintf(os.Stderr, "compile: %s %v\n", k.label, k.Constants)
+		p, err := d.Compile(ctx, k.Kernel)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "compile: %s: %v\n", k.label, err)
+			failed++
+			continue
+		}
+		p.Release()
+	}
+	d.Close()
+	if failed > 0 {
+		fail(fmt.Errorf("%d of %d kernels did not compile", failed, len(ks)))
+	}
+}
+
+type labeled struct {
+	gpu.Kernel
+	label string
+}
+
+// kernels lists what to compile: the step's products, every other
+// built-in with all, then the arguments' variants.
+func kernels(all bool, args []string) ([]labeled, error) {
+	step, err := stepLaunches()
+	if err != nil {
+		return nil, err
 	}
 	consts := map[string]map[string]float64{}
 	for _, l := range step {
 		consts[l.Kernel] = l.Constants
 	}
-	names := make([]string, 0, len(step))
-	for n := range consts {
-		names = append(names, n)
+	var names []string
+	for _, n := range ops.BuiltinNames() {
+		if _, ok := consts[n]; ok || all {
+			names = append(names, n)
+		}
 	}
-	sort.Strings(names)
+	sort.SliceStable(names, func(i, j int) bool { // the step's first
+		_, a := consts[names[i]]
+		_, b := consts[names[j]]
+		return a && !b
+	})
+	var out []labeled
 	for _, n := range names {
 		k, err := ops.Builtin(n, consts[n])
 		if err != nil {
-			fail(err)
+			return nil, err
 		}
-		compile(ctx, d, n, k)
+		out = append(out, labeled{k, n})
 	}
-	if *all {
-		for _, n := range ops.BuiltinNames() {
-			if _, ok := consts[n]; ok {
-				continue
-			}
-			k, err := ops.Builtin(n, nil)
-			if err != nil {
-				fail(err)
-			}
-			compile(ctx, d, n, k)
+	for _, a := range args {
+		spec, set := a, ""
+		if i := strings.LastIndex(a, "@"); i >= 0 && strings.Contains(a[i:], "=") {
+			spec, set = a[:i], a[i+1:] // a file's name may hold an @
 		}
-	}
-	for _, a := range flag.Args() {
-		spec, set, _ := strings.Cut(a, "@")
 		name, file, _ := strings.Cut(spec, "=")
 		c := map[string]float64{}
 		for k, v := range consts[name] {
@@ -89,38 +118,32 @@ func main() {
 			k, v, ok := strings.Cut(kv, "=")
 			f, err := strconv.ParseFloat(v, 64)
 			if !ok || err != nil {
-				fail(fmt.Errorf("%q: want K=V after @", kv))
+				return nil, fmt.Errorf("%q: want K=V after @", kv)
 			}
 			c[k] = f
 		}
 		k, err := ops.Builtin(name, c)
 		if err != nil {
-			fail(err)
+			return nil, err
 		}
 		if file != "" {
 			src, err := os.ReadFile(file)
 			if err != nil {
-				fail(err)
+				return nil, err
 			}
 			k.Source = string(src)
 		}
-		compile(ctx, d, a, k)
+		out = append(out, labeled{k, a})
 	}
-}
-
-func compile(ctx context.Context, d *gpu.Device, label string, k gpu.Kernel) {
-	fmt.Fprintf(os.Stderr, "compile: %s %v\n", label, k.Constants)
-	p, err := d.Compile(ctx, k)
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "compile: %s: %v\n", label, err)
-		return
+	if len(out) == 0 {
+		return nil, errors.New("nothing to compile")
 	}
-	p.Release()
+	return out, nil
 }
 
 // stepLaunches are the launches of a resident Mixtral-shaped layer's
 // products (hidden 4096, FFN width 14336, 8 experts, 2 chosen, q k v of
-// 32 + 2 x 8 heads of 128).
+// 32 + 2 x 8 heads of 128, o).
 func stepLaunches() ([]ops.Launch, error) {
 	const hidden, width = 4096, 14336
 	ffn, err := ops.FFNLaunch(ops.FFN{Gate: []int{0, 1, 2, 3, 4, 5, 6, 7}, Up: []int{8, 9, 10, 11, 12, 13, 14, 15},
@@ -129,7 +152,7 @@ func stepLaunches() ([]ops.Launch, error) {
 		return nil, err
 	}
 	out := []ops.Launch{ffn}
-	for _, rows := range []int{6144, 4096} { // q k v, o
+	for _, rows := range []int{6144, 4096} { // q k v, o: the same constants
 		l, err := ops.Q4KXQLaunch(ops.DefaultQ4KConfig(rows, hidden, 1), rows, hidden)
 		if err != nil {
 			return nil, err
