@@ -90,11 +90,14 @@ func AttentionLaunches(s AttnShape) (split, merge Launch, partials uint64, err e
 	chunks := (s.KVLen + ch - 1) / ch
 	partials = uint64(s.Heads * chunks * (s.HeadDim + 2) * 4)
 	groups := (s.Heads/s.KVHeads + 7) / 8 // query heads of a cache head, 8 a workgroup
-	v := 0.0                              // main_v's shapes: see attention_split.wgsl
+	consts := map[string]float64{"CH": float64(ch), "V": 0}
 	if ch == 32 && (s.HeadDim == 32 || s.HeadDim == 64 || s.HeadDim == 128) {
-		v = 1
+		// main_v's shapes (attention_split.wgsl), the head dimension a
+		// constant too: one register fewer for the RoPE flavor on an
+		// H200, 4 workgroups an SM instead of 3.
+		consts["V"], consts["HD"] = 1, float64(s.HeadDim)
 	}
-	split = Launch{Kernel: "attention_split", Constants: map[string]float64{"CH": float64(ch), "V": v}, Groups: [3]uint32{uint32(chunks), uint32(s.KVHeads), uint32(groups)},
+	split = Launch{Kernel: "attention_split", Constants: consts, Groups: [3]uint32{uint32(chunks), uint32(s.KVHeads), uint32(groups)},
 		Params: gpu.Params{}.U32(uint32(s.Heads)).U32(uint32(s.KVHeads)).U32(uint32(s.HeadDim)).U32(uint32(s.KVLen)).F32(s.Scale).
 			U32(uint32(chunks)).U32(0).U32(0),
 		Bindings: append(binds[:3:3], Binding{"partials", partials})}

@@ -25,7 +25,9 @@ import (
 // SwiGLU of those (8 of 4096x14336, 2 run), the LM head (32000x4096,
 // of float and of quantized x). Each also as x-of-same-copy (see report).
 //
-// Attention follows, at three cache lengths and three chunk sizes.
+// Attention follows, at three cache lengths and three chunk sizes, then
+// the flavor the step runs (attention_rope: RoPE and the new rows in the
+// split, quantized output) at the same lengths.
 // RDRR_BENCH_SWEEP=1 also times every configuration of the Q4_K kernel at
 // each shape (what DefaultQ4KConfig was chosen from for decode), with
 // 1, 2, 4 and 8 rows a thread, or the list in RDRR_BENCH_SWEEP_ROWS
@@ -129,6 +131,17 @@ func BenchmarkQ4KDecode(b *testing.B) {
 					b.ReportMetric(float64(r.per.Nanoseconds())/1e3, "us/dispatch")
 				})
 			}
+		}
+	}
+	// The flavor the decode step runs (RoPE and the new rows in the
+	// split, quantized output), in the rule's chunks.
+	if !m.cpu {
+		for _, kvLen := range []int{200, 1000, 4096} {
+			b.Run(fmt.Sprintf("attention_rope/%d", kvLen), func(b *testing.B) {
+				r := m.ropeAttention(b, 32, 8, 128, kvLen)
+				b.ReportMetric(r.bw/copyBW, "x-of-copy")
+				b.ReportMetric(float64(r.per.Nanoseconds())/1e3, "us/dispatch")
+			})
 		}
 	}
 	// A decode step's norm: one row, one workgroup, latency-bound.

@@ -626,6 +626,41 @@ func (m *meter) attention(b *testing.B, heads, kvHeads, hd, kvLen int) result {
 	return result{bw: float64(2*kv+uint64(2*heads*hd*4)) / per.Seconds(), per: per}
 }
 
+// ropeAttention times the decode step's attention flavor: RoPE of the
+// new position's q and k, its k and v rows stored, the split and the
+// merge writing quantized output (RopeAttention), at position kvLen - 1.
+// The bytes are attention's: the caches read, q and the output.
+func (m *meter) ropeAttention(b *testing.B, heads, kvHeads, hd, kvLen int) result {
+	ctx := context.Background()
+	kvn := kvHeads * hd
+	kv := uint64(kvLen * kvn * 4)
+	n := uint64((heads + 2*kvHeads) * hd * 4)
+	qkv := m.alloc(b, n)
+	m.fill(b, qkv, n)
+	freqs := uploadF32(b, m.d, RopeFreqs(10000, hd))
+	nr := m.rotation(2 * kv)
+	ks, vs := make([]*gpu.Buffer, nr), make([]*gpu.Buffer, nr)
+	for i := range ks {
+		ks[i], vs[i] = m.alloc(b, kv), m.alloc(b, kv)
+		m.fill(b, ks[i], kv)
+		m.fill(b, vs[i], kv)
+	}
+	out := [2]*gpu.Buffer{m.alloc(b, uint64(heads*hd*4)), m.alloc(b, uint64(heads*hd*4))}
+	outq := [2]*gpu.Buffer{m.alloc(b, XQBytes(heads*hd)), m.alloc(b, XQBytes(heads*hd))}
+	as := AttnShape{Heads: heads, KVHeads: kvHeads, HeadDim: hd, KVLen: kvLen, Scale: 0.088}
+	rs := RopeShape{Tokens: 1, Heads: heads + kvHeads, HeadDim: hd, RotDim: hd, Pos0: kvLen - 1, Style: abi.RopeNeoX}
+	ks1 := KVShape{Dim: kvn, KOff: heads * hd, VOff: (heads + kvHeads) * hd, Pos: kvLen - 1}
+	if _, _, _, ok, err := RopeAttentionLaunches(as, rs, ks1); err != nil || !ok {
+		b.Fatalf("RopeAttentionLaunches: fused %v, %v", ok, err)
+	}
+	record := func(bt *gpu.Batch, i int) error {
+		return m.k.RopeAttention(ctx, bt, qkv, freqs, ks[i%nr], vs[i%nr], out[i%2], outq[i%2], as, rs, ks1)
+	}
+	per := m.timeDispatches(b, record)
+	m.profileDispatches(b, record)
+	return result{bw: float64(2*kv+uint64(2*heads*hd*4)) / per.Seconds(), per: per}
+}
+
 // profileDispatches, with RDRR_BENCH_PROFILE=1, times 64 batches of one
 // record each on the GPU (timestamps: every dispatch in a pass of its own)
 // and reports each kernel's mean time as "<kernel>-us", so that an op of

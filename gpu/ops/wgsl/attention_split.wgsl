@@ -120,6 +120,16 @@ const WG: u32 = 256u;
 override CH: u32 = 32u;
 // 1: CH is 32 and p.hd 32, 64 or 128 (main_v's shapes); 0: any other.
 override V: u32 = 0u;
+// The head dimension where the rule sets it (with V 1), so that the
+// compiler folds what depends on it; 0: p.hd's, at run time. (The RoPE
+// flavor holds 65 registers a thread with it at run time and 64 with it
+// 128, on an H200: 3 workgroups an SM or 4.)
+override HD: u32 = 0u;
+
+// headDim is the head dimension: HD, or p.hd where HD is 0.
+fn headDim() -> u32 {
+  return select(p.hd, HD, HD != 0u);
+}
 const MAXG: u32 = 8u;  // query heads per KV head
 const LANES: u32 = 8u; // threads per position for the scores
 const PP: u32 = WG / LANES;
@@ -134,7 +144,7 @@ var<workgroup> ml: array<f32, 16>;          // per head: max, sum
 
 // q4 is vec4 i of query head g (from workgroup memory).
 fn q4(g: u32, i: u32) -> vec4<f32> {
-  return qs[g * (p.hd >> 2u) + i];
+  return qs[g * (headDim() >> 2u) + i];
 }
 
 // vat is element i of v.
@@ -146,7 +156,7 @@ fn vat(i: u32) -> f32 {
 // workgroup's head g) to chunk c's partials, and with d 0 the chunk's max
 // and sum for that head from ml.
 fn writePartial(h: u32, c: u32, g: u32, d: u32, s: f32) {
-  let o = (h * p.n_chunks + c) * (p.hd + 2u);
+  let o = (h * p.n_chunks + c) * (headDim() + 2u);
   part[o + 2u + d] = s;
   if (d == 0u) {
     part[o] = ml[2u * g];
@@ -208,7 +218,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   }
   let c = wid.x;
   let j = wid.y;
-  let hd = p.hd;
+  let hd = headDim();
   // Query heads h0 .. h0 + g_n of the G = n_heads / n_kv that share cache
   // head j: at most MAXG per workgroup (workgroup z picks which ones).
   let big_g = p.n_heads / p.n_kv;
@@ -349,7 +359,7 @@ const CV: u32 = 32u; // positions a chunk in main_v
 fn main_v(wid: vec3<u32>, tid: u32) {
   let c = wid.x;
   let j = wid.y;
-  let hd = p.hd;
+  let hd = headDim();
   let n4 = hd >> 2u; // 8, 16 or 32
   let big_g = p.n_heads / p.n_kv;
   let h0 = j * big_g + wid.z * MAXG;
@@ -393,7 +403,7 @@ struct KV {
 // with ROPE the new position's rows come from q, and workgroup z 0
 // stores them into the caches.
 fn loadKV(c: u32, j: u32, z: u32, tid: u32) -> KV {
-  let hd = p.hd;
+  let hd = headDim();
   let n4 = hd >> 2u;
   let stride4 = (p.n_kv * hd) >> 2u;
   let t0 = c * CV;
@@ -454,7 +464,7 @@ fn loadKV(c: u32, j: u32, z: u32, tid: u32) -> KV {
 // chunkOut writes chunk c's partials for query heads h0 .. h0 + g_n - 1,
 // which qs holds, from kv (loadKV's).
 fn chunkOut(c: u32, h0: u32, g_n: u32, tid: u32, kv: KV) {
-  let hd = p.hd;
+  let hd = headDim();
   let n4 = hd >> 2u;
   let t0 = c * CV;
   let zero = vec4<f32>(0.0);
