@@ -12,13 +12,15 @@ import (
 
 // The harness of attention_decode. The op runs as the runtime's Attention
 // does (the rules ops.AttentionLaunches): attention_split over chunks of
-// positions (the override constant CH, which the rule sets: ABI 3) into a
-// scratch binding of partials (flash-decoding), then
+// positions into a scratch binding of partials (flash-decoding), then
 // attention_merge. A variant replaces attention_split, the op's built-in;
 // the merge stays the built-in's. The shapes are
 // limited as gpu/ops's Attention limits them (HeadDim <= 256 and a multiple of
 // 4, Heads a multiple of KVHeads, at most 1024 dimensions in 8 query heads
-// of a cache head), so a variant passing here has the runtime's ABI.
+// of a cache head), so a variant passing here has the runtime's ABI. The
+// rule sets the split's override constants CH (the chunk), V (main_v's
+// shapes) and HD (their head dimension), so a variant declares all three:
+// ABI 4 (3 had CH alone).
 
 func init() {
 	harnesses["attention_decode"] = harness{

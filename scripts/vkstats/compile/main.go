@@ -143,7 +143,7 @@ func kernels(all bool, args []string) ([]labeled, error) {
 
 // stepLaunches are the launches of a resident Mixtral-shaped layer's
 // products (hidden 4096, FFN width 14336, 8 experts, 2 chosen, q k v of
-// 32 + 2 x 8 heads of 128, o).
+// 32 + 2 x 8 heads of 128, o) and its attention.
 func stepLaunches() ([]ops.Launch, error) {
 	const hidden, width = 4096, 14336
 	ffn, err := ops.FFNLaunch(ops.FFN{Gate: []int{0, 1, 2, 3, 4, 5, 6, 7}, Up: []int{8, 9, 10, 11, 12, 13, 14, 15},
@@ -159,7 +159,21 @@ func stepLaunches() ([]ops.Launch, error) {
 		}
 		out = append(out, l)
 	}
-	return out, nil
+	// The attention at 600 positions, plain and as the step runs it
+	// (RoPE in the split): their constants do not depend on the length.
+	const heads, kvHeads, hd, pos = 32, 8, 128, 599
+	as := ops.AttnShape{Heads: heads, KVHeads: kvHeads, HeadDim: hd, KVLen: pos + 1, Scale: 0.088}
+	split, _, _, err := ops.AttentionLaunches(as)
+	if err != nil {
+		return nil, err
+	}
+	rs := ops.RopeShape{Tokens: 1, Heads: heads + kvHeads, HeadDim: hd, RotDim: hd, Pos0: pos}
+	kv := ops.KVShape{Dim: kvHeads * hd, KOff: heads * hd, VOff: (heads + kvHeads) * hd, Pos: pos}
+	rope, _, _, fused, err := ops.RopeAttentionLaunches(as, rs, kv)
+	if err != nil || !fused {
+		return nil, fmt.Errorf("the RoPE attention's launch: fused %v, %v", fused, err)
+	}
+	return append(out, split, rope), nil
 }
 
 func fail(err error) {
