@@ -609,21 +609,34 @@ func (m *meter) attention(b *testing.B, heads, kvHeads, hd, kvLen int) result {
 	kv := uint64(kvLen * kvHeads * hd * 4)
 	q := m.alloc(b, uint64(heads*hd*4))
 	m.fill(b, q, uint64(heads*hd*4))
+	ks, vs := m.kvCaches(b, kv)
+	outs := [2]*gpu.Buffer{m.alloc(b, uint64(heads*hd*4)), m.alloc(b, uint64(heads*hd*4))}
+	s := AttnShape{Heads: heads, KVHeads: kvHeads, HeadDim: hd, KVLen: kvLen, Scale: 0.088}
+	record := func(bt *gpu.Batch, i int) error {
+		return m.k.Attention(ctx, bt, q, ks[i%len(ks)], vs[i%len(vs)], outs[i%2], s)
+	}
+	return m.attnResult(b, record, kv, heads*hd)
+}
+
+// kvCaches allocates the rotation of filled K and V caches of kv bytes
+// each that the attention benchmarks cycle through.
+func (m *meter) kvCaches(b *testing.B, kv uint64) (ks, vs []*gpu.Buffer) {
 	nr := m.rotation(2 * kv)
-	ks, vs := make([]*gpu.Buffer, nr), make([]*gpu.Buffer, nr)
+	ks, vs = make([]*gpu.Buffer, nr), make([]*gpu.Buffer, nr)
 	for i := range ks {
 		ks[i], vs[i] = m.alloc(b, kv), m.alloc(b, kv)
 		m.fill(b, ks[i], kv)
 		m.fill(b, vs[i], kv)
 	}
-	outs := [2]*gpu.Buffer{m.alloc(b, uint64(heads*hd*4)), m.alloc(b, uint64(heads*hd*4))}
-	s := AttnShape{Heads: heads, KVHeads: kvHeads, HeadDim: hd, KVLen: kvLen, Scale: 0.088}
-	record := func(bt *gpu.Batch, i int) error {
-		return m.k.Attention(ctx, bt, q, ks[i%nr], vs[i%nr], outs[i%2], s)
-	}
+	return ks, vs
+}
+
+// attnResult times an attention's record: its bytes are both caches (kv
+// bytes each), q and the output (n floats each).
+func (m *meter) attnResult(b *testing.B, record func(bt *gpu.Batch, i int) error, kv uint64, n int) result {
 	per := m.timeDispatches(b, record)
 	m.profileDispatches(b, record)
-	return result{bw: float64(2*kv+uint64(2*heads*hd*4)) / per.Seconds(), per: per}
+	return result{bw: float64(2*kv+uint64(2*n*4)) / per.Seconds(), per: per}
 }
 
 // ropeAttention times the decode step's attention flavor: RoPE of the
@@ -638,27 +651,19 @@ func (m *meter) ropeAttention(b *testing.B, heads, kvHeads, hd, kvLen int) resul
 	qkv := m.alloc(b, n)
 	m.fill(b, qkv, n)
 	freqs := uploadF32(b, m.d, RopeFreqs(10000, hd))
-	nr := m.rotation(2 * kv)
-	ks, vs := make([]*gpu.Buffer, nr), make([]*gpu.Buffer, nr)
-	for i := range ks {
-		ks[i], vs[i] = m.alloc(b, kv), m.alloc(b, kv)
-		m.fill(b, ks[i], kv)
-		m.fill(b, vs[i], kv)
-	}
+	ks, vs := m.kvCaches(b, kv)
 	out := [2]*gpu.Buffer{m.alloc(b, uint64(heads*hd*4)), m.alloc(b, uint64(heads*hd*4))}
 	outq := [2]*gpu.Buffer{m.alloc(b, XQBytes(heads*hd)), m.alloc(b, XQBytes(heads*hd))}
 	as := AttnShape{Heads: heads, KVHeads: kvHeads, HeadDim: hd, KVLen: kvLen, Scale: 0.088}
 	rs := RopeShape{Tokens: 1, Heads: heads + kvHeads, HeadDim: hd, RotDim: hd, Pos0: kvLen - 1, Style: abi.RopeNeoX}
-	ks1 := KVShape{Dim: kvn, KOff: heads * hd, VOff: (heads + kvHeads) * hd, Pos: kvLen - 1}
-	if _, _, _, ok, err := RopeAttentionLaunches(as, rs, ks1); err != nil || !ok {
+	kvs := KVShape{Dim: kvn, KOff: heads * hd, VOff: (heads + kvHeads) * hd, Pos: kvLen - 1}
+	if _, _, _, ok, err := RopeAttentionLaunches(as, rs, kvs); err != nil || !ok {
 		b.Fatalf("RopeAttentionLaunches: fused %v, %v", ok, err)
 	}
 	record := func(bt *gpu.Batch, i int) error {
-		return m.k.RopeAttention(ctx, bt, qkv, freqs, ks[i%nr], vs[i%nr], out[i%2], outq[i%2], as, rs, ks1)
+		return m.k.RopeAttention(ctx, bt, qkv, freqs, ks[i%len(ks)], vs[i%len(vs)], out[i%2], outq[i%2], as, rs, kvs)
 	}
-	per := m.timeDispatches(b, record)
-	m.profileDispatches(b, record)
-	return result{bw: float64(2*kv+uint64(2*heads*hd*4)) / per.Seconds(), per: per}
+	return m.attnResult(b, record, kv, heads*hd)
 }
 
 // profileDispatches, with RDRR_BENCH_PROFILE=1, times 64 batches of one

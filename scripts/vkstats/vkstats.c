@@ -7,7 +7,7 @@
 //   vkstats: module 12 entry main spv 0x1a2b3c4d5e6f7788 | Register Count=96 | ...
 //
 // With VKSTATS_DIR set it also keeps each shader module's SPIR-V there
-// (module-12.spv), for spirv-dis. A tool for measuring kernels, not part
+// (module-PID-12.spv), for spirv-dis. A tool for measuring kernels, not part
 // of peer: see README.md for how to turn it on.
 
 #include <pthread.h>
@@ -81,6 +81,8 @@ static VKAPI_ATTR VkResult VKAPI_CALL CreateInstance(const VkInstanceCreateInfo 
 	PFN_vkCreateInstance create = (PFN_vkCreateInstance)gipa(VK_NULL_HANDLE, "vkCreateInstance");
 	VkResult r = create(ci, a, out);
 	if (r != VK_SUCCESS) return r;
+	// Asked for now: at destroy time the loader's answer crashed.
+	PFN_vkDestroyInstance destroy = (PFN_vkDestroyInstance)gipa(*out, "vkDestroyInstance");
 	int slot = -1;
 	pthread_mutex_lock(&mu);
 	for (int i = 0; i < MAXH && slot < 0; i++)
@@ -88,12 +90,11 @@ static VKAPI_ATTR VkResult VKAPI_CALL CreateInstance(const VkInstanceCreateInfo 
 			slot = i;
 			insts[i].h = *out;
 			insts[i].gipa = gipa;
-			insts[i].destroy = (PFN_vkDestroyInstance)gipa(*out, "vkDestroyInstance");
+			insts[i].destroy = destroy;
 		}
 	pthread_mutex_unlock(&mu);
 	if (slot < 0) {
 		fprintf(stderr, "vkstats: more than %d live instances\n", MAXH);
-		PFN_vkDestroyInstance destroy = (PFN_vkDestroyInstance)gipa(*out, "vkDestroyInstance");
 		if (destroy) destroy(*out, a);
 		*out = VK_NULL_HANDLE;
 		return VK_ERROR_INITIALIZATION_FAILED;
@@ -174,6 +175,7 @@ static VKAPI_ATTR VkResult VKAPI_CALL CreateDevice(VkPhysicalDevice pd, const Vk
 	}
 	free(names);
 	if (r != VK_SUCCESS) return r;
+	PFN_vkDestroyDevice destroy = (PFN_vkDestroyDevice)gdpa(*out, "vkDestroyDevice");
 	int slot = -1;
 	pthread_mutex_lock(&mu);
 	for (int i = 0; i < MAXH && slot < 0; i++)
@@ -181,13 +183,12 @@ static VKAPI_ATTR VkResult VKAPI_CALL CreateDevice(VkPhysicalDevice pd, const Vk
 			slot = i;
 			devs[i].h = *out;
 			devs[i].gdpa = gdpa;
-			devs[i].destroy = (PFN_vkDestroyDevice)gdpa(*out, "vkDestroyDevice");
+			devs[i].destroy = destroy;
 			devs[i].stats = stats;
 		}
 	pthread_mutex_unlock(&mu);
 	if (slot < 0) { // its calls would find no next layer
 		fprintf(stderr, "vkstats: more than %d live devices\n", MAXH);
-		PFN_vkDestroyDevice destroy = (PFN_vkDestroyDevice)gdpa(*out, "vkDestroyDevice");
 		if (destroy) destroy(*out, a);
 		*out = VK_NULL_HANDLE;
 		return VK_ERROR_INITIALIZATION_FAILED;
@@ -263,7 +264,7 @@ static void moduleOf(VkShaderModule m, int *id, uint64_t *hash) {
 }
 
 // dumpIR writes what the driver shows of each executable's internal
-// representations (if anything) to VKSTATS_DIR/module-ID.eE.rR.txt.
+// representations (if anything) to VKSTATS_DIR/module-PID-ID.eE.rR.txt.
 static void dumpIR(VkDevice d, VkPipeline p, uint32_t ne, int id) {
 	const char *dir = getenv("VKSTATS_DIR");
 	PFN_vkGetPipelineExecutableInternalRepresentationsKHR irs =
@@ -298,11 +299,13 @@ static void dumpIR(VkDevice d, VkPipeline p, uint32_t ne, int id) {
 	}
 }
 
-static void report(VkDevice d, VkPipeline p, const VkComputePipelineCreateInfo *ci) {
-	PFN_vkGetPipelineExecutablePropertiesKHR props =
-		(PFN_vkGetPipelineExecutablePropertiesKHR)devProc(d, "vkGetPipelineExecutablePropertiesKHR");
-	PFN_vkGetPipelineExecutableStatisticsKHR stats =
-		(PFN_vkGetPipelineExecutableStatisticsKHR)devProc(d, "vkGetPipelineExecutableStatisticsKHR");
+// report writes pipeline p's line: its module and entry, then, where the
+// statistics were captured (on), each statistic.
+static void report(VkDevice d, VkPipeline p, const VkComputePipelineCreateInfo *ci, int on) {
+	PFN_vkGetPipelineExecutablePropertiesKHR props = on ?
+		(PFN_vkGetPipelineExecutablePropertiesKHR)devProc(d, "vkGetPipelineExecutablePropertiesKHR") : NULL;
+	PFN_vkGetPipelineExecutableStatisticsKHR stats = on ?
+		(PFN_vkGetPipelineExecutableStatisticsKHR)devProc(d, "vkGetPipelineExecutableStatisticsKHR") : NULL;
 	int id;
 	uint64_t hash;
 	moduleOf(ci->stage.module, &id, &hash);
@@ -351,27 +354,21 @@ static VKAPI_ATTR VkResult VKAPI_CALL CreateComputePipelines(VkDevice d, VkPipel
 	PFN_vkCreateComputePipelines f = (PFN_vkCreateComputePipelines)devProc(d, "vkCreateComputePipelines");
 	if (!f) return VK_ERROR_INITIALIZATION_FAILED;
 	pthread_mutex_lock(&mu);
-	int i = devIndex(d), on = i >= 0 && devs[i].stats;
+	int i = devIndex(d), on = i >= 0 && devs[i].stats && count <= 64;
 	pthread_mutex_unlock(&mu);
-	if (!on || count > 64) {
-		VkResult r = f(d, cache, count, ci, a, out);
-		for (uint32_t k = 0; r == VK_SUCCESS && k < count; k++) {
-			int id;
-			uint64_t hash;
-			moduleOf(ci[k].stage.module, &id, &hash);
-			fprintf(stderr, "vkstats: module %d entry %s spv 0x%016llx | no statistics\n", id, ci[k].stage.pName, (unsigned long long)hash);
-		}
-		return r;
-	}
 	VkComputePipelineCreateInfo c[64];
-	for (uint32_t k = 0; k < count; k++) {
-		c[k] = ci[k];
-		c[k].flags |= VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR;
-		if (getenv("VKSTATS_DIR")) c[k].flags |= VK_PIPELINE_CREATE_CAPTURE_INTERNAL_REPRESENTATIONS_BIT_KHR;
+	const VkComputePipelineCreateInfo *use = ci;
+	if (on) {
+		for (uint32_t k = 0; k < count; k++) {
+			c[k] = ci[k];
+			c[k].flags |= VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR;
+			if (getenv("VKSTATS_DIR")) c[k].flags |= VK_PIPELINE_CREATE_CAPTURE_INTERNAL_REPRESENTATIONS_BIT_KHR;
+		}
+		use = c;
 	}
-	VkResult r = f(d, cache, count, c, a, out);
+	VkResult r = f(d, cache, count, use, a, out);
 	if (r == VK_SUCCESS)
-		for (uint32_t k = 0; k < count; k++) report(d, out[k], &ci[k]);
+		for (uint32_t k = 0; k < count; k++) report(d, out[k], &ci[k], on);
 	return r;
 }
 
