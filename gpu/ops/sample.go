@@ -77,6 +77,9 @@ func routerLaunch(name string, s RouteShape, cols int, bias bool, eps float32) (
 		pow *= 2
 	}
 	l.Kernel = name
+	// The model fixes the mode, the experts and k: constants of the
+	// pipeline (route.wgsl).
+	l.Constants = map[string]float64{"MODE": float64(s.Mode) + 1, "NEXP": float64(s.Experts), "KSEL": float64(s.K)}
 	l.Params = l.Params.U32(uint32(cols / 4)).U32(uint32(256 / pow)).F32(eps).U32(0)
 	l.Bindings = append(l.Bindings, Binding{"router weights", uint64(s.Experts * cols * 4)}, Binding{"x", uint64(cols * 4)})
 	return l, nil

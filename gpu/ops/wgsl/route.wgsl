@@ -71,6 +71,17 @@ var<workgroup> chosen: array<u32, 32>;
 //+NORM var<workgroup> red2: array<f32, 144>; // (MAXNE + 1) * 16
 //+NORM var<workgroup> lg: array<f32, 8>; // MAXNE logits
 
+// The routing's mode + 1, its experts and its k where the rule sets them
+// (the router's flavors, whose model fixes them), so that the compiler
+// folds what depends on them; 0: the params', at run time.
+override MODE: u32 = 0u;
+override NEXP: u32 = 0u;
+override KSEL: u32 = 0u;
+
+fn rmode() -> u32 { return select(p.mode, max(MODE, 1u) - 1u, MODE != 0u); }
+fn nExp() -> u32 { return select(p.n_exp, NEXP, NEXP != 0u); }
+fn kSel() -> u32 { return select(p.k, KSEL, KSEL != 0u); }
+
 fn better(v: f32, i: u32, bv: f32, bi: u32) -> bool {
   return v > bv || (v == bv && i < bi);
 }
@@ -87,7 +98,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 //+MV    let e = tid / p.tpe;
 //+MV    let lane = tid % p.tpe;
 //+MV    var a = vec4<f32>(0.0);
-//+MV    if (e < p.n_exp) {
+//+MV    if (e < nExp()) {
 //+MV      let row = e * p.cols4;
 //+MV      var i = lane;
 //+MV      // Eight loads of the row in flight (one workgroup: registers are
@@ -125,7 +136,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 //+MV      }
 //+MV    }
 //+MV    workgroupBarrier();
-//+MV    if (lane == 0u && e < p.n_exp) {
+//+MV    if (lane == 0u && e < nExp()) {
 //+MV      logits[e] = rv[tid];
 //+MV    }
 //+MV  }
@@ -137,7 +148,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 //+NORM    // round trip overlaps x's, o's and the norm weight's.
 //+NORM    var wv: array<vec4<f32>, 32>; // 4 * MAXNE
 //+NORM    for (var e = 0u; e < MAXNE; e++) {
-//+NORM      if (e < p.n_exp) {
+//+NORM      if (e < nExp()) {
 //+NORM        let r = e * p.cols4 + o4;
 //+NORM        wv[4u * e] = rw[r];
 //+NORM        wv[4u * e + 1u] = rw[r + 1u];
@@ -153,7 +164,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 //+NORM    let u = array<vec4<f32>, 4>(v[0] * rg[o4], v[1] * rg[o4 + 1u], v[2] * rg[o4 + 2u], v[3] * rg[o4 + 3u]);
 //+NORM    part[tid] = select(0.0, dot(v[0], v[0]) + dot(v[1], v[1]) + dot(v[2], v[2]) + dot(v[3], v[3]), live);
 //+NORM    for (var e = 0u; e < MAXNE; e++) {
-//+NORM      if (e < p.n_exp) {
+//+NORM      if (e < nExp()) {
 //+NORM        part[(e + 1u) * WG + tid] = select(0.0, dot(wv[4u * e], u[0]) + dot(wv[4u * e + 1u], u[1]) + dot(wv[4u * e + 2u], u[2]) + dot(wv[4u * e + 3u], u[3]), live);
 //+NORM      }
 //+NORM    }
@@ -162,7 +173,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 //+NORM    // values each, then by one thread.
 //+NORM    let row = tid / 16u;
 //+NORM    let lane = tid % 16u;
-//+NORM    if (row <= p.n_exp) {
+//+NORM    if (row <= nExp()) {
 //+NORM      var a = 0.0;
 //+NORM      for (var i = 0u; i < 16u; i++) {
 //+NORM        a += part[row * WG + lane * 16u + i];
@@ -170,7 +181,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 //+NORM      red2[row * 16u + lane] = a;
 //+NORM    }
 //+NORM    workgroupBarrier();
-//+NORM    if (tid <= p.n_exp) {
+//+NORM    if (tid <= nExp()) {
 //+NORM      var a = 0.0;
 //+NORM      for (var i = 0u; i < 16u; i++) {
 //+NORM        a += red2[tid * 16u + i];
@@ -180,17 +191,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 //+NORM    workgroupBarrier();
 //+NORM    // Thread e keeps logit e (lg[e]) for the loop below, where thread
 //+NORM    // e reads it (at most 8 experts, a thread each): no barrier.
-//+NORM    if (tid < p.n_exp) {
+//+NORM    if (tid < nExp()) {
 //+NORM      let l = rv[tid + 1u] / sqrt(rv[0] / f32(p.cols4 * 4u) + p.eps);
 //+NORM      lg[tid] = l;
 //+NORM      logits[tid] = l;
 //+NORM    }
 //+NORM  }
-  for (var e = tid; e < p.n_exp; e += WG) {
-//-MV    let l = logits[tok * p.n_exp + e];
+  for (var e = tid; e < nExp(); e += WG) {
+//-MV    let l = logits[tok * nExp() + e];
 //+MV //-NORM    let l = rv[e * p.tpe];
 //+NORM    let l = lg[e];
-    if (p.mode == 1u) {
+    if (rmode() == 1u) {
       let s = 1.0 / (1.0 + exp(-l));
       base[e] = s;
       var b = 0.0;
@@ -204,8 +215,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
   }
   workgroupBarrier();
-  if (p.mode == 1u && p.groups > 1u) {
-    let gs = p.n_exp / p.groups;
+  if (rmode() == 1u && p.groups > 1u) {
+    let gs = nExp() / p.groups;
     if (tid < p.groups) {
       var b1 = NEG;
       var b2 = NEG;
@@ -238,7 +249,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       }
     }
     workgroupBarrier();
-    for (var e = tid; e < p.n_exp; e += WG) {
+    for (var e = tid; e < nExp(); e += WG) {
       if (gkeep[e / gs] == 0u) {
         sel[e] = NEG;
       }
@@ -250,10 +261,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     // choices as the tree below, ties to the lower index), instead of ten
     // barriers a choice.
     if (tid == 0u) {
-      for (var j = 0u; j < p.k; j++) {
+      for (var j = 0u; j < kSel(); j++) {
         var bv = NEG;
         var bi = 0xffffffffu;
-        for (var e = 0u; e < p.n_exp; e++) {
+        for (var e = 0u; e < nExp(); e++) {
           if (bi == 0xffffffffu || better(sel[e], e, bv, bi)) {
             bv = sel[e];
             bi = e;
@@ -264,10 +275,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       }
     }
   }
-  for (var j = 0u; j < select(p.k, 0u, MV); j++) {
+  for (var j = 0u; j < select(kSel(), 0u, MV); j++) {
     var bv = NEG;
     var bi = 0xffffffffu;
-    for (var e = tid; e < p.n_exp; e += WG) {
+    for (var e = tid; e < nExp(); e += WG) {
       if (bi == 0xffffffffu || better(sel[e], e, bv, bi)) {
         bv = sel[e];
         bi = e;
@@ -296,20 +307,20 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   if (tid == 0u) {
     var sum = 0.0;
     let m = base[chosen[0]];
-    for (var j = 0u; j < p.k; j++) {
-      if (p.mode == 1u) {
+    for (var j = 0u; j < kSel(); j++) {
+      if (rmode() == 1u) {
         sum += base[chosen[j]];
       } else {
         sum += exp(base[chosen[j]] - m);
       }
     }
-    for (var j = 0u; j < p.k; j++) {
+    for (var j = 0u; j < kSel(); j++) {
       let c = chosen[j];
-      ids[tok * p.k + j] = c;
-      if (p.mode == 1u) {
-        weights[tok * p.k + j] = base[c] / sum * p.scale;
+      ids[tok * kSel() + j] = c;
+      if (rmode() == 1u) {
+        weights[tok * kSel() + j] = base[c] / sum * p.scale;
       } else {
-        weights[tok * p.k + j] = exp(base[c] - m) / sum;
+        weights[tok * kSel() + j] = exp(base[c] - m) / sum;
       }
     }
   }
