@@ -20,7 +20,7 @@ const (
 	messageFile  = "testdata/endorsement-vector-message.hex"
 	invalidFile  = "testdata/endorsement-invalid.json"
 	keyInfoFile  = "testdata/endorsement-vector-key.txt"
-	vectorVerify = "class vulkan/10de/2330/580.159.04, attention_decode ABI 4, now 2026-11-23T01:00:00Z"
+	vectorVerify = "class vulkan/10de/2330/580.159.04, attention_decode ABI 5, now 2026-11-23T01:00:00Z"
 )
 
 // The committed vector: signing the sample with the seed-1 key gives its
@@ -52,7 +52,7 @@ func TestEndorsementVector(t *testing.T) {
 	if hex.EncodeToString(got.Endorsement.message()) != string(bytes.TrimSpace(readGolden(t, messageFile))) {
 		t.Fatal("the signed message is not the documented one")
 	}
-	if !strings.HasPrefix(string(msg), "rdrr-endorsement-v1\x00{\"abi\":4,") {
+	if !strings.HasPrefix(string(msg), "rdrr-endorsement-v1\x00{\"abi\":5,") {
 		t.Fatalf("message starts %q", msg[:30])
 	}
 }

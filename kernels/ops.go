@@ -31,7 +31,7 @@ var ops = map[string]opSpec{
 	"rmsnorm":          {builtin: "rmsnorm", abi: 1, dims: []string{"rows", "dim"}},
 	"softmax":          {builtin: "softmax", abi: 1, dims: []string{"rows", "dim"}},
 	"rope":             {builtin: "rope", abi: 1, dims: []string{"tokens", "heads", "headDim"}},
-	"attention_decode": {builtin: "attention_split", abi: 4, dims: []string{"heads", "kvHeads", "headDim", "kvLen"}},
+	"attention_decode": {builtin: "attention_split", abi: 5, dims: []string{"heads", "kvHeads", "headDim", "kvLen"}},
 	"route_topk":       {builtin: "route", abi: 1, dims: []string{"tokens", "experts", "k"}},
 	"swiglu":           {builtin: "swiglu", abi: 1, dims: []string{"n"}},
 	"accumulate":       {builtin: "accumulate", abi: 1, dims: []string{"experts", "dim"}},

@@ -94,14 +94,19 @@ func AttentionLaunches(s AttnShape) (split, merge Launch, partials uint64, err e
 	if ch == 32 && (s.HeadDim == 32 || s.HeadDim == 64 || s.HeadDim == 128) {
 		// main_v's shapes (attention_split.wgsl), the head dimension a
 		// constant too: one register fewer for the RoPE flavor on an
-		// H200, 4 workgroups an SM instead of 3.
-		consts["V"], consts["HD"] = 1, float64(s.HeadDim)
+		// H200, 4 workgroups an SM instead of 3. So are the cache heads
+		// and, where one workgroup takes them all, the query heads of
+		// each: the loops over a workgroup's heads fold.
+		consts["V"], consts["HD"], consts["NKV"] = 1, float64(s.HeadDim), float64(s.KVHeads)
+		if g := s.Heads / s.KVHeads; g <= 8 {
+			consts["GQ"] = float64(g)
+		}
 	}
 	split = Launch{Kernel: "attention_split", Constants: consts, Groups: [3]uint32{uint32(chunks), uint32(s.KVHeads), uint32(groups)},
 		Params: gpu.Params{}.U32(uint32(s.Heads)).U32(uint32(s.KVHeads)).U32(uint32(s.HeadDim)).U32(uint32(s.KVLen)).F32(s.Scale).
 			U32(uint32(chunks)).U32(0).U32(0),
 		Bindings: append(binds[:3:3], Binding{"partials", partials})}
-	merge = Launch{Kernel: "attention_merge", Groups: [3]uint32{uint32(s.Heads), uint32((s.HeadDim + 31) / 32), 1},
+	merge = Launch{Kernel: "attention_merge", Constants: map[string]float64{"HD": float64(s.HeadDim)}, Groups: [3]uint32{uint32(s.Heads), uint32((s.HeadDim + 31) / 32), 1},
 		Params:   gpu.Params{}.U32(uint32(s.Heads)).U32(uint32(s.HeadDim)).U32(uint32(chunks)).U32(0),
 		Bindings: []Binding{{"partials", partials}, binds[3]}}
 	return split, merge, partials, nil

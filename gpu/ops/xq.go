@@ -45,7 +45,7 @@ func RMSNormXQLaunch(s NormShape) (Launch, error) {
 		return Launch{}, shapeErr(name, "%d rows of %d (a positive multiple of %d)", n, d, XQGroup)
 	}
 	gx, gy := grid(uint64(n))
-	return Launch{Kernel: name, Groups: [3]uint32{gx, gy, 1},
+	return Launch{Kernel: name, Constants: map[string]float64{"DIM": float64(d)}, Groups: [3]uint32{gx, gy, 1},
 		Params:   gpu.Params{}.U32(uint32(n)).U32(uint32(d)).F32(s.Eps).U32(gx),
 		Bindings: []Binding{{"x", uint64(n * d * 4)}, {"w", uint64(d * 4)}, {"y", uint64(n * d * 4)}, {"q", uint64(n) * XQBytes(d)}}}, nil
 }
@@ -70,7 +70,9 @@ func AccumulateRMSNormXQLaunch(a AccumShape, eps float32) (Launch, error) {
 	if k <= 0 || k > MaxAccumNormExperts || d <= 0 || d%XQGroup != 0 || wOff < 0 {
 		return Launch{}, shapeErr(name, "k %d (1..16), d %d (a positive multiple of %d), weight offset %d", k, d, XQGroup, wOff)
 	}
-	return Launch{Kernel: name, Groups: [3]uint32{1, 1, 1},
+	// The row and the rows added are constants of the pipeline: a model
+	// has one or two of each.
+	return Launch{Kernel: name, Constants: map[string]float64{"DIM": float64(d), "KADD": float64(k)}, Groups: [3]uint32{1, 1, 1},
 		Params: gpu.Params{}.U32(1).U32(uint32(d)).F32(eps).U32(1).U32(uint32(k)).U32(uint32(wOff)),
 		Bindings: []Binding{{"src", uint64(k * d * 4)}, {"weights", uint64((wOff + k) * 4)}, {"x", uint64(d * 4)},
 			{"norm weight", uint64(d * 4)}, {"y", uint64(d * 4)}, {"q", XQBytes(d)}}}, nil

@@ -19,8 +19,9 @@ import (
 // 4, Heads a multiple of KVHeads, at most 1024 dimensions in 8 query heads
 // of a cache head), so a variant passing here has the runtime's ABI. The
 // rule sets the split's override constants CH (the chunk), V (main_v's
-// shapes) and HD (their head dimension), so a variant declares all three:
-// ABI 4 (3 had CH alone).
+// shapes) and, with V, HD (their head dimension), NKV (the cache heads)
+// and GQ (the query heads of one): a variant declares all five, ABI 5 (4
+// had CH, V and HD; 3 CH alone).
 
 func init() {
 	harnesses["attention_decode"] = harness{

@@ -87,9 +87,9 @@ var opVariants = map[string]struct {
 	"route_topk": {
 		cheaters: map[string][]edit{
 			"ties to the higher index": {{"return v > bv || (v == bv && i < bi);", "return v > bv || (v == bv && i > bi);"}},
-			"ignores the routed scale": {{"weights[tok * p.k + j] = base[c] / sum * p.scale;", "weights[tok * p.k + j] = base[c] / sum;"}},
+			"ignores the routed scale": {{"weights[tok * kSel() + j] = base[c] / sum * p.scale;", "weights[tok * kSel() + j] = base[c] / sum;"}},
 		},
-		correct: []edit{{"weights[tok * p.k + j] = base[c] / sum * p.scale;", "weights[tok * p.k + j] = base[c] * (p.scale / sum);"}},
+		correct: []edit{{"weights[tok * kSel() + j] = base[c] / sum * p.scale;", "weights[tok * kSel() + j] = base[c] * (p.scale / sum);"}},
 	},
 	"topp": {
 		cheaters: map[string][]edit{

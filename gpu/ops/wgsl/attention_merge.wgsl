@@ -30,6 +30,10 @@ struct Params {
 //+XQ var<workgroup> outv: array<vec4<f32>, COLS>;
 @group(1) @binding(0) var<uniform> p: Params;
 
+// The head dimension, which the rule sets, so that the partials' row and
+// the dimensions' offsets fold; 0: p.hd's, at run time.
+override HD: u32 = 0u;
+
 const WG: u32 = 256u;
 const BATCH: u32 = 8u;  // chunks a thread loads at once
 const COLS: u32 = 8u;   // threads across the 32 dimensions, four each
@@ -43,7 +47,7 @@ var<workgroup> acc: array<vec4<f32>, WG>;
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
   let h = wid.x;
-  let hd = p.hd;
+  let hd = select(p.hd, HD, HD != 0u);
   let nc = p.n_chunks;
   let row = hd + 2u;
   let base = h * nc * row;

@@ -130,6 +130,31 @@ override HD: u32 = 0u;
 fn headDim() -> u32 {
   return select(p.hd, HD, HD != 0u);
 }
+// The cache heads (NKV) and the query heads a cache head serves (GQ, at
+// most MAXG: one workgroup z) where the rule sets them, so that the loops
+// over a workgroup's heads and the caches' strides fold; 0: the params'.
+override NKV: u32 = 0u;
+override GQ: u32 = 0u;
+
+// kvHeads is the number of cache heads: NKV, or p.n_kv.
+fn kvHeads() -> u32 {
+  return select(p.n_kv, NKV, NKV != 0u);
+}
+
+// Heads are workgroup z's query heads of cache head j: the first and how
+// many (at most MAXG).
+struct Heads {
+  h0: u32,
+  n: u32,
+}
+
+fn headsOf(j: u32, z: u32) -> Heads {
+  if (GQ != 0u) {
+    return Heads(j * GQ, GQ);
+  }
+  let big_g = p.n_heads / p.n_kv;
+  return Heads(j * big_g + z * MAXG, min(MAXG, big_g - z * MAXG));
+}
 const MAXG: u32 = 8u;  // query heads per KV head
 const LANES: u32 = 8u; // threads per position for the scores
 const PP: u32 = WG / LANES;
@@ -221,10 +246,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let hd = headDim();
   // Query heads h0 .. h0 + g_n of the G = n_heads / n_kv that share cache
   // head j: at most MAXG per workgroup (workgroup z picks which ones).
-  let big_g = p.n_heads / p.n_kv;
-  let h0 = j * big_g + wid.z * MAXG;
-  let g_n = min(MAXG, big_g - wid.z * MAXG);
-  let stride = p.n_kv * hd;
+  let hs = headsOf(j, wid.z);
+  let h0 = hs.h0;
+  let g_n = hs.n;
+  let stride = kvHeads() * hd;
   let t0 = c * CH;
   for (var i = tid; i < g_n * (hd >> 2u); i += WG) {
     let b = h0 * hd + 4u * i;
@@ -361,9 +386,9 @@ fn main_v(wid: vec3<u32>, tid: u32) {
   let j = wid.y;
   let hd = headDim();
   let n4 = hd >> 2u; // 8, 16 or 32
-  let big_g = p.n_heads / p.n_kv;
-  let h0 = j * big_g + wid.z * MAXG;
-  let g_n = min(MAXG, big_g - wid.z * MAXG);
+  let hs = headsOf(j, wid.z);
+  let h0 = hs.h0;
+  let g_n = hs.n;
   let zero = vec4<f32>(0.0);
 
   // The query heads' vec4 of this thread (g_n * n4 <= 256), loaded first
@@ -405,7 +430,7 @@ struct KV {
 fn loadKV(c: u32, j: u32, z: u32, tid: u32) -> KV {
   let hd = headDim();
   let n4 = hd >> 2u;
-  let stride4 = (p.n_kv * hd) >> 2u;
+  let stride4 = (kvHeads() * hd) >> 2u;
   let t0 = c * CV;
   var o: KV; // zeros
   // K: position pos = tid / 8, vec4s lane, lane + 8, ... of its row (fewer

@@ -70,6 +70,13 @@ struct Params {
 //-NORM }
 
 //+NORM const WG: u32 = 256u;
+//+NORM // The row's values (DIM) and (ADD) the rows added (KADD) where the
+//+NORM // rule sets them, so that a decode step's one-row path and its loop
+//+NORM // over the added rows fold; 0: the params', at run time.
+//+NORM override DIM: u32 = 0u;
+//+NORM fn dim() -> u32 { return select(p.d, DIM, DIM != 0u); }
+//+ADD override KADD: u32 = 0u;
+//+ADD fn kAdd() -> u32 { return select(p.k, KADD, KADD != 0u); }
 //+NORM var<workgroup> red: array<f32, WG>;
 //+NORM const GS: u32 = 16u; // total's first level
 //+NORM const NG: u32 = 16u; // WG / GS
@@ -102,8 +109,8 @@ struct Params {
 //+ADD   var b = v[1];
 //+ADD   var c = v[2];
 //+ADD   var e = v[3];
-//+ADD   let kk = min(p.k, 16u);
-//+ADD   let d4 = p.d / 4u;
+//+ADD   let kk = min(kAdd(), 16u);
+//+ADD   let d4 = dim() / 4u;
 //+ADD   var j = 0u;
 //+ADD   for (; j + 1u < kk; j += 2u) {
 //+ADD     let wa = wts[p.woff + j];
@@ -177,7 +184,7 @@ struct Params {
 //+ADD     put(4u * g + 3u, e);
 //+ADD   }
 //+NORM   let s = select(0.0, dot(a, a) + dot(b, b) + dot(c, c) + dot(e, e), live);
-//+NORM   let inv = 1.0 / sqrt(total(tid, s) / f32(p.d) + p.eps);
+//+NORM   let inv = 1.0 / sqrt(total(tid, s) / f32(dim()) + p.eps);
 //+NORM   if (live) {
 //+NORM     let v = array<vec4<f32>, 4>(a * inv * w0, b * inv * w1, c * inv * w2, e * inv * w3);
 //+NORM     y[o] = v[0];
@@ -194,7 +201,7 @@ struct Params {
 //+NORM   if (row >= p.n) {
 //+NORM     return; // uniform: the whole workgroup
 //+NORM   }
-//+NORM   let groups = p.d / 16u;
+//+NORM   let groups = dim() / 16u;
 //+NORM   let base = row * groups; // in groups; x's vec4 at 4 * group
 //+NORM   if (groups <= WG) {
 //+NORM     one(tid, groups, base);
@@ -225,7 +232,7 @@ struct Params {
 //+NORM     }
 //+NORM   }
 //+NORM   workgroupBarrier();
-//+NORM   let inv = 1.0 / sqrt(red[0] / f32(p.d) + p.eps);
+//+NORM   let inv = 1.0 / sqrt(red[0] / f32(dim()) + p.eps);
 //+NORM   for (var g = tid; g < groups; g += WG) {
 //+NORM     let o = 4u * (base + g);
 //+NORM     let v = array<vec4<f32>, 4>(cur(o) * inv * w[4u * g], cur(o + 1u) * inv * w[4u * g + 1u],
