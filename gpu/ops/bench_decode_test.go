@@ -136,7 +136,7 @@ func BenchmarkQ4KDecode(b *testing.B) {
 	// The flavor the decode step runs (RoPE and the new rows in the
 	// split, quantized output), in the rule's chunks.
 	if !m.cpu {
-		for _, kvLen := range []int{200, 1000, 4096} {
+		for _, kvLen := range []int{200, 600, 1000, 4096} {
 			b.Run(fmt.Sprintf("attention_rope/%d", kvLen), func(b *testing.B) {
 				r := m.ropeAttention(b, 32, 8, 128, kvLen)
 				b.ReportMetric(r.bw/copyBW, "x-of-copy")
