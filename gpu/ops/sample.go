@@ -77,9 +77,10 @@ func routerLaunch(name string, s RouteShape, cols int, bias bool, eps float32) (
 		pow *= 2
 	}
 	l.Kernel = name
-	// The model fixes the mode, the experts and k: constants of the
-	// pipeline (route.wgsl).
-	l.Constants = map[string]float64{"MODE": float64(s.Mode) + 1, "NEXP": float64(s.Experts), "KSEL": float64(s.K)}
+	// The model fixes the mode, the experts, k and the router's rows:
+	// constants of the pipeline (route.wgsl).
+	l.Constants = map[string]float64{"MODE": float64(s.Mode) + 1, "NEXP": float64(s.Experts), "KSEL": float64(s.K),
+		"COLS4": float64(cols / 4), "TPE": float64(256 / pow)}
 	l.Params = l.Params.U32(uint32(cols / 4)).U32(uint32(256 / pow)).F32(eps).U32(0)
 	l.Bindings = append(l.Bindings, Binding{"router weights", uint64(s.Experts * cols * 4)}, Binding{"x", uint64(cols * 4)})
 	return l, nil

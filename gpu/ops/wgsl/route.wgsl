@@ -81,6 +81,12 @@ override KSEL: u32 = 0u;
 fn rmode() -> u32 { return select(p.mode, max(MODE, 1u) - 1u, MODE != 0u); }
 fn nExp() -> u32 { return select(p.n_exp, NEXP, NEXP != 0u); }
 fn kSel() -> u32 { return select(p.k, KSEL, KSEL != 0u); }
+// The MV flavors' vec4s a router row (COLS4) and threads a row (TPE)
+// where the rule sets them, 0: the params'.
+//+MV override COLS4: u32 = 0u;
+//+MV override TPE: u32 = 0u;
+//+MV fn cols4() -> u32 { return select(p.cols4, COLS4, COLS4 != 0u); }
+//+MV fn tpe() -> u32 { return select(p.tpe, TPE, TPE != 0u); }
 
 fn better(v: f32, i: u32, bv: f32, bi: u32) -> bool {
   return v > bv || (v == bv && i < bi);
@@ -95,41 +101,41 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 //+MV  if (!NORM) {
 //+MV    // The router's product: expert e's row by threads e*tpe.., partial
 //+MV    // sums in rv, reduced in segments of tpe.
-//+MV    let e = tid / p.tpe;
-//+MV    let lane = tid % p.tpe;
+//+MV    let e = tid / tpe();
+//+MV    let lane = tid % tpe();
 //+MV    var a = vec4<f32>(0.0);
 //+MV    if (e < nExp()) {
-//+MV      let row = e * p.cols4;
+//+MV      let row = e * cols4();
 //+MV      var i = lane;
 //+MV      // Eight loads of the row in flight (one workgroup: registers are
 //+MV      // not what limits it, its chain of round trips is), then four.
-//+MV      for (; i + 7u * p.tpe < p.cols4; i += 8u * p.tpe) {
+//+MV      for (; i + 7u * tpe() < cols4(); i += 8u * tpe()) {
 //+MV        var wv: array<vec4<f32>, 8>;
 //+MV        var xv: array<vec4<f32>, 8>;
 //+MV        for (var u = 0u; u < 8u; u++) {
-//+MV          wv[u] = rw[row + i + u * p.tpe];
-//+MV          xv[u] = rx[i + u * p.tpe];
+//+MV          wv[u] = rw[row + i + u * tpe()];
+//+MV          xv[u] = rx[i + u * tpe()];
 //+MV        }
 //+MV        a += wv[0] * xv[0] + wv[1] * xv[1] + wv[2] * xv[2] + wv[3] * xv[3];
 //+MV        a += wv[4] * xv[4] + wv[5] * xv[5] + wv[6] * xv[6] + wv[7] * xv[7];
 //+MV      }
-//+MV      for (; i + 3u * p.tpe < p.cols4; i += 4u * p.tpe) {
+//+MV      for (; i + 3u * tpe() < cols4(); i += 4u * tpe()) {
 //+MV        let w0 = rw[row + i];
-//+MV        let w1 = rw[row + i + p.tpe];
-//+MV        let w2 = rw[row + i + 2u * p.tpe];
-//+MV        let w3 = rw[row + i + 3u * p.tpe];
+//+MV        let w1 = rw[row + i + tpe()];
+//+MV        let w2 = rw[row + i + 2u * tpe()];
+//+MV        let w3 = rw[row + i + 3u * tpe()];
 //+MV        let x0 = rx[i];
-//+MV        let x1 = rx[i + p.tpe];
-//+MV        let x2 = rx[i + 2u * p.tpe];
-//+MV        let x3 = rx[i + 3u * p.tpe];
+//+MV        let x1 = rx[i + tpe()];
+//+MV        let x2 = rx[i + 2u * tpe()];
+//+MV        let x3 = rx[i + 3u * tpe()];
 //+MV        a += w0 * x0 + w1 * x1 + w2 * x2 + w3 * x3;
 //+MV      }
-//+MV      for (; i < p.cols4; i += p.tpe) {
+//+MV      for (; i < cols4(); i += tpe()) {
 //+MV        a += rw[row + i] * rx[i];
 //+MV      }
 //+MV    }
 //+MV    rv[tid] = a.x + a.y + a.z + a.w;
-//+MV    for (var s = p.tpe >> 1u; s > 0u; s >>= 1u) {
+//+MV    for (var s = tpe() >> 1u; s > 0u; s >>= 1u) {
 //+MV      workgroupBarrier();
 //+MV      if (lane < s) {
 //+MV        rv[tid] += rv[tid + s];
@@ -141,7 +147,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 //+MV    }
 //+MV  }
 //+NORM  if (NORM) {
-//+NORM    let groups = p.cols4 / 4u;
+//+NORM    let groups = cols4() / 4u;
 //+NORM    let live = tid < groups;
 //+NORM    let o4 = 4u * min(tid, groups - 1u);
 //+NORM    // The router's rows at the thread's group, loaded first: their
@@ -149,7 +155,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 //+NORM    var wv: array<vec4<f32>, 32>; // 4 * MAXNE
 //+NORM    for (var e = 0u; e < MAXNE; e++) {
 //+NORM      if (e < nExp()) {
-//+NORM        let r = e * p.cols4 + o4;
+//+NORM        let r = e * cols4() + o4;
 //+NORM        wv[4u * e] = rw[r];
 //+NORM        wv[4u * e + 1u] = rw[r + 1u];
 //+NORM        wv[4u * e + 2u] = rw[r + 2u];
@@ -192,14 +198,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 //+NORM    // Thread e keeps logit e (lg[e]) for the loop below, where thread
 //+NORM    // e reads it (at most 8 experts, a thread each): no barrier.
 //+NORM    if (tid < nExp()) {
-//+NORM      let l = rv[tid + 1u] / sqrt(rv[0] / f32(p.cols4 * 4u) + p.eps);
+//+NORM      let l = rv[tid + 1u] / sqrt(rv[0] / f32(cols4() * 4u) + p.eps);
 //+NORM      lg[tid] = l;
 //+NORM      logits[tid] = l;
 //+NORM    }
 //+NORM  }
   for (var e = tid; e < nExp(); e += WG) {
 //-MV    let l = logits[tok * nExp() + e];
-//+MV //-NORM    let l = rv[e * p.tpe];
+//+MV //-NORM    let l = rv[e * tpe()];
 //+NORM    let l = lg[e];
     if (rmode() == 1u) {
       let s = 1.0 / (1.0 + exp(-l));
