@@ -340,8 +340,10 @@ func TestAccumulateRMSNormXQ(t *testing.T) {
 	d, k := shared.d, shared.k
 	r := rng(t)
 	for _, c := range []struct{ experts, dim, woff int }{{2, 4096, 3}, {1, 256, 0}, {4, 7168, 1}, {3, 1024, 2}, {8, 48, 5}} {
-		src := uploadF32(t, d, randF32(r, c.experts*c.dim, 1))
-		wts := uploadF32(t, d, randF32(r, c.woff+c.experts, 1))
+		// A row and a weight more than the shape's, which the dispatches
+		// must not read.
+		src := uploadF32(t, d, randF32(r, (c.experts+1)*c.dim, 1))
+		wts := uploadF32(t, d, randF32(r, c.woff+c.experts+1, 1))
 		x0 := randF32(r, c.dim, 1)
 		g := uploadF32(t, d, randF32(r, c.dim, 1))
 		a := AccumShape{Experts: c.experts, Dim: c.dim, WeightOff: c.woff}
