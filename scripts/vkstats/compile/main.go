@@ -23,6 +23,7 @@ import (
 	"strings"
 
 	"github.com/rdrr/peer/gpu"
+	"github.com/rdrr/peer/gpu/abi"
 	"github.com/rdrr/peer/gpu/ops"
 )
 
@@ -143,7 +144,8 @@ func kernels(all bool, args []string) ([]labeled, error) {
 
 // stepLaunches are the launches of a resident Mixtral-shaped layer's
 // products (hidden 4096, FFN width 14336, 8 experts, 2 chosen, q k v of
-// 32 + 2 x 8 heads of 128, o) and its attention.
+// 32 + 2 x 8 heads of 128, o), its attention and merge, its router and
+// its norms.
 func stepLaunches() ([]ops.Launch, error) {
 	const hidden, width = 4096, 14336
 	ffn, err := ops.FFNLaunch(ops.FFN{Gate: []int{0, 1, 2, 3, 4, 5, 6, 7}, Up: []int{8, 9, 10, 11, 12, 13, 14, 15},
@@ -169,11 +171,28 @@ func stepLaunches() ([]ops.Launch, error) {
 	}
 	rs := ops.RopeShape{Tokens: 1, Heads: heads + kvHeads, HeadDim: hd, RotDim: hd, Pos0: pos}
 	kv := ops.KVShape{Dim: kvHeads * hd, KOff: heads * hd, VOff: (heads + kvHeads) * hd, Pos: pos}
-	rope, _, _, fused, err := ops.RopeAttentionLaunches(as, rs, kv)
+	rope, merge, _, fused, err := ops.RopeAttentionLaunches(as, rs, kv)
 	if err != nil || !fused {
 		return nil, fmt.Errorf("the RoPE attention's launch: fused %v, %v", fused, err)
 	}
-	return append(out, split, rope), nil
+	merge.Kernel = "attention_merge_xq" // the step's: its output quantized for the o product
+	out = append(out, split, rope, merge)
+	// The chain's small kernels with the constants their rules set: the
+	// router beside the FFN norm, the norms of quantized x.
+	mixtral := ops.RouteShape{Tokens: 1, Experts: 8, K: 2, Mode: abi.RouteSoftmaxTopK}
+	router, err := ops.RouterRouteNormLaunch(mixtral, hidden, 1e-5)
+	if err != nil {
+		return nil, err
+	}
+	attnNorm, err := ops.AccumulateRMSNormXQLaunch(ops.AccumShape{Experts: 2, Dim: hidden}, 1e-5)
+	if err != nil {
+		return nil, err
+	}
+	ffnNorm, err := ops.AccumulateRMSNormXQToLaunch(ops.AccumShape{Experts: 1, Dim: hidden}, 1e-5)
+	if err != nil {
+		return nil, err
+	}
+	return append(out, router, attnNorm, ffnNorm), nil
 }
 
 func fail(err error) {
