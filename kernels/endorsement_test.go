@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -16,12 +17,15 @@ import (
 )
 
 const (
-	vectorFile   = "testdata/endorsement-vector.json"
-	messageFile  = "testdata/endorsement-vector-message.hex"
-	invalidFile  = "testdata/endorsement-invalid.json"
-	keyInfoFile  = "testdata/endorsement-vector-key.txt"
-	vectorVerify = "class vulkan/10de/2330/580.159.04, attention_decode ABI 5, now 2026-11-23T01:00:00Z"
+	vectorFile  = "testdata/endorsement-vector.json"
+	messageFile = "testdata/endorsement-vector-message.hex"
+	invalidFile = "testdata/endorsement-invalid.json"
+	keyInfoFile = "testdata/endorsement-vector-key.txt"
 )
+
+// vectorABI is the ABI of the vectors' op (attention_decode): this
+// build's, so that a bump regenerates them (-update) and edits no test.
+var vectorABI = ABIVersion("attention_decode")
 
 // The committed vector: signing the sample with the seed-1 key gives its
 // bytes exactly; they decode, verify and re-encode to the same bytes; the
@@ -33,7 +37,7 @@ func TestEndorsementVector(t *testing.T) {
 	if *update {
 		raw, _ := key.Raw()
 		pub, _ := key.GetPublic().Raw()
-		info := "seed " + hex.EncodeToString(raw[:32]) + "\npublic key " + hex.EncodeToString(pub) + "\npeer " + id.String() + "\nverified as " + vectorVerify + "\n"
+		info := "seed " + hex.EncodeToString(raw[:32]) + "\npublic key " + hex.EncodeToString(pub) + "\npeer " + id.String() + "\nverified as " + fmt.Sprintf("class vulkan/10de/2330/580.159.04, attention_decode ABI %d, now 2026-11-23T01:00:00Z", vectorABI) + "\n"
 		writeGolden(t, keyInfoFile, []byte(info))
 		writeGolden(t, vectorFile, append(s.Encode(), '\n'))
 		writeGolden(t, messageFile, []byte(hex.EncodeToString(msg)+"\n"))
@@ -52,7 +56,7 @@ func TestEndorsementVector(t *testing.T) {
 	if hex.EncodeToString(got.Endorsement.message()) != string(bytes.TrimSpace(readGolden(t, messageFile))) {
 		t.Fatal("the signed message is not the documented one")
 	}
-	if !strings.HasPrefix(string(msg), "rdrr-endorsement-v1\x00{\"abi\":5,") {
+	if !strings.HasPrefix(string(msg), fmt.Sprintf("rdrr-endorsement-v1\x00{\"abi\":%d,", vectorABI)) {
 		t.Fatalf("message starts %q", msg[:30])
 	}
 }

@@ -55,7 +55,7 @@ var (
 // sample is a valid endorsement by id (the vector's fields).
 func sample(id peer.ID) Endorsement {
 	return Endorsement{
-		Version: Version, Kernel: cas.Sum([]byte("variant")), Op: "attention_decode", ABI: 5,
+		Version: Version, Kernel: cas.Sum([]byte("variant")), Op: "attention_decode", ABI: vectorABI,
 		Class: testClass.Exact(), Coarse: testClass.Coarse(), Shape: "32x8x128x4096", Baseline: cas.Sum([]byte("builtin")),
 		CandidateNs: 400_000, BaselineNs: 725_000, Speedup: 1.8125, SpeedupLow: 1.7, SpeedupHigh: 1.9,
 		Seed: 42, Tool: "peer/0.2", Peer: id.String(), Issued: t0.Unix(), Expires: t0.Add(30 * 24 * time.Hour).Unix(), Nonce: 7,

@@ -57,7 +57,7 @@ func TestSummarize(t *testing.T) {
 
 func TestNewEndorsement(t *testing.T) {
 	key, id := testKey(t, 1)
-	claim := Claim{Kernel: cas.Sum([]byte("variant")), Baseline: cas.Sum([]byte("builtin")), ABI: 5, Class: testClass,
+	claim := Claim{Kernel: cas.Sum([]byte("variant")), Baseline: cas.Sum([]byte("builtin")), ABI: vectorABI, Class: testClass,
 		Peer: id, Tool: "peer/0.2", Issued: t0, Nonce: 1}
 	c, b := timings(1, 50, 400_000, 725_000)
 	e, err := NewEndorsement(BenchResult{Op: "attention_decode", Dims: []int{32, 8, 128, 3000}, Seed: 5, CandidateNs: c, BaselineNs: b, FloorNs: 1000}, claim)
@@ -122,7 +122,7 @@ func TestPull(t *testing.T) {
 	}
 	base := bs["attention_decode"]
 	variant := func(note string) *Artifact {
-		a, err := NewArtifact(Descriptor{Version: DescriptorVersion, Op: "attention_decode", ABI: 5, Entry: "main",
+		a, err := NewArtifact(Descriptor{Version: DescriptorVersion, Op: "attention_decode", ABI: vectorABI, Entry: "main",
 			Workgroup: base.Descriptor.Workgroup}, append(append([]byte(nil), base.WGSL...), []byte("// "+note+"\n")...))
 		if err != nil {
 			t.Fatal(err)

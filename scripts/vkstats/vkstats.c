@@ -25,18 +25,20 @@
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 
-static struct {
+struct inst {
 	VkInstance h;
 	PFN_vkGetInstanceProcAddr gipa;
 	PFN_vkDestroyInstance destroy; // the next layer's, asked for at creation
-} insts[MAXH];
+};
+static struct inst insts[MAXH];
 
-static struct {
+struct dev {
 	VkDevice h;
 	PFN_vkGetDeviceProcAddr gdpa;
 	PFN_vkDestroyDevice destroy; // the next layer's, asked for at creation
 	int stats;                   // the extension was enabled
-} devs[MAXH];
+};
+static struct dev devs[MAXH];
 
 static struct {
 	VkShaderModule h;
@@ -45,11 +47,18 @@ static struct {
 } mods[MAXM];
 static int nmods; // modules created: the next one's id
 
-static PFN_vkGetInstanceProcAddr instGIPA(VkInstance h) {
-	PFN_vkGetInstanceProcAddr f = NULL;
-	pthread_mutex_lock(&mu);
+// instIndex and devIndex are the table entries of h, or -1; of
+// VK_NULL_HANDLE, a free one. Called with mu held.
+static int instIndex(VkInstance h) {
 	for (int i = 0; i < MAXH; i++)
-		if (insts[i].h == h) f = insts[i].gipa;
+		if (insts[i].h == h) return i;
+	return -1;
+}
+
+static PFN_vkGetInstanceProcAddr instGIPA(VkInstance h) {
+	pthread_mutex_lock(&mu);
+	int i = instIndex(h);
+	PFN_vkGetInstanceProcAddr f = i >= 0 ? insts[i].gipa : NULL;
 	if (!f) // any: the loader's terminators are per-ICD, not per-instance
 		for (int i = 0; i < MAXH; i++)
 			if (insts[i].gipa) f = insts[i].gipa;
@@ -83,15 +92,9 @@ static VKAPI_ATTR VkResult VKAPI_CALL CreateInstance(const VkInstanceCreateInfo 
 	if (r != VK_SUCCESS) return r;
 	// Asked for now: at destroy time the loader's answer crashed.
 	PFN_vkDestroyInstance destroy = (PFN_vkDestroyInstance)gipa(*out, "vkDestroyInstance");
-	int slot = -1;
 	pthread_mutex_lock(&mu);
-	for (int i = 0; i < MAXH && slot < 0; i++)
-		if (!insts[i].h) {
-			slot = i;
-			insts[i].h = *out;
-			insts[i].gipa = gipa;
-			insts[i].destroy = destroy;
-		}
+	int slot = instIndex(VK_NULL_HANDLE);
+	if (slot >= 0) insts[slot] = (struct inst){*out, gipa, destroy};
 	pthread_mutex_unlock(&mu);
 	if (slot < 0) {
 		fprintf(stderr, "vkstats: more than %d live instances\n", MAXH);
@@ -176,16 +179,9 @@ static VKAPI_ATTR VkResult VKAPI_CALL CreateDevice(VkPhysicalDevice pd, const Vk
 	free(names);
 	if (r != VK_SUCCESS) return r;
 	PFN_vkDestroyDevice destroy = (PFN_vkDestroyDevice)gdpa(*out, "vkDestroyDevice");
-	int slot = -1;
 	pthread_mutex_lock(&mu);
-	for (int i = 0; i < MAXH && slot < 0; i++)
-		if (!devs[i].h) {
-			slot = i;
-			devs[i].h = *out;
-			devs[i].gdpa = gdpa;
-			devs[i].destroy = destroy;
-			devs[i].stats = stats;
-		}
+	int slot = devIndex(VK_NULL_HANDLE);
+	if (slot >= 0) devs[slot] = (struct dev){*out, gdpa, destroy, stats};
 	pthread_mutex_unlock(&mu);
 	if (slot < 0) { // its calls would find no next layer
 		fprintf(stderr, "vkstats: more than %d live devices\n", MAXH);
@@ -198,6 +194,7 @@ static VKAPI_ATTR VkResult VKAPI_CALL CreateDevice(VkPhysicalDevice pd, const Vk
 }
 
 static VKAPI_ATTR void VKAPI_CALL DestroyDevice(VkDevice d, const VkAllocationCallbacks *a) {
+	if (!d) return; // a no-op, and VK_NULL_HANDLE is a free entry's
 	PFN_vkDestroyDevice f = NULL;
 	pthread_mutex_lock(&mu);
 	int i = devIndex(d);
@@ -210,13 +207,14 @@ static VKAPI_ATTR void VKAPI_CALL DestroyDevice(VkDevice d, const VkAllocationCa
 }
 
 static VKAPI_ATTR void VKAPI_CALL DestroyInstance(VkInstance h, const VkAllocationCallbacks *a) {
+	if (!h) return; // a no-op, and VK_NULL_HANDLE is a free entry's
 	PFN_vkDestroyInstance f = NULL;
 	pthread_mutex_lock(&mu);
-	for (int i = 0; i < MAXH; i++)
-		if (insts[i].h == h) {
-			f = insts[i].destroy;
-			insts[i].h = VK_NULL_HANDLE;
-		}
+	int i = instIndex(h);
+	if (i >= 0) {
+		f = insts[i].destroy;
+		insts[i].h = VK_NULL_HANDLE;
+	}
 	pthread_mutex_unlock(&mu);
 	if (f) f(h, a);
 }
