@@ -433,8 +433,8 @@ float64 outside it). The log says what was chosen (--log-level info).`,
 					}
 					if prof != nil && prof.Steps > 0 {
 						per := func(d time.Duration) string { return (d / time.Duration(prof.Steps)).Round(time.Microsecond).String() }
-						fmt.Fprintf(w, "  per step: %s = record+submit %s (%s of it ahead), router read-back %s, paging stall %s, logits read-back %s (%d submits, %d read-backs per step)\n",
-							per(prof.Total), per(prof.Record), per(prof.Ahead), per(prof.RouteWait), per(prof.PageWait), per(prof.LogitsWait), prof.Submits/prof.Steps, prof.Readbacks/prof.Steps)
+						fmt.Fprintf(w, "  per step: %s = record+submit %s (%s of it ahead), router read-back %s, paging stall %s, logits read-back %s (%.3g submits, %.3g read-backs per step)\n",
+							per(prof.Total), per(prof.Record), per(prof.Ahead), per(prof.RouteWait), per(prof.PageWait), per(prof.LogitsWait), float64(prof.Submits)/float64(prof.Steps), float64(prof.Readbacks)/float64(prof.Steps))
 						if dispatches > 0 {
 							fmt.Fprintf(w, "  dispatches per step: %d, %d of them after a barrier (the others run beside the one before)\n",
 								dispatches/uint64(prof.Steps), barriers/uint64(prof.Steps))
