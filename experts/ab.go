@@ -33,7 +33,7 @@ const ABPeriod = 10
 const abSettle = 2
 
 // abToggle is a toggle an A/B alternates: a field of the model, true
-// when the feature is in use (the default for all of them), and
+// when the feature is in use (the default for all of them but l2), and
 // whether it means anything only with the experts' q8 activations (xq).
 type abToggle struct {
 	field  func(g *GPUModel) *bool

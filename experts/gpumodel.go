@@ -212,8 +212,11 @@ type GPUModel struct {
 	// every 10 steps of one generation), where prefetching a layer's q k
 	// v and o weights (14 and 9 MB) the same way beside its attention's
 	// norm and merge made it 3% slower (those latency-bound dispatches
-	// wait on loads that queue behind the prefetch's). On unless
-	// RDRR_GPU_L2=0 (for measurements).
+	// wait on loads that queue behind the prefetch's). Since the router
+	// took its shape as constants (80 registers where it had 173), the
+	// prefetch no longer pays: on/off 1.000 and 0.999 in an A/B inside the
+	// step (H200, 2026-11-30), so it is off unless RDRR_GPU_L2=1, and the
+	// step has 32 dispatches fewer.
 	l2Router bool
 	// routerL2 is, by layer, the router weights l2Router reads and the
 	// read's own sink (zero where it reads none: not a MoE layer, or a
@@ -345,7 +348,7 @@ func NewGPUModel(ctx context.Context, m *Manifest, d *gpu.Device, cache *tiers.C
 	g.xqHead = os.Getenv("RDRR_GPU_XQHEAD") != "0"
 	g.yq = os.Getenv("RDRR_GPU_YQ") != "0"
 	g.accNorm = os.Getenv("RDRR_GPU_ACCNORM") != "0"
-	g.l2Router = os.Getenv("RDRR_GPU_L2") != "0"
+	g.l2Router = os.Getenv("RDRR_GPU_L2") == "1"
 	g.ropeAttn = os.Getenv("RDRR_GPU_ROPE") != "0"
 	g.routeNorm = os.Getenv("RDRR_GPU_ROUTENORM") != "0"
 	g.perSubmit = maskedPerSubmit
