@@ -3,6 +3,7 @@ package ops
 import (
 	"context"
 	"math"
+	"slices"
 
 	"github.com/rdrr/peer/gpu"
 	"github.com/rdrr/peer/gpu/abi"
@@ -141,16 +142,27 @@ func (k *Kernels) attention(ctx context.Context, b *gpu.Batch, q, kc, vc, out, o
 	return k.splitMerge(ctx, b, split, merge, partials, []gpu.Region{q, kc, vc}, nil, out, outq, s)
 }
 
+// MergeXQLaunch is the dispatch rule of attention_merge_xq, merge's
+// flavor (AttentionLaunches' merge of s) that also writes its output
+// quantized for a product of quantized x: a binding more.
+func MergeXQLaunch(merge Launch, s AttnShape) (Launch, error) {
+	if s.HeadDim%XQGroup != 0 {
+		return Launch{}, shapeErr("attention_merge_xq", "head dim %d (a multiple of %d)", s.HeadDim, XQGroup)
+	}
+	merge.Kernel = "attention_merge_xq"
+	merge.Bindings = append(slices.Clip(merge.Bindings), Binding{"quantized out", XQBytes(s.Heads * s.HeadDim)})
+	return merge, nil
+}
+
 // splitMerge records an attention's split, bound to in (q, k cache, v
 // cache), the partials (a scratch buffer of the batch) and extra, then
 // its merge into out, and into outq quantized if not nil.
 func (k *Kernels) splitMerge(ctx context.Context, b *gpu.Batch, split, merge Launch, partials uint64, in, extra []gpu.Region, out, outq gpu.Region, s AttnShape) error {
 	if outq != nil {
-		if s.HeadDim%XQGroup != 0 {
-			return b.Fail(shapeErr("attention_merge_xq", "head dim %d (a multiple of %d)", s.HeadDim, XQGroup))
+		var err error
+		if merge, err = MergeXQLaunch(merge, s); err != nil {
+			return b.Fail(err)
 		}
-		merge.Kernel = "attention_merge_xq"
-		merge.Bindings = append(merge.Bindings, Binding{"quantized out", XQBytes(s.Heads * s.HeadDim)})
 	}
 	for i, r := range in {
 		if err := need("attention", split.Bindings[i].Name, r, split.Bindings[i].Bytes); err != nil {

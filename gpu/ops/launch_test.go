@@ -2,7 +2,6 @@ package ops
 
 import (
 	"errors"
-	"slices"
 	"testing"
 
 	"github.com/rdrr/peer/gpu"
@@ -96,19 +95,17 @@ func TestLaunchesMatchABI(t *testing.T) {
 	add("rope", l, err)
 	l, err = RopeKVLaunch(RopeShape{Tokens: 1, Heads: 40, HeadDim: 128, RotDim: 64, Pos0: 7}, KVShape{Dim: 1024, KOff: 4096, VOff: 5120, Pos: 9})
 	add("rope_kv", l, err)
-	split, merge, _, err := AttentionLaunches(AttnShape{Heads: 32, KVHeads: 8, HeadDim: 128, KVLen: 100, Scale: 0.1})
+	as := AttnShape{Heads: 32, KVHeads: 8, HeadDim: 128, KVLen: 100, Scale: 0.1}
+	split, merge, _, err := AttentionLaunches(as)
 	add("attention_split", split, err)
 	add("attention_merge", merge, err)
-	as := AttnShape{Heads: 32, KVHeads: 8, HeadDim: 128, KVLen: 100, Scale: 0.1}
 	rs := RopeShape{Tokens: 1, Heads: 40, HeadDim: 128, RotDim: 128, Pos0: 99, Style: abi.RopeNeoX}
 	rsplit, _, _, ok, err := RopeAttentionLaunches(as, rs, KVShape{Dim: 1024, KOff: 4096, VOff: 5120, Pos: 99})
 	if err == nil && !ok {
 		err = errors.New("the RoPE split does not take the step's shape")
 	}
 	add("attention_split_rope", rsplit, err)
-	mq := merge // splitMerge's flavor with quantized output: the same rule, a binding more
-	mq.Kernel = "attention_merge_xq"
-	mq.Bindings = append(slices.Clone(merge.Bindings), Binding{"quantized out", XQBytes(32 * 128)})
+	mq, err := MergeXQLaunch(merge, as)
 	add("attention_merge_xq", mq, err)
 	l, err = RMSNormXQLaunch(NormShape{Rows: 1, Dim: 4096, Eps: 1e-5})
 	add("rmsnorm_xq", l, err)

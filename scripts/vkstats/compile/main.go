@@ -175,7 +175,10 @@ func stepLaunches() ([]ops.Launch, error) {
 	if err != nil || !fused {
 		return nil, fmt.Errorf("the RoPE attention's launch: fused %v, %v", fused, err)
 	}
-	merge.Kernel = "attention_merge_xq" // the step's: its output quantized for the o product
+	merge, err = ops.MergeXQLaunch(merge, as) // the step's: its output quantized for the o product
+	if err != nil {
+		return nil, err
+	}
 	out = append(out, split, rope, merge)
 	// The chain's small kernels with the constants their rules set: the
 	// router beside the FFN norm, the norms of quantized x.
