@@ -2680,6 +2680,7 @@ func (g *GPUModel) generatePipelined(ctx context.Context, prompt []int, maxToken
 			}
 		}
 		g.setToken(n + len(out) - 1)
+		settled := run.ended // settle ended it, and told the cache ahead's step began
 		_, tok, err := g.end(ctx, run, true)
 		if err == nil {
 			err = ctx.Err() // decode stops before a token once cancelled
@@ -2695,6 +2696,14 @@ func (g *GPUModel) generatePipelined(ctx context.Context, prompt []int, maxToken
 		if tk := g.m.Tokenizer; (tk != nil && tok == tk.EOS) || len(out) == maxTokens {
 			g.discard(ctx, ahead)
 			return out, nil
+		}
+		if !settled {
+			// ahead did not page, so nothing settled run: ahead's step
+			// begins now for the cache (its trace and its StepPolicy),
+			// with the token it embeds, before what it chose is counted
+			// (as settle tells it).
+			g.setToken(n + len(out) - 1)
+			g.cache.BeginStep(tok)
 		}
 		run = ahead
 	}
@@ -2737,10 +2746,10 @@ func (g *GPUModel) settle(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	g.cache.BeginStep(tok) // the step being recorded embeds it
 	if tk := g.m.Tokenizer; tk != nil && tok == tk.EOS {
-		return errStopped
+		return errStopped // the step being recorded is not needed: no step begins
 	}
+	g.cache.BeginStep(tok) // the step being recorded embeds it
 	return nil
 }
 
