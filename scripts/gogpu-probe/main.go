@@ -38,6 +38,9 @@ import (
 	_ "github.com/gogpu/wgpu/hal/allbackends"
 )
 
+// Case and Binding are the JSON that scripts/gogpu-cases writes (its
+// types, repeated: the two programs are separate modules, the peer's with
+// cgo and this one without).
 type Case struct {
 	Name     string    `json:"name"`
 	Source   string    `json:"source"`
