@@ -64,7 +64,13 @@ func main() {
 	exact := flag.String("case", "", "run only the case of this name (one process a case: gogpu/wgpu v0.20.0 slows down after many buffers)")
 	sweep := flag.Bool("sweep", false, "also q4k_dot4 in other layouts (workgroup, block slots, rows)")
 	spv := flag.String("spv", "", "write q4k_dot4's and the copy kernel's SPIR-V (gogpu/naga) to FILE.dot4.spv and FILE.copy.spv, and exit")
+	dump := flag.Bool("dump", false, "print q4k_dot4's and pair4's WGSL (4096x4096) and exit")
 	flag.Parse()
+	if *dump {
+		fmt.Println(dot4Case(4096, 4096, 128, 4, 2).Source)
+		fmt.Println(pair4Case(4096, 4096, 128, 4, 2).Source)
+		return
+	}
 	if *spv != "" {
 		for name, src := range map[string]string{"dot4": dot4Case(4096, 4096, 128, 4, 2).Source, "copy": copyCase(16).Source} {
 			b, err := naga.Compile(src)
@@ -120,12 +126,14 @@ func main() {
 		xc := c
 		xc.Name = "xqc" + strings.TrimPrefix(c.Name, "xq")
 		xc.Source = strings.ReplaceAll(c.Source, "p.spr", fmt.Sprintf("%du", binary.LittleEndian.Uint32(c.Params[8:])))
-		ks := []Case{c, xc, dot4Case(rows, cols, 128, 4, 4)}
+		ks := []Case{c, xc, dot4Case(rows, cols, 128, 4, 4), pair4Case(rows, cols, 128, 4, 4)}
 		if *sweep {
 			for _, l := range [][3]int{{128, 2, 4}, {128, 8, 4}, {128, 16, 4}, {128, 2, 8}, {128, 4, 8}, {128, 8, 8}, {256, 4, 4}, {256, 8, 4}, {64, 4, 4}, {128, 4, 2}} {
-				k := dot4Case(rows, cols, l[0], l[1], l[2])
-				k.Name += fmt.Sprintf("/%d-%d-%d", l[0], l[1], l[2])
-				ks = append(ks, k)
+				for _, mk := range []func(int, int, int, int, int) Case{dot4Case, pair4Case} {
+					k := mk(rows, cols, l[0], l[1], l[2])
+					k.Name += fmt.Sprintf("/%d-%d-%d", l[0], l[1], l[2])
+					ks = append(ks, k)
+				}
 			}
 		}
 		for _, k := range ks {
@@ -537,6 +545,58 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   }
 }
 `
+
+// pair4Source is q4k_dot4's kernel with our arithmetic instead of the
+// packed dot product: x in QuantizeX's form (three vec4 a group of 16:
+// the pairs' words, then the scale and the scaled sum) and q4k_xq.inc's
+// pairsum, two weights a 32-bit multiply-add. Against q4k_dot4 it isolates
+// the instruction; against our q4k_matmul_xq, the kernel's skeleton (x
+// read in its round, not a block ahead; fewer registers).
+var pair4Source = strings.NewReplacer(
+	"@group(0) @binding(1) var<storage, read> xq: array<vec4<u32>>;\n@group(0) @binding(2) var<storage, read> xs: array<f32>;\n@group(0) @binding(3) var<storage, read_write> y: array<f32>;",
+	"@group(0) @binding(1) var<storage, read> x: array<vec4<u32>>;\n@group(0) @binding(2) var<storage, read_write> y: array<f32>;",
+	`    let gl = b * 16u + 4u * j + half;
+    let xl = xq[gl];
+    let xh = xq[gl + 2u];
+    let sl = xs[gl];
+    let sh = xs[gl + 2u] * 0.00390625;`,
+	`    let gl = (b * 16u + 4u * j + half) * 3u;
+    let a0 = x[gl];
+    let a1 = x[gl + 1u];
+    let ml = bitcast<vec4<f32>>(x[gl + 2u]);
+    let b0 = x[gl + 6u];
+    let b1 = x[gl + 7u];
+    let mh = bitcast<vec4<f32>>(x[gl + 8u]) * 0.00390625;`,
+	`    let suml = sl * itof(dot16(vec4<u32>(ONES), xl));
+    let sumh = sh * itof(dot16(vec4<u32>(ONES), xh));
+`, "",
+	`      let il = itof(dot16(q, xl));
+      let ih = itof(dot16(q >> vec4<u32>(4u), xh));
+      acc[r] += dm.x * (sm.x * sl * il + sm.y * sh * ih) - dm.y * (sm.z * suml + sm.w * sumh);`,
+	`      let lo = pairsum(q, a0, a1);
+      let hi = pairsum(q >> vec4<u32>(4u), b0, b1);
+      acc[r] += dm.x * (sm.x * ml.x * lo + sm.y * mh.x * hi) - dm.y * (sm.z * ml.y + sm.w * mh.y);`,
+	`fn dot16(q: vec4<u32>, x: vec4<u32>) -> i32 {`,
+	`fn pairsum(q: vec4<u32>, a: vec4<u32>, b: vec4<u32>) -> f32 {
+  let PM = vec4<u32>(0x000f000fu);
+  let s = 0x8000u + dot(q & PM, a) + dot((q >> vec4<u32>(8u)) & PM, b);
+  let h = bitcast<i32>(s) >> 16u;
+  return bitcast<f32>(bitcast<u32>(h) + 0x4b400000u) - 12582912.0;
+}
+
+fn dot16(q: vec4<u32>, x: vec4<u32>) -> i32 {`,
+).Replace(dot4Source)
+
+func pair4Case(rows, cols, wg, spr, nrows int) Case {
+	c := dot4Case(rows, cols, wg, spr, nrows)
+	c.Name = "pair4" + strings.TrimPrefix(c.Name, "dot4")
+	c.Source = strings.NewReplacer("WGu", fmt.Sprint(wg)+"u", "ROWSu", fmt.Sprint(nrows)+"u", "SPRu", fmt.Sprint(spr)+"u").Replace(pair4Source)
+	xb := uint64(cols / 16 * 48)
+	wb := c.Bindings[0].Bytes
+	c.Bindings = []Binding{{wb, false}, {xb, false}, {uint64(rows * 4), true}}
+	c.Bytes = wb + xb + uint64(rows*4)
+	return c
+}
 
 func dot4Case(rows, cols, wg, spr, nrows int) Case {
 	src := strings.NewReplacer("WGu", fmt.Sprint(wg)+"u", "ROWSu", fmt.Sprint(nrows)+"u", "SPRu", fmt.Sprint(spr)+"u").Replace(dot4Source)
