@@ -534,9 +534,11 @@ func (c *Cache) readSource(ctx context.Context, k Key, dst []byte) error {
 		c.mu.Lock()
 		st := &c.stats[s.level]
 		if err != nil {
-			st.failures++
 			if errors.Is(err, cas.ErrCorrupt) {
 				st.corrupt++
+				st.failures++
+			} else if ctx.Err() == nil { // a read its caller cancelled did not fail
+				st.failures++
 			}
 		} else {
 			st.hits++

@@ -424,6 +424,15 @@ func TestCancelledPrefetchFreesItsRoom(t *testing.T) {
 	if n := f.reads.Load(); n != 1 {
 		t.Fatalf("%d reads; the queued prefetch ran", n)
 	}
+	// Both count as cancelled, neither as a failure of the prefetch or
+	// of the source it was reading.
+	st := c.Stats()
+	if s := st[RAM]; s.PrefetchCancelled != 2 || s.PrefetchFailed != 0 || s.PrefetchDone != 0 {
+		t.Fatalf("RAM prefetches: %d cancelled, %d failed, %d done; want 2, 0, 0", s.PrefetchCancelled, s.PrefetchFailed, s.PrefetchDone)
+	}
+	if n := st[Swarm].Failures; n != 0 {
+		t.Fatalf("%d swarm failures for a read its prefetch cancelled; want 0", n)
+	}
 }
 
 // A prefetch never evicts what was demanded after it was asked for.

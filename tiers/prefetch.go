@@ -96,10 +96,14 @@ func (c *Cache) prefetchWorker() {
 			l.Release()
 		}
 		c.mu.Lock()
-		if err != nil {
-			c.stats[p.level].prefetchFailed++
-		} else {
+		switch {
+		case err == nil:
 			c.stats[p.level].prefetchDone++
+		case p.ctx.Err() != nil:
+			// Cancelled while it loaded (a wrong guess), not a failure.
+			c.stats[p.level].prefetchCancelled++
+		default:
+			c.stats[p.level].prefetchFailed++
 		}
 		c.mu.Unlock()
 		p.mu.Lock()

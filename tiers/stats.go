@@ -45,12 +45,12 @@ type LevelStats struct {
 	BytesUp           int64            `json:"bytesUp"`
 	BytesDown         int64            `json:"bytesDown"`
 	Evictions         int64            `json:"evictions"`
-	Failures          int64            `json:"failures"`
+	Failures          int64            `json:"failures"` // reads of a source that failed (corrupt ones too; not those their caller cancelled)
 	Corrupt           int64            `json:"corrupt"`
 	PrefetchQueued    int64            `json:"prefetchQueued"`
 	PrefetchDone      int64            `json:"prefetchDone"`
 	PrefetchFailed    int64            `json:"prefetchFailed"`
-	PrefetchCancelled int64            `json:"prefetchCancelled"`
+	PrefetchCancelled int64            `json:"prefetchCancelled"` // queued or loading when cancelled
 	QueueDepth        int              `json:"queueDepth"`
 	Latency           map[string]int64 `json:"latencyBuckets"` // "le=0.001": count
 	LatencySum        float64          `json:"latencySumSeconds"`
