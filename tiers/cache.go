@@ -534,10 +534,11 @@ func (c *Cache) readSource(ctx context.Context, k Key, dst []byte) error {
 		c.mu.Lock()
 		st := &c.stats[s.level]
 		if err != nil {
-			if errors.Is(err, cas.ErrCorrupt) {
+			corrupt := errors.Is(err, cas.ErrCorrupt)
+			if corrupt {
 				st.corrupt++
-				st.failures++
-			} else if ctx.Err() == nil { // a read its caller cancelled did not fail
+			}
+			if corrupt || ctx.Err() == nil { // a read its caller cancelled did not fail
 				st.failures++
 			}
 		} else {

@@ -228,12 +228,10 @@ func compile(c Case) *pipe {
 // fill writes.
 func build(c Case, fill func(i int, b []byte)) *pipe {
 	p := compile(c)
-	l1 := p.l1
-	l0 := p.l0
-	var err error
 	ub := buffer(uint64(len(c.Params)), wgpu.BufferUsageUniform|wgpu.BufferUsageCopyDst)
 	write(ub, c.Params)
-	p.params, err = dev.CreateBindGroup(&wgpu.BindGroupDescriptor{Layout: l1, Entries: []wgpu.BindGroupEntry{{Binding: 0, Buffer: ub, Size: uint64(len(c.Params))}}})
+	var err error
+	p.params, err = dev.CreateBindGroup(&wgpu.BindGroupDescriptor{Layout: p.l1, Entries: []wgpu.BindGroupEntry{{Binding: 0, Buffer: ub, Size: uint64(len(c.Params))}}})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -265,7 +263,7 @@ func build(c Case, fill func(i int, b []byte)) *pipe {
 		for i, b := range all {
 			es = append(es, wgpu.BindGroupEntry{Binding: uint32(i), Buffer: b, Size: c.Bindings[i].Bytes})
 		}
-		g, err := dev.CreateBindGroup(&wgpu.BindGroupDescriptor{Layout: l0, Entries: es})
+		g, err := dev.CreateBindGroup(&wgpu.BindGroupDescriptor{Layout: p.l0, Entries: es})
 		if err != nil {
 			log.Fatal(err)
 		}
@@ -289,44 +287,18 @@ func deviceBuffer(data []byte) *wgpu.Buffer {
 	if fillPipe == nil {
 		fillPipe = compile(copyCase(16))
 	}
-	params := binary.LittleEndian.AppendUint32(nil, uint32(n/16))
-	params = binary.LittleEndian.AppendUint32(params, 132*16*256)
-	params = append(params, make([]byte, 8)...)
-	ub := buffer(16, wgpu.BufferUsageUniform|wgpu.BufferUsageCopyDst)
-	write(ub, params)
+	fc := copyCase(n)
+	ub := buffer(uint64(len(fc.Params)), wgpu.BufferUsageUniform|wgpu.BufferUsageCopyDst)
+	write(ub, fc.Params)
 	g, err := dev.CreateBindGroup(&wgpu.BindGroupDescriptor{Layout: fillPipe.l0, Entries: []wgpu.BindGroupEntry{{Binding: 0, Buffer: host, Size: n}, {Binding: 1, Buffer: dst, Size: n}}})
 	if err != nil {
 		log.Fatal(err)
 	}
-	pg, err := dev.CreateBindGroup(&wgpu.BindGroupDescriptor{Layout: fillPipe.l1, Entries: []wgpu.BindGroupEntry{{Binding: 0, Buffer: ub, Size: 16}}})
+	pg, err := dev.CreateBindGroup(&wgpu.BindGroupDescriptor{Layout: fillPipe.l1, Entries: []wgpu.BindGroupEntry{{Binding: 0, Buffer: ub, Size: uint64(len(fc.Params))}}})
 	if err != nil {
 		log.Fatal(err)
 	}
-	enc, err := dev.CreateCommandEncoder(nil)
-	if err != nil {
-		log.Fatal(err)
-	}
-	pass, err := enc.BeginComputePass(nil)
-	if err != nil {
-		log.Fatal(err)
-	}
-	pass.SetPipeline(fillPipe.pl)
-	pass.SetBindGroup(0, g, nil)
-	pass.SetBindGroup(1, pg, nil)
-	pass.Dispatch(132*16, 1, 1)
-	if err := pass.End(); err != nil {
-		log.Fatal(err)
-	}
-	cb, err := enc.Finish()
-	if err != nil {
-		log.Fatal(err)
-	}
-	if err := dev.Queue().Submit(cb); err != nil {
-		log.Fatal(err)
-	}
-	if err := dev.WaitIdle(); err != nil {
-		log.Fatal(err)
-	}
+	record(fillPipe.pl, []*wgpu.BindGroup{g}, pg, fc.Groups, 1)
 	g.Release()
 	pg.Release()
 	ub.Release()
@@ -364,6 +336,13 @@ func randBytes(b []byte) {
 // run records n dispatches of p, each in its own pass, submits them and
 // waits for them.
 func (p *pipe) run(c Case, n int) time.Duration {
+	return record(p.pl, p.groups, p.params, c.Groups, n)
+}
+
+// record records n dispatches of pl over grid, each in its own pass (a
+// barrier after each) with bind group i % len(g0) and the params' g1,
+// submits them and returns the time from submission to the GPU's idle.
+func record(pl *wgpu.ComputePipeline, g0 []*wgpu.BindGroup, g1 *wgpu.BindGroup, grid [3]uint32, n int) time.Duration {
 	enc, err := dev.CreateCommandEncoder(nil)
 	if err != nil {
 		log.Fatal(err)
@@ -373,10 +352,10 @@ func (p *pipe) run(c Case, n int) time.Duration {
 		if err != nil {
 			log.Fatal(err)
 		}
-		pass.SetPipeline(p.pl)
-		pass.SetBindGroup(0, p.groups[i%len(p.groups)], nil)
-		pass.SetBindGroup(1, p.params, nil)
-		pass.Dispatch(c.Groups[0], c.Groups[1], c.Groups[2])
+		pass.SetPipeline(pl)
+		pass.SetBindGroup(0, g0[i%len(g0)], nil)
+		pass.SetBindGroup(1, g1, nil)
+		pass.Dispatch(grid[0], grid[1], grid[2])
 		if err := pass.End(); err != nil {
 			log.Fatal(err)
 		}
